@@ -1,0 +1,99 @@
+"""Tasks: where prompts and reference answers come from.
+
+A task is chosen by name from `TASKS`, a table of loaders with one signature,
+`loader(**options) -> Task`; `load_task` checks the option names against the loader before
+calling it, so a misspelt option is a `ConfigError` naming it rather than a `TypeError`.
+
+Built-in tasks (each module's docstring gives its options):
+
+- `arithmetic` (the default): generated "What is 7 + 5?" problems, seeded, train and eval
+  disjoint by construction.
+- `gsm8k`: grade-school maths from a local directory of `train.jsonl`/`test.jsonl` or the hub.
+- `jsonl`: any JSON-lines file with a question field and an answer field.
+
+A `Task` carries a default `instruction` appended to every question (`format_user_message`); the
+chat template is applied elsewhere. To change the wording, `dataclasses.replace(task,
+instruction=...)`.
+"""
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from podsrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem. `answer` is the reference final answer as a string ("42", "-3.5", "3/4");
+    rewards compare it numerically when it parses as a number."""
+
+    id: str
+    question: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """Train and held-out examples plus how to prompt for them.
+
+    `train` may contain repeats (arithmetic samples with replacement when asked for more problems
+    than exist); the trainer draws from it cyclically or at random. `eval` never overlaps `train`.
+    """
+
+    name: str
+    train: list[Example]
+    eval: list[Example]
+    system_prompt: str | None
+    instruction: str
+
+
+def check_count(task: str, option: str, value: object, *, allow_none: bool = False) -> None:
+    """Raise a ConfigError unless `value` is an int >= 0 (or None when `allow_none`)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        expected = "a whole number >= 0" + (" or None (all)" if allow_none else "")
+        raise ConfigError(f"task {task!r}: option {option}={value!r} must be {expected}")
+
+
+# The loaders import Example, Task and check_count from this module, so they come after them.
+from podsrl.tasks import arithmetic, gsm8k, jsonl  # noqa: E402
+
+TaskLoader = Callable[..., Task]
+
+TASKS: dict[str, TaskLoader] = {
+    "arithmetic": arithmetic.load,
+    "gsm8k": gsm8k.load,
+    "jsonl": jsonl.load,
+}
+
+
+def load_task(name: str, **options: object) -> Task:
+    """Load the task `name` from `TASKS` with its loader's keyword `options`.
+
+    Unknown task names, unknown option names and missing required options raise ConfigError
+    listing what is valid; each loader validates its option values.
+    """
+    if name not in TASKS:
+        raise ConfigError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
+    loader = TASKS[name]
+    parameters = inspect.signature(loader).parameters
+    valid = ", ".join(parameters) or "(none)"
+    for option in options:
+        if option not in parameters:
+            raise ConfigError(f"task {name!r} has no option {option!r}; valid options: {valid}")
+    for option, parameter in parameters.items():
+        if parameter.default is inspect.Parameter.empty and option not in options:
+            raise ConfigError(f"task {name!r} needs option {option!r}; valid options: {valid}")
+    return loader(**options)
+
+
+def format_user_message(example: Example, task: Task) -> str:
+    """The user turn: the question, then the task's instruction on its own line (if any)."""
+    if not task.instruction:
+        return example.question
+    return f"{example.question}\n{task.instruction}"
+
+
+__all__ = ["TASKS", "Example", "Task", "format_user_message", "load_task"]

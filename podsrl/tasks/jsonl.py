@@ -1,0 +1,140 @@
+"""Any JSON-lines file of questions and answers.
+
+Options: `train_path` (required), `eval_path` (optional), `question_field="question"`,
+`answer_field="answer"`, `num_train`, `num_eval`, `seed`.
+
+Each non-blank line is one JSON object. The answer may be a string or a number; if it contains
+"####" (GSM8K style) the reference is the text after the last "####" with thousands commas
+removed, otherwise the whole answer stripped. Without `eval_path`, `num_eval` rows are held out
+of the training file with the seed (disjoint by row, so duplicated rows in the file can still
+leak); then `num_eval` is required. `num_train`/`num_eval` of None mean all rows; a number picks
+that many rows at random with the seed, kept in file order; asking for more rows than the file
+has is a ConfigError. Example ids are "<file name>:<line>".
+
+The reading helpers here are shared with the gsm8k task.
+"""
+
+import json
+import random
+from pathlib import Path
+
+from podsrl.errors import ConfigError
+from podsrl.tasks import Example, Task, check_count
+
+INSTRUCTION = "Think step by step, then end with the final answer."
+
+
+def load(
+    *,
+    train_path: str,
+    eval_path: str | None = None,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    num_train: int | None = None,
+    num_eval: int | None = None,
+    seed: int = 0,
+) -> Task:
+    """Examples from `train_path` (and `eval_path`); see the module docstring."""
+    check_count("jsonl", "num_train", num_train, allow_none=True)
+    check_count("jsonl", "num_eval", num_eval, allow_none=True)
+    check_count("jsonl", "seed", seed)
+    fields = {"question_field": question_field, "answer_field": answer_field}
+    train = read_examples(_existing_file(train_path, "train_path"), **fields)
+    rng = random.Random(f"jsonl-{seed}")
+    if eval_path is not None:
+        eval_ = read_examples(_existing_file(eval_path, "eval_path"), **fields)
+    else:
+        if num_eval is None:
+            raise ConfigError(
+                "task 'jsonl': no eval_path, so set num_eval to how many rows of "
+                f"{train_path} to hold out for evaluation (or pass eval_path)"
+            )
+        if num_eval >= len(train):
+            raise ConfigError(
+                f"task 'jsonl': num_eval={num_eval} would hold out all {len(train)} rows of "
+                f"{train_path}; lower num_eval or pass eval_path"
+            )
+        held_out = set(rng.sample(range(len(train)), num_eval))
+        eval_ = [ex for i, ex in enumerate(train) if i in held_out]
+        train = [ex for i, ex in enumerate(train) if i not in held_out]
+        num_eval = None  # already exactly num_eval rows
+    return Task(
+        name="jsonl",
+        train=subsample(train, num_train, rng, option="task 'jsonl': num_train", source=train_path),
+        eval=subsample(eval_, num_eval, rng, option="task 'jsonl': num_eval", source=eval_path),
+        system_prompt=None,
+        instruction=INSTRUCTION,
+    )
+
+
+def read_examples(path: Path, *, question_field: str, answer_field: str) -> list[Example]:
+    """Examples from a JSON-lines file; any malformed line is a ConfigError naming file:line."""
+    examples = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object"
+                ) from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            question = _field(row, question_field, "question_field", where)
+            answer = _field(row, answer_field, "answer_field", where)
+            if not isinstance(question, str):
+                raise ConfigError(f"{where}: field {question_field!r} must be a string")
+            if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+                raise ConfigError(f"{where}: field {answer_field!r} must be a string or a number")
+            reference = reference_answer(str(answer))
+            if not reference:
+                raise ConfigError(f"{where}: field {answer_field!r} has no final answer")
+            examples.append(Example(f"{path.name}:{number}", question, reference))
+    if not examples:
+        raise ConfigError(f"{path} has no rows; expected one JSON object per line")
+    return examples
+
+
+def reference_answer(raw: str) -> str:
+    """The final answer: the text after the last "####" without thousands commas, else `raw`."""
+    if "####" in raw:
+        return raw.rsplit("####", 1)[1].strip().replace(",", "")
+    return raw.strip()
+
+
+def subsample(
+    examples: list[Example], k: int | None, rng: random.Random, *, option: str, source: object
+) -> list[Example]:
+    """`k` examples chosen with `rng`, in their original order; all of them when `k` is None."""
+    if k is None:
+        return examples
+    if k > len(examples):
+        raise ConfigError(
+            f"{option}={k} but {source} has only {len(examples)} rows; "
+            "lower it, or set it to None to use all rows"
+        )
+    keep = sorted(rng.sample(range(len(examples)), k))
+    return [examples[i] for i in keep]
+
+
+def _existing_file(path: str, option: str) -> Path:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(
+            f"task 'jsonl': {option} {path!r} is not a file; expected a JSON-lines file "
+            "with one {question, answer} object per line"
+        )
+    return file
+
+
+def _field(row: dict, field: str, option: str, where: str) -> object:
+    if field not in row:
+        present = ", ".join(map(repr, row)) or "(none)"
+        raise ConfigError(
+            f"{where}: no field {field!r} (fields present: {present}); "
+            f"set {option} to one of them"
+        )
+    return row[field]

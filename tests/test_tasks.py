@@ -1,0 +1,240 @@
+"""Tasks: the arithmetic split, the GSM8K files, the JSON-lines loader and its error messages."""
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from podsrl.errors import ConfigError
+from podsrl.tasks import TASKS, Example, format_user_message, load_task
+
+GSM8K_DIR = Path("/work/shared/data/gsm8k")
+
+
+# --- registry -------------------------------------------------------------------------------
+
+
+def test_unknown_task_lists_valid_names():
+    with pytest.raises(ConfigError, match="unknown task 'gsm9k'.*arithmetic, gsm8k, jsonl"):
+        load_task("gsm9k")
+    assert set(TASKS) == {"arithmetic", "gsm8k", "jsonl"}
+
+
+def test_unknown_option_is_named_with_the_valid_ones():
+    with pytest.raises(ConfigError, match="no option 'num_digits'.*min_digits, max_digits"):
+        load_task("arithmetic", num_train=10, num_digits=2)
+
+
+def test_missing_required_option_is_named():
+    with pytest.raises(ConfigError, match="needs option 'train_path'"):
+        load_task("jsonl")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"ops": ("/",)}, r"unknown operator\(s\) \['/'\]"),
+        ({"ops": "+"}, "ops='\\+' must be a non-empty list"),
+        ({"min_digits": 2, "max_digits": 1}, "min_digits=2 is larger than max_digits=1"),
+        ({"max_digits": 0}, "max_digits=0 must be an int >= 1"),
+        ({"num_eval": -1}, "num_eval=-1 must be a whole number"),
+        ({"num_eval": 2.5}, "num_eval=2.5 must be a whole number"),
+    ],
+)
+def test_bad_arithmetic_option_values(options, message):
+    with pytest.raises(ConfigError, match=message):
+        load_task("arithmetic", **{"num_train": 10, "num_eval": 5, **options})
+
+
+def test_format_user_message_appends_the_instruction():
+    task = load_task("arithmetic", num_train=1, num_eval=1)
+    example = Example("1+1", "What is 1 + 1?", "2")
+    assert format_user_message(example, task) == "What is 1 + 1?\nGive only the final number."
+    bare = dataclasses.replace(task, instruction="")
+    assert format_user_message(example, bare) == "What is 1 + 1?"
+
+
+# --- arithmetic -----------------------------------------------------------------------------
+
+
+def _arith(**options):
+    return load_task("arithmetic", **{"num_train": 300, "num_eval": 50, **options})
+
+
+def test_arithmetic_is_deterministic_by_seed():
+    assert _arith(seed=3) == _arith(seed=3)
+    assert _arith(seed=3).train != _arith(seed=4).train
+    assert _arith(seed=3).eval != _arith(seed=4).eval
+
+
+def test_arithmetic_op_order_does_not_matter():
+    assert _arith(ops=["*", "+"]) == _arith(ops=("+", "*"))
+
+
+def test_arithmetic_eval_does_not_depend_on_num_train():
+    assert _arith(num_train=10).eval == _arith(num_train=5000).eval
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # 100 problems: train (300) must repeat
+        {"ops": ("+", "-", "*"), "max_digits": 2, "num_eval": 200, "num_train": 2000},
+        {"ops": ("*",), "min_digits": 3, "max_digits": 4, "num_train": 1000},
+    ],
+)
+def test_arithmetic_train_and_eval_are_disjoint_and_correct(options):
+    task = _arith(**options)
+    lo = 0 if options.get("min_digits", 1) == 1 else 10 ** (options.get("min_digits", 1) - 1)
+    hi = 10 ** options.get("max_digits", 1) - 1
+    eval_ids = {ex.id for ex in task.eval}
+    assert len(eval_ids) == len(task.eval)  # eval has no repeats
+    assert not eval_ids & {ex.id for ex in task.train}
+    assert len(task.train) == options.get("num_train", 300)
+    for ex in task.train + task.eval:
+        a, op, b = re.fullmatch(r"What is (\d+) ([-+*]) (\d+)\?", ex.question).groups()
+        assert op in options.get("ops", ("+",))
+        assert lo <= int(a) <= hi and lo <= int(b) <= hi
+        assert ex.id == f"{a}{op}{b}"
+        assert int(ex.answer) == eval(f"{a} {op} {b}")  # noqa: S307 (digits and one operator)
+
+
+def test_arithmetic_train_is_distinct_when_enough_problems_exist():
+    task = _arith(max_digits=2, num_train=5000, num_eval=100)  # 10,000 problems
+    assert len({ex.id for ex in task.train}) == 5000
+
+
+def test_arithmetic_small_space_uses_every_train_problem_with_replacement():
+    task = _arith(num_train=1000, num_eval=20)  # 80 train problems left
+    assert len({ex.id for ex in task.train}) == 80
+
+
+def test_arithmetic_too_many_eval_problems_says_how_many_exist():
+    too_many = r"num_eval=200 .* only 100 distinct problems.*max_digits"
+    with pytest.raises(ConfigError, match=too_many):
+        _arith(num_eval=200)
+    with pytest.raises(ConfigError, match="only 200 distinct problems"):
+        _arith(ops=("+", "*"), num_eval=200)
+    assert len(_arith(num_eval=99).eval) == 99
+
+
+# --- gsm8k ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gsm8k_task():
+    if not (GSM8K_DIR / "train.jsonl").is_file():
+        pytest.skip(f"GSM8K files not found in {GSM8K_DIR}")
+    return load_task("gsm8k", path=str(GSM8K_DIR))
+
+
+def test_gsm8k_reads_the_local_files(gsm8k_task):
+    assert (len(gsm8k_task.train), len(gsm8k_task.eval)) == (7473, 1319)
+    first = gsm8k_task.train[0]
+    assert first.question.startswith("Natalia sold clips to 48 of her friends")
+    assert first.answer == "72"
+    assert first.id == "train.jsonl:1"
+    numeric = re.compile(r"-?\d+(\.\d+)?")
+    assert all(numeric.fullmatch(ex.answer) for ex in gsm8k_task.train + gsm8k_task.eval)
+
+
+def test_gsm8k_subsets_are_seeded():
+    if not (GSM8K_DIR / "train.jsonl").is_file():
+        pytest.skip(f"GSM8K files not found in {GSM8K_DIR}")
+    a = load_task("gsm8k", path=str(GSM8K_DIR), num_train=50, num_eval=20, seed=1)
+    assert a == load_task("gsm8k", path=str(GSM8K_DIR), num_train=50, num_eval=20, seed=1)
+    assert (len(a.train), len(a.eval)) == (50, 20)
+    with pytest.raises(ConfigError, match="num_train=8000 but .* only 7473 rows"):
+        load_task("gsm8k", path=str(GSM8K_DIR), num_train=8000)
+
+
+def test_gsm8k_commas_are_removed_from_the_reference(tmp_path):
+    row = {"question": "How much?", "answer": "Lots of steps.\n#### 1,234"}
+    for name in ("train.jsonl", "test.jsonl"):
+        (tmp_path / name).write_text(json.dumps(row) + "\n")
+    assert load_task("gsm8k", path=str(tmp_path)).train[0].answer == "1234"
+
+
+def test_gsm8k_missing_directory_or_file(tmp_path):
+    expected = "'/no/such/dir' is not a directory.*train.jsonl and test.jsonl"
+    with pytest.raises(ConfigError, match=expected):
+        load_task("gsm8k", path="/no/such/dir")
+    (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    with pytest.raises(ConfigError, match=r"test\.jsonl does not exist"):
+        load_task("gsm8k", path=str(tmp_path))
+
+
+def test_gsm8k_hub_id_without_datasets_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
+    with pytest.raises(ConfigError, match=r"pip install 'podsrl\[datasets\]'"):
+        load_task("gsm8k", path="openai/gsm8k")
+
+
+# --- jsonl ----------------------------------------------------------------------------------
+
+
+def _write_jsonl(path: Path, rows: list) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def test_jsonl_split_off_eval_is_seeded_and_disjoint(tmp_path):
+    rows = [{"question": f"q{i}", "answer": f"Because.\n#### {i},000"} for i in range(1, 41)]
+    train_path = _write_jsonl(tmp_path / "data.jsonl", rows)
+    task = load_task("jsonl", train_path=train_path, num_eval=10, seed=2)
+    assert task == load_task("jsonl", train_path=train_path, num_eval=10, seed=2)
+    assert (len(task.train), len(task.eval)) == (30, 10)
+    assert not {ex.id for ex in task.train} & {ex.id for ex in task.eval}
+    first = next(ex for ex in task.train + task.eval if ex.id == "data.jsonl:1")
+    assert (first.question, first.answer) == ("q1", "1000")  # "####" extracted, commas dropped
+
+
+def test_jsonl_with_eval_file_custom_fields_and_numbers(tmp_path):
+    rows = [{"problem": "2+2?", "solution": 4}, "", {"problem": "x", "solution": " 0.5 "}]
+    train = _write_jsonl(tmp_path / "t.jsonl", rows)  # a blank line is skipped
+    evals = _write_jsonl(tmp_path / "e.jsonl", [{"problem": "1+1?", "solution": "2"}])
+    options = {
+        "train_path": train,
+        "eval_path": evals,
+        "question_field": "problem",
+        "answer_field": "solution",
+    }
+    task = load_task("jsonl", **options)
+    assert task.train == [Example("t.jsonl:1", "2+2?", "4"), Example("t.jsonl:3", "x", "0.5")]
+    assert task.eval == [Example("e.jsonl:1", "1+1?", "2")]
+    assert len(load_task("jsonl", **options, num_train=1).train) == 1
+
+
+def test_jsonl_error_messages(tmp_path):
+    good = _write_jsonl(tmp_path / "good.jsonl", [{"question": "q", "answer": "1"}] * 3)
+    with pytest.raises(ConfigError, match="train_path '/no/file.jsonl' is not a file"):
+        load_task("jsonl", train_path="/no/file.jsonl", num_eval=1)
+    with pytest.raises(ConfigError, match="eval_path '/no/eval.jsonl' is not a file"):
+        load_task("jsonl", train_path=good, eval_path="/no/eval.jsonl")
+    with pytest.raises(ConfigError, match="no eval_path, so set num_eval"):
+        load_task("jsonl", train_path=good)
+    with pytest.raises(ConfigError, match="num_eval=3 would hold out all 3 rows"):
+        load_task("jsonl", train_path=good, num_eval=3)
+
+    bad_json = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "1"}, "{oops"])
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:2: not valid JSON"):
+        load_task("jsonl", train_path=bad_json, num_eval=0)
+
+    missing = _write_jsonl(tmp_path / "missing.jsonl", [{"prompt": "q", "answer": "1"}])
+    with pytest.raises(
+        ConfigError,
+        match=r"missing\.jsonl:1: no field 'question' \(fields present: 'prompt', 'answer'\); "
+        "set question_field",
+    ):
+        load_task("jsonl", train_path=missing, num_eval=0)
+
+    not_object = _write_jsonl(tmp_path / "list.jsonl", ["[1, 2]"])
+    with pytest.raises(ConfigError, match=r"list\.jsonl:1: expected a JSON object"):
+        load_task("jsonl", train_path=not_object, num_eval=0)
+
+    empty = _write_jsonl(tmp_path / "empty.jsonl", [""])
+    with pytest.raises(ConfigError, match="has no rows"):
+        load_task("jsonl", train_path=empty, num_eval=0)
