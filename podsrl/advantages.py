@@ -1,0 +1,114 @@
+"""Group-relative advantages (GRPO, PODS, D3S, Dr. GRPO).
+
+For each prompt's group of rollouts with rewards r_1..r_n and a set S of the rollouts that are
+trained on, the advantage of rollout i in S is
+
+    a_i = (r_i - mean(r_S)) / std(r_S)
+
+- GRPO and D3S: S is the full group (``keep=None``). D3S (arXiv 2509.22115) selects rollouts by
+  these full-group advantages and does not re-normalise after selection.
+- PODS (arXiv 2504.13818, Sec. 3, "advantages are recomputed over the subset"): S is the
+  down-sampled subset chosen by a rule of :mod:`podsrl.selection` (``keep`` = its mask).
+- Dr. GRPO (``scale_std=False``): a_i = r_i - mean(r_S), no division by the standard deviation.
+
+Choices made where the papers are silent:
+
+- **Sample (Bessel-corrected) std by default** (``unbiased=True``): this is what TRL's GRPO
+  trainer and the PODS authors' release (a TRL fork) use, ``rewards.view(-1, G).std(dim=1)``.
+  ``unbiased=False`` gives the population std. The two differ by the constant factor
+  sqrt(|S| / (|S| - 1)) within a group, so they only rescale the advantages.
+- **No epsilon in the denominator.** The reference implementations divide by ``std + 1e-4``,
+  which turns a near-constant group into huge advantages and makes the result depend on the
+  reward scale. Here a group whose kept rewards are all exactly equal (std 0), or which keeps
+  fewer than two rollouts, gets advantage 0 for every rollout; other groups are divided by their
+  exact std. Constancy is tested exactly (max == min of the kept rewards), not with a threshold,
+  because ``r - mean(r)`` of a constant group can be a tiny non-zero number in floating point.
+- Rollouts outside S get advantage 0 (they are not trained on).
+- The result has the dtype of ``rewards``; reduced-precision inputs are computed in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_rewards", "group_advantages"]
+
+
+def check_rewards(rewards: Tensor, name: str = "rewards") -> None:
+    """Raise ValueError unless ``rewards`` is a finite floating-point [B, n] tensor with n >= 1."""
+    if not isinstance(rewards, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape [B, n], got {type(rewards).__name__}")
+    if rewards.dim() != 2:
+        raise ValueError(
+            f"{name} must be 2-D [B groups, n rollouts], got shape {tuple(rewards.shape)}"
+        )
+    if not rewards.is_floating_point():
+        raise ValueError(f"{name} must have a floating dtype, got {rewards.dtype}")
+    if rewards.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one rollout per group, got shape {tuple(rewards.shape)}")
+    if bool(rewards.sum().isfinite()):  # fast path: one NaN/inf entry makes the sum non-finite
+        return
+    bad = ~torch.isfinite(rewards)  # [B, n]
+    if bool(bad.any()):
+        group, index = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name} must be finite: {int(bad.sum())} NaN/inf value(s), first at group {group}, "
+            f"rollout {index} (value {rewards[group, index].item()})"
+        )
+
+
+def _check_keep(keep: Tensor, rewards: Tensor) -> None:
+    if not isinstance(keep, Tensor) or keep.dtype != torch.bool:
+        got = keep.dtype if isinstance(keep, Tensor) else type(keep).__name__
+        raise ValueError(f"keep must be a bool tensor, got {got}")
+    if keep.shape != rewards.shape:
+        raise ValueError(
+            f"keep must have the shape of rewards {tuple(rewards.shape)}, got {tuple(keep.shape)}"
+        )
+
+
+def group_advantages(
+    rewards: Tensor,
+    keep: Tensor | None = None,
+    *,
+    scale_std: bool = True,
+    unbiased: bool = True,
+) -> Tensor:
+    """Group-normalised advantages over the kept rollouts of each group.
+
+    Args:
+        rewards: [B, n] float, finite. One row per prompt, one column per rollout.
+        keep: [B, n] bool, the rollouts trained on (PODS subset); None means the full group.
+        scale_std: divide by the group's std (GRPO); False is Dr. GRPO (centring only).
+        unbiased: sample std (Bessel, the default, as TRL and the PODS release) or population std.
+
+    Returns:
+        [B, n] advantages, dtype of ``rewards``; 0 outside ``keep`` and for groups whose kept
+        rewards are all equal or that keep fewer than two rollouts.
+    """
+    check_rewards(rewards)
+    if keep is None:
+        keep = torch.ones_like(rewards, dtype=torch.bool)
+    else:
+        _check_keep(keep, rewards)
+
+    work_dtype = torch.promote_types(rewards.dtype, torch.float32)
+    r = rewards.to(work_dtype)  # [B, n]
+    count = keep.sum(dim=1, keepdim=True)  # [B, 1]
+    mean = torch.where(keep, r, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)  # [B, 1]
+    centred = torch.where(keep, r - mean, 0.0)  # [B, n]
+
+    # Exact constancy test of the kept rewards: a constant group has no signal, whatever
+    # rounding r - mean produced.
+    kept_max = torch.where(keep, r, -torch.inf).amax(dim=1, keepdim=True)  # [B, 1]
+    kept_min = torch.where(keep, r, torch.inf).amin(dim=1, keepdim=True)  # [B, 1]
+    informative = (count >= 2) & (kept_max > kept_min)  # [B, 1]
+
+    if scale_std:
+        dof = (count - 1) if unbiased else count  # [B, 1]
+        var = centred.square().sum(dim=1, keepdim=True) / dof.clamp(min=1)  # [B, 1]
+        std = torch.where(informative, var.sqrt(), 1.0)  # [B, 1]
+        centred = centred / std
+    advantages = torch.where(informative & keep, centred, 0.0)  # [B, n]
+    return advantages.to(rewards.dtype)

@@ -1,0 +1,206 @@
+"""Clipped policy-gradient loss of GRPO / PODS / D3S with the usual aggregation variants.
+
+With ratio rho_{i,t} = exp(logp_{i,t} - old_logp_{i,t}) and advantage A_i of sequence i, the
+per-token objective (maximised) is the PPO/GRPO clipped surrogate
+
+    min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
+
+(DAPO "clip-higher" when eps_high > eps_low); the loss returned is its negative, aggregated over
+the counted tokens, plus beta times the k3 estimator of KL(pi_theta || pi_ref),
+exp(ref - logp) - (ref - logp) - 1, aggregated the same way. PODS (arXiv 2504.13818, Sec. 3)
+uses the GRPO objective over the m selected rollouts (1/m in front); D3S (arXiv 2509.22115)
+additionally masks tokens (``token_mask``, from :mod:`podsrl.tokens`).
+
+Aggregations (:data:`AGGREGATIONS`), with counted tokens c_{i,t} = mask AND token_mask:
+
+- ``sequence`` (GRPO, the paper's formula): mean over each sequence's counted tokens, summed
+  over sequences, divided by ``total_sequences``.
+- ``token`` (DAPO): sum over all counted tokens / ``total_tokens``.
+- ``constant`` (Dr. GRPO): sum over counted tokens / (``total_sequences`` * ``max_completion_len``).
+
+Choices made where the papers are silent:
+
+- ``total_sequences`` / ``total_tokens`` default to this call's N and counted-token count. A
+  trainer that splits a batch into micro-batches passes the whole batch's numbers, so that the
+  sum of the micro-batch losses (and gradients) equals the full-batch loss exactly.
+- With a token mask, |o_i| in ``sequence`` is the number of *counted* tokens of sequence i; a
+  sequence with none contributes 0 but still counts in ``total_sequences``.
+- Empty mask: loss 0, still attached to the graph (backward gives zero gradients), never NaN.
+- Positions that are not counted get log-ratio 0 before the exponential, so padding with -inf or
+  garbage log-probs cannot produce NaN in the forward or the backward pass.
+- The loss is computed in float32 at least (bf16 log-probs are upcast).
+- Metrics describe this call: ``pg_loss`` and ``kl`` are this call's additive contributions (they
+  sum over micro-batches like the loss); fractions and ``ratio_mean`` are over this call's
+  counted tokens (weight them by ``tokens`` to combine micro-batches). ``kl`` is reported
+  whenever ``ref_logprobs`` is given, even with beta = 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["LossMetrics", "Aggregation", "AGGREGATIONS", "policy_loss"]
+
+
+@dataclass
+class LossMetrics:
+    """Python-float summary of one :func:`policy_loss` call."""
+
+    loss: float  # pg_loss + beta * kl
+    pg_loss: float  # clipped-surrogate part of the loss
+    kl: float | None  # aggregated k3 KL to the reference, None without ref_logprobs
+    clip_frac_low: float  # fraction of counted tokens with rho < 1 - eps_low and A < 0
+    clip_frac_high: float  # fraction of counted tokens with rho > 1 + eps_high and A > 0
+    ratio_mean: float  # mean rho over counted tokens (1.0 when none)
+    tokens: int  # counted tokens in this call
+    sequences: int  # sequences in this call (N)
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return asdict(self)
+
+
+Aggregation = Callable[[Tensor, Tensor, int, int, "int | None"], Tensor]
+
+
+def _sequence_mean(per_token: Tensor, counted: Tensor, total_sequences: int, total_tokens: int, max_len: int | None) -> Tensor:
+    per_sequence = per_token.sum(dim=1) / counted.sum(dim=1).clamp(min=1)  # [N]
+    return per_sequence.sum() / max(total_sequences, 1)
+
+
+def _token_mean(per_token: Tensor, counted: Tensor, total_sequences: int, total_tokens: int, max_len: int | None) -> Tensor:
+    return per_token.sum() / max(total_tokens, 1)
+
+
+def _constant_norm(per_token: Tensor, counted: Tensor, total_sequences: int, total_tokens: int, max_len: int | None) -> Tensor:
+    if max_len is None:
+        raise ValueError("aggregation 'constant' (Dr. GRPO) needs max_completion_len")
+    return per_token.sum() / (max(total_sequences, 1) * max_len)
+
+
+# Each takes (per-token values [N, T], already 0 where not counted; counted [N, T] bool;
+# total_sequences; total_tokens; max_completion_len) and returns a scalar.
+AGGREGATIONS: dict[str, Aggregation] = {
+    "sequence": _sequence_mean,
+    "token": _token_mean,
+    "constant": _constant_norm,
+}
+
+
+def _check_like(name: str, tensor: Tensor, shape: torch.Size, *, bool_dtype: bool = False) -> None:
+    if not isinstance(tensor, Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
+    if tensor.shape != shape:
+        raise ValueError(f"{name} must have shape {tuple(shape)} like logprobs, got {tuple(tensor.shape)}")
+    if bool_dtype and tensor.dtype != torch.bool:
+        raise ValueError(f"{name} must be a bool tensor, got {tensor.dtype}")
+    if not bool_dtype and not tensor.is_floating_point():
+        raise ValueError(f"{name} must be floating point, got {tensor.dtype}")
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float | None = None,
+    aggregation: str = "sequence",
+    token_mask: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    beta: float = 0.0,
+    max_completion_len: int | None = None,
+    total_sequences: int | None = None,
+    total_tokens: int | None = None,
+) -> tuple[Tensor, LossMetrics]:
+    """Clipped surrogate loss to minimise, and its metrics.
+
+    Args:
+        logprobs: [N, T] log pi_theta of the sampled tokens (carries the gradient).
+        old_logprobs: [N, T] log pi_old of the same tokens (treated as a constant).
+        advantages: [N] one advantage per sequence.
+        mask: [N, T] bool, the completion tokens (False on padding).
+        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]; eps_high None means eps_low.
+        aggregation: a name in :data:`AGGREGATIONS`.
+        token_mask: [N, T] bool, tokens selected for the loss (D3S / 80-20); None keeps all.
+        ref_logprobs: [N, T] log pi_ref for the k3 KL; beta > 0 requires it.
+        beta: KL weight.
+        max_completion_len: L in the ``constant`` aggregation.
+        total_sequences, total_tokens: the whole batch's counts when this call is a micro-batch.
+
+    Returns:
+        (scalar loss tensor, :class:`LossMetrics`).
+    """
+    if not isinstance(logprobs, Tensor) or logprobs.dim() != 2 or not logprobs.is_floating_point():
+        raise ValueError(f"logprobs must be a floating tensor [N, T], got {getattr(logprobs, 'shape', type(logprobs))}")
+    N, T = logprobs.shape
+    _check_like("old_logprobs", old_logprobs, logprobs.shape)
+    _check_like("mask", mask, logprobs.shape, bool_dtype=True)
+    if token_mask is not None:
+        _check_like("token_mask", token_mask, logprobs.shape, bool_dtype=True)
+    if ref_logprobs is not None:
+        _check_like("ref_logprobs", ref_logprobs, logprobs.shape)
+    if not isinstance(advantages, Tensor) or advantages.shape != (N,) or not advantages.is_floating_point():
+        raise ValueError(f"advantages must be a floating tensor [N={N}], got {getattr(advantages, 'shape', type(advantages))}")
+    eps_high = eps_low if eps_high is None else eps_high
+    if not 0.0 <= eps_low < 1.0:
+        raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
+    if eps_high < 0.0:
+        raise ValueError(f"eps_high must be >= 0, got {eps_high}")
+    if beta < 0.0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if beta > 0.0 and ref_logprobs is None:
+        raise ValueError(f"beta={beta} > 0 needs ref_logprobs for the KL term")
+    try:
+        aggregate = AGGREGATIONS[aggregation]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown aggregation {aggregation!r}; valid aggregations: {', '.join(AGGREGATIONS)}") from None
+    if max_completion_len is not None and max_completion_len < 1:
+        raise ValueError(f"max_completion_len must be >= 1, got {max_completion_len}")
+
+    counted = mask if token_mask is None else mask & token_mask  # [N, T]
+    tokens = int(counted.sum())
+    total_sequences = N if total_sequences is None else total_sequences
+    total_tokens = tokens if total_tokens is None else total_tokens
+    if total_sequences < N:
+        raise ValueError(f"total_sequences={total_sequences} is smaller than this call's N={N}")
+    if total_tokens < tokens:
+        raise ValueError(f"total_tokens={total_tokens} is smaller than this call's {tokens} counted tokens")
+
+    dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    logp = logprobs.to(dtype)  # [N, T]
+    log_ratio = torch.where(counted, logp - old_logprobs.to(dtype).detach(), 0.0)  # [N, T]
+    ratio = log_ratio.exp()  # [N, T], 1 where not counted
+    adv = advantages.to(dtype).detach()[:, None]  # [N, 1]
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [N, T]
+    per_token = torch.where(counted, -surrogate, 0.0)  # [N, T]
+    pg_loss = aggregate(per_token, counted, total_sequences, total_tokens, max_completion_len)
+
+    kl = None
+    loss = pg_loss
+    if ref_logprobs is not None:
+        ref_minus_logp = torch.where(counted, ref_logprobs.to(dtype).detach() - logp, 0.0)  # [N, T]
+        k3 = torch.where(counted, ref_minus_logp.exp() - ref_minus_logp - 1.0, 0.0)  # [N, T]
+        kl = aggregate(k3, counted, total_sequences, total_tokens, max_completion_len)
+        if beta > 0.0:
+            loss = pg_loss + beta * kl
+
+    with torch.no_grad():
+        denominator = max(tokens, 1)
+        low = counted & (ratio < 1.0 - eps_low) & (adv < 0)  # [N, T]
+        high = counted & (ratio > 1.0 + eps_high) & (adv > 0)  # [N, T]
+        metrics = LossMetrics(
+            loss=float(loss),
+            pg_loss=float(pg_loss),
+            kl=None if kl is None else float(kl),
+            clip_frac_low=int(low.sum()) / denominator,
+            clip_frac_high=int(high.sum()) / denominator,
+            ratio_mean=float(torch.where(counted, ratio, 0.0).sum()) / tokens if tokens else 1.0,
+            tokens=tokens,
+            sequences=N,
+        )
+    return loss, metrics

@@ -1,0 +1,94 @@
+"""Token-level selection: which tokens of the kept rollouts enter the loss (D3S, "80/20").
+
+D3S (Wang et al.; arXiv 2509.22115, token-level down-sampling) scores token t of kept rollout i by
+
+    s_{i,t} = |A_i| * H_{i,t}
+
+where A_i is the rollout's advantage and H_{i,t} the entropy of the current policy's next-token
+distribution at that position (from the logits of the update's own forward pass, detached), and
+keeps only the top fraction K of the valid tokens of the whole batch in the loss. The entropy-only
+rule ("80/20", keep the top-rho fraction of tokens by entropy) is the special case without |A|.
+
+Choices made where the papers are silent:
+
+- The top fraction is taken over the whole batch (all rollouts together), not per rollout.
+  It keeps exactly ceil(K * num_valid) tokens (at least one when any token is valid); the product
+  is rounded to 6 decimals before the ceiling so that e.g. 0.7 * 10 keeps 7 tokens, not 8.
+- Ties at the threshold are broken by :func:`torch.topk`, which is deterministic for a given
+  input on a given device but otherwise unspecified; the count is always exact.
+- K = 1.0 returns the valid mask itself (no sort).
+- :func:`entropy_from_logits` runs under ``torch.no_grad`` (the score is a selection weight, not
+  a training signal) and returns float32 whatever the logits' dtype. It works on ``chunk_size``
+  positions at a time, holding one float32 [chunk, V] buffer (softmax, then p*log(p) in place),
+  so a bf16 [N, T, V] logits tensor never gets a full float32 copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["entropy_from_logits", "token_scores", "top_fraction_mask", "entropy_top_fraction_mask"]
+
+
+@torch.no_grad()
+def entropy_from_logits(logits: Tensor, *, chunk_size: int = 1024) -> Tensor:
+    """Entropy of softmax(logits) over the last dim. logits [..., V] -> [...] float32, detached."""
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() < 1:
+        raise ValueError(f"logits must be a floating tensor [..., V], got {getattr(logits, 'dtype', type(logits))}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)  # [P, V]
+    entropy = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # [P]
+    for start in range(0, flat.shape[0], chunk_size):
+        p = torch.softmax(flat[start : start + chunk_size], dim=-1, dtype=torch.float32)  # [c, V]
+        p.xlogy_(p)  # p * log(p) in place, 0 where p == 0
+        entropy[start : start + chunk_size] = -p.sum(dim=-1)
+    return entropy.reshape(logits.shape[:-1])
+
+
+def token_scores(advantages: Tensor, entropy: Tensor) -> Tensor:
+    """D3S token score |A_i| * H_{i,t}. advantages [N], entropy [N, T] -> [N, T]."""
+    if advantages.dim() != 1 or entropy.dim() != 2 or advantages.shape[0] != entropy.shape[0]:
+        raise ValueError(
+            f"advantages must be [N] and entropy [N, T] with the same N, got "
+            f"{tuple(advantages.shape)} and {tuple(entropy.shape)}"
+        )
+    return advantages.abs()[:, None] * entropy
+
+
+def top_fraction_mask(scores: Tensor, valid: Tensor, fraction: float) -> Tensor:
+    """Keep the ceil(fraction * num_valid) highest-scoring valid tokens of the whole batch.
+
+    scores [N, T] float, valid [N, T] bool, fraction in (0, 1] -> [N, T] bool, a subset of valid.
+    """
+    if not isinstance(valid, Tensor) or valid.dtype != torch.bool:
+        raise ValueError(f"valid must be a bool tensor, got {getattr(valid, 'dtype', type(valid).__name__)}")
+    if scores.shape != valid.shape or scores.dim() != 2:
+        raise ValueError(
+            f"scores and valid must both be [N, T], got {tuple(scores.shape)} and {tuple(valid.shape)}"
+        )
+    if not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    if fraction == 1.0:
+        return valid.clone()
+    positions = valid.flatten().nonzero().squeeze(1)  # [num_valid]
+    num_valid = positions.numel()
+    if num_valid == 0:
+        return valid.clone()
+    valid_scores = scores.flatten()[positions]  # [num_valid]
+    if bool(valid_scores.isnan().any()):
+        raise ValueError("scores contain NaN at valid positions")
+    count = min(num_valid, max(1, math.ceil(round(fraction * num_valid, 6))))
+    top = valid_scores.topk(count).indices  # [count]
+    keep = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)  # [N*T]
+    keep[positions[top]] = True
+    return keep.view(valid.shape)
+
+
+def entropy_top_fraction_mask(entropy: Tensor, valid: Tensor, fraction: float) -> Tensor:
+    """"80/20" rule: keep the top ``fraction`` of valid tokens by entropy. [N, T] -> [N, T] bool."""
+    return top_fraction_mask(entropy, valid, fraction)

@@ -1,0 +1,236 @@
+"""Policy loss: hand-computed values, gradients against a loop reference, micro-batch invariance."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from podsrl.loss import AGGREGATIONS, LossMetrics, policy_loss
+
+# Ratios rho (old log-probs 0), advantages and mask of a tiny hand-computed example.
+RATIOS = [[1.0, 1.5, 0.5], [1.1, 0.7, 1.0]]
+ADVANTAGES = [1.0, -2.0]
+MASK = [[True, True, True], [True, True, False]]
+# Per-token objectives with eps = 0.2:
+#   seq 0 (A = 1):  rho 1 -> 1;  rho 1.5 -> min(1.5, 1.2) = 1.2 (high clip);  rho 0.5 -> min(0.5, 0.8) = 0.5
+#   seq 1 (A = -2): rho 1.1 -> -2.2;  rho 0.7 -> min(-1.4, -1.6) = -1.6 (low clip);  third masked
+# Sums 2.7 and -3.8 over 3 and 2 tokens.
+
+
+def _example(requires_grad: bool = False):
+    logprobs = torch.tensor(RATIOS).log().requires_grad_(requires_grad)
+    return logprobs, torch.zeros(2, 3), torch.tensor(ADVANTAGES), torch.tensor(MASK)
+
+
+@pytest.mark.parametrize(
+    "aggregation, kwargs, expected",
+    [
+        ("sequence", {}, -(2.7 / 3 - 3.8 / 2) / 2),  # 0.5
+        ("token", {}, -(2.7 - 3.8) / 5),  # 0.22
+        ("constant", {"max_completion_len": 4}, -(2.7 - 3.8) / (2 * 4)),  # 0.1375
+    ],
+)
+def test_hand_computed_aggregations(aggregation, kwargs, expected):
+    loss, metrics = policy_loss(*_example(), aggregation=aggregation, **kwargs)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert metrics.pg_loss == pytest.approx(expected, rel=1e-6)
+    assert metrics.clip_frac_low == pytest.approx(0.2)
+    assert metrics.clip_frac_high == pytest.approx(0.2)
+    assert metrics.ratio_mean == pytest.approx((1 + 1.5 + 0.5 + 1.1 + 0.7) / 5)
+    assert metrics.tokens == 5
+    assert metrics.kl is None
+
+
+def test_asymmetric_clipping():
+    # eps_high = 0.6: rho 1.5 is no longer clipped -> seq 0 sums 3.0
+    loss, metrics = policy_loss(*_example(), eps_high=0.6, aggregation="token")
+    assert loss.item() == pytest.approx(-(3.0 - 3.8) / 5, rel=1e-6)
+    assert metrics.clip_frac_high == 0.0
+    assert metrics.clip_frac_low == pytest.approx(0.2)
+
+
+def test_token_mask_changes_sequence_lengths():
+    token_mask = torch.tensor([[True, False, True], [False, True, True]])
+    # counted: seq 0 tokens 0, 2 (1 + 0.5 = 1.5 over 2); seq 1 token 1 (-1.6 over 1)
+    loss, metrics = policy_loss(*_example(), token_mask=token_mask)
+    assert loss.item() == pytest.approx(-(1.5 / 2 - 1.6) / 2, rel=1e-6)
+    assert metrics.tokens == 3
+
+
+def test_sequence_without_counted_tokens_still_counts_in_total():
+    token_mask = torch.tensor([[True, True, True], [False, False, False]])
+    loss, _ = policy_loss(*_example(), token_mask=token_mask)
+    assert loss.item() == pytest.approx(-(2.7 / 3) / 2, rel=1e-6)
+
+
+def test_kl_term_hand_value():
+    logprobs, old, adv, mask = _example()
+    ref = logprobs.detach() + 0.1  # ref - logp = 0.1 everywhere: k3 = e^0.1 - 0.1 - 1
+    k3 = math.exp(0.1) - 1.1
+    loss, metrics = policy_loss(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5, aggregation="token")
+    assert metrics.kl == pytest.approx(k3, rel=1e-5)
+    assert loss.item() == pytest.approx(0.22 + 0.5 * k3, rel=1e-5)
+    _, metrics = policy_loss(logprobs, old, adv, mask, ref_logprobs=ref)
+    assert metrics.kl == pytest.approx(k3, rel=1e-5)  # reported with beta = 0
+    assert metrics.loss == pytest.approx(0.5, rel=1e-6)  # but not added
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def reference_loss(logprobs, old, adv, mask, *, eps_low, eps_high, aggregation, ref=None, beta=0.0, max_len=None):
+    """Plain loops over sequences and tokens, one scalar at a time."""
+    N, T = logprobs.shape
+    sequence_terms, token_sum, tokens = [], 0.0, 0
+    for i in range(N):
+        seq_sum, seq_tokens = 0.0, 0
+        for t in range(T):
+            if not mask[i, t]:
+                continue
+            ratio = torch.exp(logprobs[i, t] - old[i, t])
+            clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+            term = -torch.minimum(ratio * adv[i], clipped * adv[i])
+            if ref is not None and beta > 0:
+                d = ref[i, t] - logprobs[i, t]
+                term = term + beta * (torch.exp(d) - d - 1)
+            seq_sum = seq_sum + term
+            seq_tokens += 1
+        sequence_terms.append(seq_sum / max(seq_tokens, 1))
+        token_sum = token_sum + seq_sum
+        tokens += seq_tokens
+    if aggregation == "sequence":
+        return sum(sequence_terms) / N
+    if aggregation == "token":
+        return token_sum / max(tokens, 1)
+    return token_sum / (N * max_len)
+
+
+def _random_batch(seed: int, N: int = 6, T: int = 7):
+    gen = torch.Generator().manual_seed(seed)
+    old = -torch.rand(N, T, generator=gen) * 3
+    logprobs = (old + 0.4 * torch.randn(N, T, generator=gen)).requires_grad_(True)
+    adv = torch.randn(N, generator=gen)
+    mask = torch.rand(N, T, generator=gen) < 0.8
+    mask[0] = False  # one empty sequence
+    token_mask = torch.rand(N, T, generator=gen) < 0.7
+    ref = old + 0.2 * torch.randn(N, T, generator=gen)
+    return logprobs, old, adv, mask, token_mask, ref
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_value_and_gradient_match_loop_reference(aggregation, seed):
+    logprobs, old, adv, mask, token_mask, ref = _random_batch(seed)
+    kwargs = dict(eps_low=0.2, eps_high=0.28)
+    max_len = 9 if aggregation == "constant" else None
+    loss, _ = policy_loss(
+        logprobs, old, adv, mask, token_mask=token_mask, ref_logprobs=ref, beta=0.1,
+        aggregation=aggregation, max_completion_len=max_len, **kwargs,
+    )
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    expected = reference_loss(
+        logprobs, old, adv, mask & token_mask, ref=ref, beta=0.1, aggregation=aggregation, max_len=max_len, **kwargs
+    )
+    (expected_grad,) = torch.autograd.grad(expected, logprobs)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(grad, expected_grad)
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+def test_micro_batches_sum_to_full_batch(aggregation):
+    logprobs, old, adv, mask, token_mask, ref = _random_batch(3, N=8)
+    common = dict(aggregation=aggregation, max_completion_len=10, ref_logprobs=ref, beta=0.05, eps_high=0.3)
+    full, full_metrics = policy_loss(logprobs, old, adv, mask, token_mask=token_mask, **common)
+    (full_grad,) = torch.autograd.grad(full, logprobs)
+
+    totals = dict(total_sequences=8, total_tokens=full_metrics.tokens)
+    for splits in ([1] * 8, [3, 5], [2, 2, 4]):
+        summed = 0.0
+        start = 0
+        for size in splits:
+            part = slice(start, start + size)
+            loss, _ = policy_loss(
+                logprobs[part], old[part], adv[part], mask[part], token_mask=token_mask[part],
+                **common | {"ref_logprobs": ref[part]}, **totals,
+            )
+            summed = summed + loss
+            start += size
+        (grad,) = torch.autograd.grad(summed, logprobs)
+        torch.testing.assert_close(summed, full)
+        torch.testing.assert_close(grad, full_grad)
+
+
+def test_empty_mask_gives_zero_loss_with_backward():
+    logprobs = torch.full((2, 3), -torch.inf).requires_grad_(True)  # padding garbage
+    mask = torch.zeros(2, 3, dtype=torch.bool)
+    for aggregation in AGGREGATIONS:
+        loss, metrics = policy_loss(
+            logprobs, torch.zeros(2, 3), torch.ones(2), mask, aggregation=aggregation, max_completion_len=3,
+            ref_logprobs=torch.zeros(2, 3), beta=0.1,
+        )
+        loss.backward()
+        assert loss.item() == 0.0
+        assert torch.equal(logprobs.grad, torch.zeros(2, 3))
+        assert metrics.tokens == 0 and metrics.ratio_mean == 1.0 and metrics.clip_frac_low == 0.0
+        logprobs.grad = None
+
+
+def test_masked_inf_logprobs_do_not_poison_gradients():
+    logprobs = torch.tensor([[-1.0, -torch.inf], [-0.5, float("nan")]], requires_grad=True)
+    mask = torch.tensor([[True, False], [True, False]])
+    loss, _ = policy_loss(logprobs, torch.tensor([[-1.2, 0.0], [-0.4, 0.0]]), torch.tensor([1.0, -1.0]), mask)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(logprobs.grad).all()
+    assert logprobs.grad[0, 1] == 0 and logprobs.grad[1, 1] == 0
+
+
+def test_zero_advantages_give_zero_gradient():
+    logprobs, old, _, mask, _, _ = _random_batch(4)
+    loss, _ = policy_loss(logprobs, old, torch.zeros(6), mask)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    assert loss.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_bf16_logprobs():
+    logprobs, old, adv, mask = _example()
+    loss, _ = policy_loss(logprobs.to(torch.bfloat16), old, adv, mask)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(0.5, rel=1e-2)
+
+
+def test_metrics_to_dict():
+    _, metrics = policy_loss(*_example())
+    d = metrics.to_dict()
+    assert isinstance(metrics, LossMetrics)
+    assert {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "tokens"} <= set(d)
+
+
+def test_validation():
+    logprobs, old, adv, mask = _example()
+    with pytest.raises(ValueError, match="old_logprobs"):
+        policy_loss(logprobs, old[:, :2], adv, mask)
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(logprobs, old, adv[:1], mask)
+    with pytest.raises(ValueError, match="mask must be a bool"):
+        policy_loss(logprobs, old, adv, mask.float())
+    with pytest.raises(ValueError, match="token_mask"):
+        policy_loss(logprobs, old, adv, mask, token_mask=mask[:, :2])
+    with pytest.raises(ValueError, match="sequence, token, constant"):
+        policy_loss(logprobs, old, adv, mask, aggregation="mean")
+    with pytest.raises(ValueError, match="eps_low"):
+        policy_loss(logprobs, old, adv, mask, eps_low=-0.1)
+    with pytest.raises(ValueError, match="eps_high"):
+        policy_loss(logprobs, old, adv, mask, eps_high=-0.1)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        policy_loss(logprobs, old, adv, mask, beta=0.1)
+    with pytest.raises(ValueError, match="max_completion_len"):
+        policy_loss(logprobs, old, adv, mask, aggregation="constant")
+    with pytest.raises(ValueError, match="total_tokens"):
+        policy_loss(logprobs, old, adv, mask, total_tokens=2)
+    with pytest.raises(ValueError, match="total_sequences"):
+        policy_loss(logprobs, old, adv, mask, total_sequences=1)
+    with pytest.raises(ValueError, match="logprobs"):
+        policy_loss(logprobs[0], old, adv, mask)
