@@ -36,8 +36,9 @@ Choices made where the papers are silent:
 - **Ties among the m+1 candidates** (e.g. binary rewards, where keeping j successes or j failures
   gives the same variance) are also broken at random, among candidates within a relative 1e-9 of
   the best score, so a rule does not systematically prefer failures over successes.
-- Candidate scores are computed in float64 on values centred by their row mean, so that prefix
-  sums of squares do not lose the variance to cancellation when rewards have a large offset.
+- Candidate scores are computed in float64 on values centred on their row's mid-range, so that
+  prefix sums of squares do not lose the variance to cancellation when rewards have a large
+  offset.
 - ``d3s_intra`` gives the same subsets as ``max_variance`` when A is an affine function of r per
   group (it is), but it is computed on A so that it is exact for the advantages actually used.
   The std convention of A does not change the selection: all groups have the same n, so it
@@ -99,10 +100,12 @@ def _check_m(rewards: Tensor, m: int) -> int:
     return m
 
 
-def _uniform(shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None) -> Tensor:
-    """Uniform [0, 1) float64 noise of ``shape`` on ``like``'s device, drawn from ``generator``."""
+def _uniform(
+    shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """Uniform [0, 1) noise of ``shape`` on ``like``'s device, drawn from ``generator``."""
     device = generator.device if generator is not None else like.device
-    noise = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    noise = torch.rand(shape, generator=generator, device=device, dtype=dtype)
     return noise.to(like.device)
 
 
@@ -136,7 +139,10 @@ def _random_tie_order(values: Tensor, generator: torch.Generator | None, descend
     # Pack (ordered, tie) as the (high, low) int32 halves of one int64 without int64 arithmetic.
     halves = torch.empty(*values.shape, 2, dtype=torch.int32, device=values.device)  # [G, L, 2]
     halves[..., _HIGH] = ordered
-    halves[..., 1 - _HIGH] = _random_int31(values.shape, values, generator)
+    if generator is None or generator.device == values.device:
+        halves[..., 1 - _HIGH].random_(generator=generator)  # uniform in [0, 2^31)
+    else:
+        halves[..., 1 - _HIGH] = _random_int31(values.shape, values, generator)
     key = halves.view(torch.int64).squeeze(-1)  # [G, L]
     return torch.sort(key, dim=1, descending=descending).indices
 
@@ -158,9 +164,10 @@ def _max_variance_keep(values: Tensor, k: int, generator: torch.Generator | None
     G, L = values.shape
     order = _random_tie_order(values, generator)  # [G, L] ascending
     ends = torch.cat([order[:, :k], order[:, L - k :].flip(1)], dim=1)  # [G, 2k]: k lowest, k highest (largest first)
-    mean = values.mean(dim=1, keepdim=True, dtype=torch.float64)  # [G, 1]
-    # Variance is shift-invariant: centring in float64 keeps the sums of squares from cancelling.
-    v = values.gather(1, ends).to(torch.float64) - mean  # [G, 2k]
+    v = values.gather(1, ends).to(torch.float64)  # [G, 2k]
+    # Variance is shift-invariant: centring on the row's mid-range keeps the float64 sums of
+    # squares from cancelling when the values have a large common offset.
+    v = v - (v[:, :1] + v[:, k : k + 1]) / 2  # [G, 2k]; v[:, 0] is the row min, v[:, k] the max
     zero = v.new_zeros(G, 1)
     s1 = torch.cat([zero, v[:, :k].cumsum(1), zero, v[:, k:].cumsum(1)], dim=1)  # [G, 2k+2]
     s2 = torch.cat([zero, v[:, :k].square().cumsum(1), zero, v[:, k:].square().cumsum(1)], dim=1)
@@ -171,7 +178,7 @@ def _max_variance_keep(values: Tensor, k: int, generator: torch.Generator | None
 
     best = score.amax(dim=1, keepdim=True)  # [G, 1]
     tied = score >= best - _CANDIDATE_REL_TOL * best.abs()  # [G, k+1]
-    noise = _uniform(score.shape, score, generator)  # [G, k+1]
+    noise = _uniform(score.shape, score, generator, dtype=torch.float32)  # [G, k+1]
     pick = torch.where(tied, noise, -1.0).argmax(dim=1, keepdim=True)  # [G, 1]
 
     rank = torch.arange(L, device=values.device)  # [L] position in ascending order
