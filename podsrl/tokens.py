@@ -19,8 +19,10 @@ Choices made where the papers are silent:
 - K = 1.0 returns the valid mask itself (no sort).
 - :func:`entropy_from_logits` runs under ``torch.no_grad`` (the score is a selection weight, not
   a training signal) and returns float32 whatever the logits' dtype. It works on ``chunk_size``
-  positions at a time, holding one float32 [chunk, V] buffer (softmax, then p*log(p) in place),
-  so a bf16 [N, T, V] logits tensor never gets a full float32 copy.
+  positions at a time, holding one float32 [chunk, V] buffer (softmax, then p*log(p), in place),
+  so a bf16 [N, T, V] logits tensor never gets a full float32 copy. Logits that cannot be viewed
+  as [positions, V] (e.g. ``logits[:, :-1]``) are processed one leading index at a time rather
+  than copied.
 """
 
 from __future__ import annotations
@@ -41,11 +43,19 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int = 1024) -> Tensor:
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     vocab = logits.shape[-1]
-    flat = logits.reshape(-1, vocab)  # [P, V]
+    try:
+        flat = logits.view(-1, vocab)  # [P, V]
+    except RuntimeError:
+        # Not viewable as [P, V] (e.g. logits[:, :-1]): recurse over the first dim rather than
+        # let reshape copy the whole tensor.
+        return torch.stack([entropy_from_logits(part, chunk_size=chunk_size) for part in logits.unbind(0)])
     entropy = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # [P]
     for start in range(0, flat.shape[0], chunk_size):
-        p = torch.softmax(flat[start : start + chunk_size], dim=-1, dtype=torch.float32)  # [c, V]
-        p.xlogy_(p)  # p * log(p) in place, 0 where p == 0
+        # Softmax, then p * log(p), all in place in the chunk's single float32 copy.
+        p = flat[start : start + chunk_size].to(torch.float32, copy=True)  # [c, V]
+        p.sub_(p.amax(dim=-1, keepdim=True)).exp_()
+        p.div_(p.sum(dim=-1, keepdim=True))
+        p.xlogy_(p)  # 0 where p == 0
         entropy[start : start + chunk_size] = -p.sum(dim=-1)
     return entropy.reshape(logits.shape[:-1])
 

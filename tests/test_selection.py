@@ -169,9 +169,12 @@ def test_max_variance_matches_per_group_loop_over_many_seeds():
 
 def test_max_variance_large_offset_is_exact():
     # Prefix sums of squares would lose these differences without centring.
-    rewards = 1e7 + torch.tensor([[0.0, 1.0, 2.0, 3.0, 10.0, 11.0]], dtype=torch.float64)
-    keep = max_variance(rewards, 3, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(kept_var(rewards, keep), brute_max_var(rewards, 3))
+    gen = torch.Generator().manual_seed(0)
+    rewards = 1e9 + torch.randn(64, 16, generator=gen, dtype=torch.float64)
+    for m in (2, 5, 8):
+        keep = max_variance(rewards, m, generator=gen)
+        expected = torch.tensor([loop_max_var((row - 1e9).tolist(), m) for row in rewards], dtype=torch.float64)
+        torch.testing.assert_close(kept_var(rewards - 1e9, keep), expected, rtol=1e-6, atol=1e-9)
 
 
 def test_max_variance_accepts_bf16():

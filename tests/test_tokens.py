@@ -34,6 +34,12 @@ def test_chunked_equals_unchunked(chunk_size):
     torch.testing.assert_close(entropy_from_logits(logits, chunk_size=chunk_size), entropy_from_logits(logits, chunk_size=35))
 
 
+def test_non_viewable_logits_slice():
+    logits = torch.randn(3, 6, 11, generator=torch.Generator().manual_seed(3))
+    sliced = logits[:, :-1]  # the usual "drop the last position" slice: not viewable as [P, V]
+    torch.testing.assert_close(entropy_from_logits(sliced, chunk_size=4), entropy_from_logits(sliced.contiguous()))
+
+
 def test_entropy_hand_values_and_masked_vocab():
     logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, -torch.inf, 0.0, -torch.inf], [100.0, 0.0, 0.0, 0.0]])
     got = entropy_from_logits(logits)
