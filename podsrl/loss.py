@@ -29,10 +29,11 @@ Choices made where the papers are silent:
 - Positions that are not counted get log-ratio 0 before the exponential, so padding with -inf or
   garbage log-probs cannot produce NaN in the forward or the backward pass.
 - The loss is computed in float32 at least (bf16 log-probs are upcast).
-- Metrics describe this call: ``pg_loss`` and ``kl`` are this call's additive contributions (they
-  sum over micro-batches like the loss); fractions and ``ratio_mean`` are over this call's
-  counted tokens (weight them by ``tokens`` to combine micro-batches). ``kl`` is reported
-  whenever ``ref_logprobs`` is given, even with beta = 0.
+- Metrics describe this call: ``loss`` and ``pg_loss`` are this call's additive contributions
+  (they sum over micro-batches like the loss); ``kl`` (mean k3 per counted token), the clip
+  fractions and ``ratio_mean`` are means over this call's counted tokens (weight them by
+  ``tokens`` to combine micro-batches). ``kl`` is reported whenever ``ref_logprobs`` is given,
+  even with beta = 0.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class LossMetrics:
 
     loss: float  # pg_loss + beta * kl
     pg_loss: float  # clipped-surrogate part of the loss
-    kl: float | None  # aggregated k3 KL to the reference, None without ref_logprobs
+    kl: float | None  # mean k3 KL to the reference per counted token, None without ref_logprobs
     clip_frac_low: float  # fraction of counted tokens with rho < 1 - eps_low and A < 0
     clip_frac_high: float  # fraction of counted tokens with rho > 1 + eps_high and A > 0
     ratio_mean: float  # mean rho over counted tokens (1.0 when none)
@@ -180,14 +181,13 @@ def policy_loss(
     per_token = torch.where(counted, -surrogate, 0.0)  # [N, T]
     pg_loss = aggregate(per_token, counted, total_sequences, total_tokens, max_completion_len)
 
-    kl = None
+    k3 = None
     loss = pg_loss
     if ref_logprobs is not None:
         ref_minus_logp = torch.where(counted, ref_logprobs.to(dtype).detach() - logp, 0.0)  # [N, T]
         k3 = torch.where(counted, ref_minus_logp.exp() - ref_minus_logp - 1.0, 0.0)  # [N, T]
-        kl = aggregate(k3, counted, total_sequences, total_tokens, max_completion_len)
         if beta > 0.0:
-            loss = pg_loss + beta * kl
+            loss = pg_loss + beta * aggregate(k3, counted, total_sequences, total_tokens, max_completion_len)
 
     with torch.no_grad():
         denominator = max(tokens, 1)
@@ -196,7 +196,7 @@ def policy_loss(
         metrics = LossMetrics(
             loss=float(loss),
             pg_loss=float(pg_loss),
-            kl=None if kl is None else float(kl),
+            kl=None if k3 is None else float(k3.sum()) / denominator,
             clip_frac_low=int(low.sum()) / denominator,
             clip_frac_high=int(high.sum()) / denominator,
             ratio_mean=float(torch.where(counted, ratio, 0.0).sum()) / tokens if tokens else 1.0,

@@ -70,8 +70,15 @@ def test_kl_term_hand_value():
     ref = logprobs.detach() + 0.1  # ref - logp = 0.1 everywhere: k3 = e^0.1 - 0.1 - 1
     k3 = math.exp(0.1) - 1.1
     loss, metrics = policy_loss(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5, aggregation="token")
-    assert metrics.kl == pytest.approx(k3, rel=1e-5)
+    assert metrics.kl == pytest.approx(k3, rel=1e-5)  # mean per counted token
     assert loss.item() == pytest.approx(0.22 + 0.5 * k3, rel=1e-5)
+    loss, metrics = policy_loss(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5)
+    assert loss.item() == pytest.approx(0.5 + 0.5 * k3, rel=1e-5)  # sequence means of a constant
+    loss, metrics = policy_loss(
+        logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5, aggregation="constant", max_completion_len=4
+    )
+    assert loss.item() == pytest.approx(0.1375 + 0.5 * k3 * 5 / 8, rel=1e-5)
+    assert metrics.kl == pytest.approx(k3, rel=1e-5)
     _, metrics = policy_loss(logprobs, old, adv, mask, ref_logprobs=ref)
     assert metrics.kl == pytest.approx(k3, rel=1e-5)  # reported with beta = 0
     assert metrics.loss == pytest.approx(0.5, rel=1e-6)  # but not added
