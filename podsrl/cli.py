@@ -1,0 +1,173 @@
+"""``podsrl train | eval | compare | plot``.
+
+    podsrl train                                  # the embedded demo: SmolLM2-135M, arithmetic, PODS
+    podsrl train my.toml --select.m=8 --rollout.n=32
+    podsrl train --resume runs/20261122-101500-max_variance
+    podsrl eval --run runs/...                    # the checkpoint's accuracy on its held-out set
+    podsrl eval --model.name=HuggingFaceTB/SmolLM2-135M-Instruct --task.name=gsm8k \\
+                --task.options.path=../shared/data/gsm8k --eval.samples=8 --eval.temperature=1
+    podsrl plot runs/a runs/b -o curves.png
+    podsrl compare compare.toml
+
+User mistakes (bad config values, missing files, unknown names) print one line naming the field and
+the fix, with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from podsrl.errors import ConfigError, RewardError
+
+
+def _split_overrides(rest: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    overrides = []
+    for arg in rest:
+        if arg.startswith("--") and "=" in arg and "." in arg.split("=", 1)[0]:
+            overrides.append(arg[2:])
+        else:
+            parser.error(f"unrecognised argument {arg!r}; settings are written --section.key=value, e.g. --select.m=8")
+    return overrides
+
+
+def cmd_train(args, overrides: list[str]) -> int:
+    from podsrl import config as config_mod
+    from podsrl.trainer import train
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.toml").is_file():
+            raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml); give the directory a `podsrl train` made")
+        cfg = config_mod.load(args.config or run_dir / "config.toml", overrides)
+    else:
+        cfg = config_mod.load(args.config, overrides)
+        run_dir = Path(args.out) if args.out else None
+    run_dir = train(cfg, run_dir=run_dir, resume=bool(args.resume))
+    _print_summary(run_dir)
+    if not args.no_plot:
+        from podsrl.plot import plot_runs
+
+        print(f"podsrl: plot written to {plot_runs([run_dir], run_dir / 'curves.png')}")
+    return 0
+
+
+def _print_summary(run_dir: Path) -> None:
+    from podsrl.logging import read_jsonl
+
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    if len(evals) >= 2 and evals[0]["step"] == 0:
+        first, last = evals[0], evals[-1]
+        diff = 100 * (last["accuracy"] - first["accuracy"])
+        fmt = lambda r: f"{100 * r['accuracy']:5.1f}%  (95% CI {100 * r['ci_low']:.1f}-{100 * r['ci_high']:.1f})"  # noqa: E731
+        print(f"\nheld-out accuracy on the same {last['problems']} problems:")
+        print(f"  base model      {fmt(first)}")
+        print(f"  trained policy  {fmt(last)}   step {last['step']}, {last['train_seconds'] / 60:.1f} min of training")
+        print(f"  change          {diff:+.1f} points")
+    print(f"run directory: {run_dir} (config.toml, metrics.jsonl, eval.jsonl, checkpoints/)")
+
+
+def cmd_eval(args, overrides: list[str]) -> int:
+    import dataclasses
+
+    from podsrl import checkpoint as ckpt
+    from podsrl import config as config_mod
+    from podsrl.trainer import run_eval, setup
+
+    if args.run:
+        run_dir = Path(args.run)
+        if not (run_dir / "config.toml").is_file():
+            raise ConfigError(f"--run {run_dir}: not a run directory (no config.toml)")
+        cfg = config_mod.load(run_dir / "config.toml", overrides)
+    else:
+        cfg = config_mod.load(args.config, overrides)
+    s = setup(cfg)
+    if args.run:
+        last = ckpt.latest(Path(args.run))
+        if last is None:
+            raise ConfigError(f"--run {args.run}: no checkpoint found under checkpoints/")
+        ckpt.load_weights(last, s.policy.model)
+        s.engine.sync_weights(s.policy.model)
+        print(f"podsrl: evaluating {last}")
+    result = run_eval(s, ckpt.TrainState())
+    s.engine.close()
+    print(f"accuracy: {result.summary()}")
+    for k, v in result.pass_at_k.items():
+        print(f"{k}: {100 * v:.1f}%")
+    print(f"mean completion length {result.mean_length:.1f} tokens, truncated {100 * result.truncated:.1f}%, {result.seconds:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dataclasses.asdict(result), indent=2))
+    return 0
+
+
+def cmd_plot(args, overrides: list[str]) -> int:
+    from podsrl.plot import plot_runs
+
+    if overrides:
+        raise ConfigError("podsrl plot takes run directories and -o only")
+    for run in args.runs:
+        if not Path(run).is_dir():
+            raise ConfigError(f"{run}: no such run directory")
+    print(f"podsrl: plot written to {plot_runs([Path(r) for r in args.runs], Path(args.output))}")
+    return 0
+
+
+def cmd_compare(args, overrides: list[str]) -> int:
+    from podsrl.compare import main as compare_main
+
+    return compare_main(args, overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="podsrl", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a policy (no arguments: the embedded demo)")
+    p.add_argument("config", nargs="?", help="TOML config file (defaults apply to what it leaves out)")
+    p.add_argument("--out", help="run directory (default: train.out_dir)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its latest checkpoint")
+    p.add_argument("--no-plot", action="store_true", help="do not write curves.png at the end")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="held-out accuracy (95%% CI) and pass@k of a model or a run's checkpoint")
+    p.add_argument("config", nargs="?", help="TOML config file")
+    p.add_argument("--run", help="evaluate this run directory's latest checkpoint with its config")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("plot", help="reward and accuracy curves of one or more runs")
+    p.add_argument("runs", nargs="+", help="run directories")
+    p.add_argument("-o", "--output", default="curves.png", help="PNG file to write (default: curves.png)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("compare", help="methods x seeds under one wall-clock budget: time-to-accuracy")
+    p.add_argument("config", nargs="?", help="TOML file with a [compare] table (see podsrl/compare.py)")
+    p.add_argument("--out", default="runs/compare", help="output directory (resumable)")
+    p.add_argument("--seeds", type=int, help="number of seeds per method (adds seeds to an existing comparison)")
+    p.add_argument("--methods", help="comma-separated subset of the methods to run")
+    p.add_argument("--report-only", action="store_true", help="rebuild compare.json/png from finished runs")
+    p.set_defaults(func=cmd_compare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        overrides = _split_overrides(rest, parser)
+        return args.func(args, overrides)
+    except ConfigError as err:
+        print(f"podsrl: error: {err}", file=sys.stderr)
+        return 2
+    except RewardError as err:
+        print(f"podsrl: reward error: {err}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("\npodsrl: interrupted; resume with `podsrl train --resume RUN_DIR` from the last checkpoint", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

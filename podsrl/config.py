@@ -1,0 +1,419 @@
+"""All configuration, typed and validated in one place.
+
+A run is described by :class:`Config`, a tree of frozen dataclasses. It is built from defaults, then
+an optional TOML file, then ``--section.key=value`` overrides (``load``). Every field is checked in
+``__post_init__``; a bad value raises :class:`~podsrl.errors.ConfigError` naming the field and the
+fix, and the CLI prints that message without a traceback. The resolved config is saved as
+``config.toml`` in every run directory, and ``podsrl train that/config.toml`` reproduces the run.
+
+The defaults are the embedded demo: SmolLM2-135M-Instruct, full fine-tuning, two-digit addition,
+PODS max-variance with n=16 rollouts per prompt and m=4 kept for the update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from podsrl.errors import ConfigError
+
+
+def _check(condition: bool, name: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{name}: {message}")
+
+
+def _one_of(value: object, valid: typing.Iterable[str], name: str) -> None:
+    valid = sorted(valid)
+    _check(value in valid, name, f"unknown value {value!r}; valid values: {', '.join(map(str, valid))}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "smollm2-135m-instruct"  # hub id, local directory, or an embedded model's name
+    dtype: str = "float32"
+    lora: bool = False  # False: full fine-tuning
+    lora_rank: int = 64
+    lora_alpha: int = 64
+    lora_dropout: float = 0.0
+    lora_target_modules: str | list[str] = "all-linear"
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        _one_of(self.dtype, ("float32", "bfloat16", "float16"), "model.dtype")
+        _check(self.lora_rank >= 1, "model.lora_rank", "must be >= 1")
+        _check(self.lora_alpha > 0, "model.lora_alpha", "must be > 0")
+        _check(0 <= self.lora_dropout < 1, "model.lora_dropout", "must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = "arithmetic"
+    # Passed to the task's loader (see podsrl.tasks); unknown names are rejected there.
+    options: dict[str, Any] = field(
+        default_factory=lambda: {"ops": ["+"], "min_digits": 2, "max_digits": 2, "num_train": 20000, "num_eval": 200}
+    )
+    system_prompt: str | None = None
+    instruction: str | None = None  # None: the task's default ("Give only the final number." ...)
+
+    def __post_init__(self) -> None:
+        from podsrl.tasks import TASKS
+
+        _one_of(self.name, TASKS, "task.name")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    names: list[str] = field(default_factory=lambda: ["correctness"])  # built-in names or module:function
+    weights: list[float] = field(default_factory=lambda: [1.0])
+    correct_name: str = "correctness"  # the reward whose value counts as "solved" in evaluation
+
+    def __post_init__(self) -> None:
+        _check(len(self.names) > 0, "reward.names", "give at least one reward function")
+        _check(
+            len(self.names) == len(self.weights),
+            "reward.weights",
+            f"has {len(self.weights)} entries but reward.names has {len(self.names)}; give one weight per name",
+        )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = "transformers"  # "transformers" | "vllm"
+    n: int = 16  # rollouts sampled per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 32
+    generation_batch_size: int = 128  # sequences per transformers `generate` call
+    # vLLM only
+    gpu_memory_utilization: float = 0.3  # on the CPU build: fraction of RAM for the KV cache
+    enable_sleep_mode: bool = False  # GPU only: free vLLM's memory during the update
+    max_model_len: int = 1024
+
+    def __post_init__(self) -> None:
+        from podsrl.engines import ENGINES
+
+        _one_of(self.engine, ENGINES, "rollout.engine")
+        _check(self.n >= 1, "rollout.n", "must be >= 1")
+        _check(self.temperature > 0, "rollout.temperature", "must be > 0 for RL sampling (use eval.temperature=0 for greedy evaluation)")
+        _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+        _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+        _check(self.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1")
+        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    rule: str = "max_variance"  # see podsrl.selection.RULES
+    m: int = 4  # rollouts per prompt kept for the update (at the start of training)
+    m_final: int | None = None  # None: same as m
+    m_schedule: str = "constant"  # how m moves from m to m_final with progress (podsrl.schedules)
+    filter_zero_variance: bool = False  # DAPO dynamic-sampling filter: drop groups with equal rewards
+    # Advantages over the kept rollouts ("kept": PODS) or the full group ("group": GRPO, D3S).
+    # "auto": "group" for the d3s rules, "kept" otherwise.
+    advantage_over: str = "auto"
+    scale_std: bool = True  # False: Dr. GRPO (no division by the group's std)
+    # Token level (D3S): keep this fraction of the kept rollouts' tokens in the loss.
+    token_fraction: float = 1.0
+    token_fraction_final: float | None = None  # None: same as token_fraction
+    token_schedule: str = "constant"
+    token_score: str = "adv_entropy"  # "adv_entropy" (D3S |A| x H) | "entropy" (the 80/20 rule)
+
+    def __post_init__(self) -> None:
+        from podsrl.schedules import SCHEDULES
+        from podsrl.selection import RULES
+
+        _one_of(self.rule, RULES, "select.rule")
+        _check(self.m >= 1, "select.m", "must be >= 1")
+        _check(self.m_final is None or self.m_final >= 1, "select.m_final", "must be >= 1")
+        _one_of(self.m_schedule, SCHEDULES, "select.m_schedule")
+        _one_of(self.token_schedule, SCHEDULES, "select.token_schedule")
+        _one_of(self.advantage_over, ("auto", "kept", "group"), "select.advantage_over")
+        _one_of(self.token_score, ("adv_entropy", "entropy"), "select.token_score")
+        for name in ("token_fraction", "token_fraction_final"):
+            value = getattr(self, name)
+            _check(value is None or 0 < value <= 1, f"select.{name}", "must be in (0, 1]")
+
+    @property
+    def advantages_over_group(self) -> bool:
+        if self.advantage_over == "auto":
+            return self.rule.startswith("d3s")
+        return self.advantage_over == "group"
+
+    @property
+    def uses_token_selection(self) -> bool:
+        return self.token_fraction < 1 or (self.token_fraction_final or 1.0) < 1
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    eps_low: float = 0.2
+    eps_high: float | None = None  # None: same as eps_low; e.g. 0.28 for DAPO clip-higher
+    aggregation: str = "sequence"  # "sequence" (GRPO) | "token" (DAPO) | "constant" (Dr. GRPO)
+    beta: float = 0.0  # weight of the k3 KL to the initial policy; 0 = no reference model
+    policy_iterations: int = 1  # optimizer steps per batch of rollouts
+
+    def __post_init__(self) -> None:
+        from podsrl.loss import AGGREGATIONS
+
+        _check(self.eps_low >= 0, "loss.eps_low", "must be >= 0")
+        _check(self.eps_high is None or self.eps_high >= 0, "loss.eps_high", "must be >= 0")
+        _one_of(self.aggregation, AGGREGATIONS, "loss.aggregation")
+        _check(self.beta >= 0, "loss.beta", "must be >= 0")
+        _check(self.policy_iterations >= 1, "loss.policy_iterations", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 2e-6
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 at train.max_steps)
+    grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
+    micro_batch_size: int = 16  # sequences per forward/backward; gradients are accumulated
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "optim.lr", "must be > 0")
+        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+        _one_of(self.lr_schedule, ("constant", "cosine"), "optim.lr_schedule")
+        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)")
+        _check(self.micro_batch_size >= 1, "optim.micro_batch_size", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every_steps: int = 0  # 0: never by step count
+    every_seconds: float = 0.0  # of training wall-clock; 0: never by time
+    at_start: bool = True
+    at_end: bool = True
+    temperature: float = 0.0  # 0: greedy
+    samples: int = 1  # completions per problem (pass@k for k <= samples)
+    max_new_tokens: int | None = None  # None: rollout.max_new_tokens
+    max_problems: int | None = None  # None: the whole held-out set
+
+    def __post_init__(self) -> None:
+        _check(self.every_steps >= 0, "eval.every_steps", "must be >= 0")
+        _check(self.every_seconds >= 0, "eval.every_seconds", "must be >= 0")
+        _check(self.temperature >= 0, "eval.temperature", "must be >= 0")
+        _check(self.samples >= 1, "eval.samples", "must be >= 1")
+        _check(self.temperature > 0 or self.samples == 1, "eval.samples", "greedy evaluation (temperature 0) takes samples = 1")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    prompts_per_step: int = 8  # B
+    max_steps: int | None = 60
+    max_seconds: float | None = None  # training wall-clock budget (evaluation excluded)
+    seed: int = 0
+    out_dir: str = "runs/{time}-{rule}"  # {time}, {rule} and {seed} are filled in
+    checkpoint_every: int = 20  # steps; 0: only at the end
+    keep_checkpoints: int = 1
+    progress: bool = True
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "podsrl"
+
+    def __post_init__(self) -> None:
+        _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
+        _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1")
+        _check(self.max_seconds is None or self.max_seconds > 0, "train.max_seconds", "must be > 0")
+        _check(
+            self.max_steps is not None or self.max_seconds is not None,
+            "train.max_steps",
+            "give a budget: train.max_steps and/or train.max_seconds",
+        )
+        _check(self.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0")
+        _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    select: SelectConfig = field(default_factory=SelectConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        sel, n = self.select, self.rollout.n
+        for name, m in (("select.m", sel.m), ("select.m_final", sel.m_final)):
+            _check(
+                m is None or m <= n,
+                name,
+                f"= {m} exceeds rollout.n = {n}: PODS keeps m of the n rollouts sampled per prompt; lower {name} or raise rollout.n",
+            )
+        if sel.rule == "all":
+            _check(
+                sel.m == n and sel.m_final in (None, n),
+                "select.m",
+                f"rule 'all' (plain GRPO) keeps every rollout: set select.m = rollout.n = {n}",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: defaults <- TOML file <- --section.key=value overrides
+
+
+def load(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Build a validated Config from an optional TOML file and ``section.key=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"config file {path}: invalid TOML: {err}") from err
+    for item in overrides:
+        key, sep, raw = item.removeprefix("--").partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"override {item!r}: write it as --section.key=value, e.g. --select.m=8")
+        section, _, rest = key.partition(".")
+        _set_override(data, section, rest, raw)
+    return from_dict(data)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    sections = {}
+    hints = typing.get_type_hints(Config)
+    for name, value in data.items():
+        if name not in hints:
+            raise ConfigError(f"unknown config section [{name}]; valid sections: {', '.join(hints)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{name}] must be a table of settings, got {value!r}")
+        sections[name] = _build(hints[name], value, name)
+    return Config(**sections)
+
+
+def _build(cls: type, values: dict[str, Any], section: str):
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"unknown setting {section}.{key}; valid settings in [{section}]: {', '.join(hints)}")
+        values[key] = _coerce(value, hints[key], f"{section}.{key}", from_text=False)
+    return cls(**values)
+
+
+def _set_override(data: dict[str, Any], section: str, rest: str, raw: str) -> None:
+    hints = typing.get_type_hints(Config)
+    if section not in hints:
+        raise ConfigError(f"unknown config section '{section}' in --{section}.{rest}; valid sections: {', '.join(hints)}")
+    table = data.setdefault(section, {})
+    key, _, sub = rest.partition(".")
+    field_hints = typing.get_type_hints(hints[section])
+    if key not in field_hints:
+        raise ConfigError(f"unknown setting {section}.{key}; valid settings in [{section}]: {', '.join(field_hints)}")
+    if sub:  # a dict-valued field such as task.options.max_digits
+        default = {f.name: f for f in dataclasses.fields(hints[section])}[key]
+        current = table.get(key)
+        if current is None:
+            current = default.default_factory() if default.default_factory is not dataclasses.MISSING else {}
+        current = dict(current)
+        current[sub] = _parse_scalar(raw)
+        table[key] = current
+    else:
+        table[key] = _coerce(raw, field_hints[key], f"{section}.{key}", from_text=True)
+
+
+def _parse_scalar(raw: str) -> Any:
+    """Text from the command line -> a TOML value when it parses as one, else the string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        if "," in raw:
+            return [_parse_scalar(part) for part in raw.split(",")]
+        return raw
+
+
+def _coerce(value: Any, hint: Any, name: str, *, from_text: bool) -> Any:
+    if from_text:
+        value = _parse_scalar(value)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, name, from_text=False)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{name}: bad value {value!r}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}: expected a whole number, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{name}: expected a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{name}: expected a string, got {value!r}")
+    if origin is list:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        return [_coerce(v, args[0], name, from_text=False) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: expected a table, got {value!r}")
+        return dict(value)
+    return value
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as TOML (None values are written as comments: TOML has no null)."""
+    lines: list[str] = []
+    for section, values in cfg.to_dict().items():
+        lines.append(f"[{section}]")
+        nested = []
+        for key, value in values.items():
+            if value is None:
+                lines.append(f"# {key} = (default: none)")
+            elif isinstance(value, dict):
+                nested.append((key, value))
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
+        for key, table in nested:
+            lines.append(f"{key} = {{ {', '.join(f'{k} = {_toml_value(v)}' for k, v in table.items())} }}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {value!r} as TOML")

@@ -1,0 +1,77 @@
+"""Rollouts with transformers ``generate`` on the policy model itself (no weight sync needed).
+
+Prompts are left-padded, each repeated n times, and generated in chunks of ``batch_size``
+sequences. Sampling log-probs are not returned (``logprobs=None``): the trainer recomputes them in
+its own forward pass, which it needs anyway.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from podsrl.engines import Rollouts, Sampling
+
+
+class TransformersEngine:
+    def __init__(self, model: torch.nn.Module, tokenizer, *, batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling) -> Rollouts:
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        eos = self._eos_ids()
+        pad = self.tokenizer.pad_token_id
+        repeated = [ids for ids in prompt_ids for _ in range(sampling.n)]  # group-major
+        completions: list[list[int]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(repeated), self.batch_size):
+                chunk = repeated[start : start + self.batch_size]
+                width = max(len(ids) for ids in chunk)
+                input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk])
+                attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
+                kwargs = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+                if sampling.temperature == 0:
+                    kwargs = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+                out = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention,
+                    max_new_tokens=sampling.max_new_tokens,
+                    pad_token_id=pad,
+                    eos_token_id=sorted(eos),
+                    **kwargs,
+                )
+                for row in out[:, width:].tolist():
+                    completions.append(_cut_at_eos(row, eos))
+        finally:
+            self.model.train(was_training)
+        truncated = [not (ids and ids[-1] in eos) for ids in completions]
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
+        return Rollouts(prompt_ids=prompt_ids, completion_ids=completions, texts=texts, truncated=truncated)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        pass  # generates with the live policy
+
+    def close(self) -> None:
+        pass
+
+    def _eos_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        extra = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(extra, int):
+            ids.add(extra)
+        elif extra:
+            ids.update(extra)
+        return {i for i in ids if i is not None}
+
+
+def _cut_at_eos(row: list[int], eos: set[int]) -> list[int]:
+    """Keep tokens up to and including the first EOS (the rest is padding)."""
+    for i, token in enumerate(row):
+        if token in eos:
+            return row[: i + 1]
+    return row

@@ -1,0 +1,94 @@
+"""Where a run's numbers go: ``metrics.jsonl`` (one line per step), ``eval.jsonl`` (one line per
+evaluation), a progress bar with ETA and the key figures, and TensorBoard / Weights & Biases when
+asked for and installed.
+
+On resume, lines written after the checkpoint's step are dropped first, so the files read as if
+the run had never been interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from podsrl.errors import ConfigError
+
+
+def _truncate_jsonl(path: Path, max_step: int) -> None:
+    if not path.exists():
+        return
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in rows if json.loads(line)["step"] <= max_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, cfg, *, start_step: int = 0):
+        self.run_dir = Path(run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        _truncate_jsonl(self.metrics_path, start_step)
+        # An eval at the resumed step was already done before the interruption... or not: keep
+        # those at earlier steps only, the trainer re-evaluates where due.
+        _truncate_jsonl(self.run_dir / "eval.jsonl", start_step)
+        t = cfg.train
+        total = t.max_steps if t.max_steps else None
+        self.bar = tqdm(total=total, initial=start_step, desc="train", unit="step", disable=not t.progress, dynamic_ncols=True)
+        self.last_eval: str = "-"
+        self.tb = self.wandb = None
+        if t.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise ConfigError("train.tensorboard = true needs TensorBoard: pip install tensorboard") from err
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if t.wandb:
+            try:
+                import wandb
+            except ImportError as err:
+                raise ConfigError("train.wandb = true needs Weights & Biases: pip install wandb") from err
+            self.wandb = wandb.init(project=t.wandb_project, dir=str(self.run_dir), config=cfg.to_dict(), resume="allow")
+
+    def log_step(self, metrics: dict, state) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(_finite(metrics)) + "\n")
+        self.bar.update(1)
+        self.bar.set_postfix_str(
+            f"reward {metrics['reward_mean']:.2f} kept {metrics.get('reward_kept_mean', float('nan')):.2f} "
+            f"len {metrics['completion_len']:.0f} eval {self.last_eval} {metrics['time/step']:.1f}s/step",
+            refresh=False,
+        )
+        self._scalars(metrics, state.step, prefix="train/")
+
+    def log_eval(self, result, state) -> None:
+        self.last_eval = f"{100 * result.accuracy:.0f}%"
+        self._scalars({"accuracy": result.accuracy, **result.pass_at_k}, state.step, prefix="eval/")
+
+    def _scalars(self, values: dict, step: int, prefix: str) -> None:
+        numbers = {prefix + k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.tb is not None:
+            for k, v in numbers.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=step)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _finite(metrics: dict) -> dict:
+    """JSON has no NaN: write null instead."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}

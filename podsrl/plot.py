@@ -1,0 +1,60 @@
+"""``podsrl plot``: reward and held-out accuracy against step and against training wall-clock.
+
+Several runs go on one figure, one colour each, labelled by their run directory's name. Wall-clock
+is the training clock (evaluation time excluded), the axis the PODS paper's speed-ups are read on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from podsrl.errors import ConfigError
+from podsrl.logging import read_jsonl
+
+
+def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    for i, run in enumerate(map(Path, run_dirs)):
+        if not (run / "metrics.jsonl").exists():
+            raise ConfigError(f"{run} is not a podsrl run directory (no metrics.jsonl); pass directories made by `podsrl train`")
+        steps = read_jsonl(run / "metrics.jsonl")
+        evals = read_jsonl(run / "eval.jsonl")
+        label = labels[i] if labels else run.name
+        color = f"C{i % 10}"
+        x_step = [r["step"] for r in steps]
+        x_time = [r["train_seconds"] / 60 for r in steps]
+        reward = _smooth([r["reward_mean"] for r in steps])
+        axes[0, 0].plot(x_step, reward, color=color, label=label)
+        axes[0, 1].plot(x_time, reward, color=color, label=label)
+        if evals:
+            acc = [100 * r["accuracy"] for r in evals]
+            lo = [100 * r["ci_low"] for r in evals]
+            hi = [100 * r["ci_high"] for r in evals]
+            for ax, xs in ((axes[1, 0], [r["step"] for r in evals]), (axes[1, 1], [r["train_seconds"] / 60 for r in evals])):
+                ax.plot(xs, acc, "o-", color=color, label=label)
+                ax.fill_between(xs, lo, hi, color=color, alpha=0.15)
+    axes[0, 0].set(title="training reward (mean over all n rollouts, smoothed)", xlabel="step", ylabel="reward")
+    axes[0, 1].set(title="training reward vs training wall-clock", xlabel="minutes (eval excluded)", ylabel="reward")
+    axes[1, 0].set(title="held-out accuracy (95% CI)", xlabel="step", ylabel="accuracy %")
+    axes[1, 1].set(title="held-out accuracy vs training wall-clock", xlabel="minutes (eval excluded)", ylabel="accuracy %")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _smooth(values: list[float], window: int = 5) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        chunk = [v for v in values[max(0, i - window + 1) : i + 1] if v is not None]
+        out.append(sum(chunk) / len(chunk) if chunk else float("nan"))
+    return out
