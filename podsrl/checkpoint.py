@@ -59,6 +59,9 @@ def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep:
         tmp / "state.pt",
     )
     if target.exists():
+        # Replacing this step's checkpoint (the final save right after a periodic one): point
+        # `latest` at the complete new copy first, so that it never names a half-deleted directory.
+        _write_atomic(root / "latest", tmp.name)
         shutil.rmtree(target)
     os.replace(tmp, target)
     _write_atomic(root / "latest", target.name)
@@ -70,11 +73,20 @@ def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep:
 
 
 def latest(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / "latest"
     if not pointer.is_file():
         return None
-    path = pointer.parent / pointer.read_text().strip()
-    return path if (path / "state.pt").is_file() else None
+    path = root / pointer.read_text().strip()
+    if _complete(path):
+        return path
+    # Interrupted between renaming the new checkpoint into place and updating the pointer.
+    done = sorted(p for p in root.glob("step-*") if _complete(p))
+    return done[-1] if done else None
+
+
+def _complete(path: Path) -> bool:
+    return (path / "state.pt").is_file() and (path / "weights.safetensors").is_file()
 
 
 def load_weights(path: Path, model) -> None:

@@ -51,13 +51,18 @@ class ModelConfig:
         _check(0 <= self.lora_dropout < 1, "model.lora_dropout", "must be in [0, 1)")
 
 
+# The demo's options for the default task. Options given for a task are merged over its entry here
+# (so `--task.options.max_digits=3` keeps the rest); other tasks start from their loaders' defaults.
+DEFAULT_TASK_OPTIONS: dict[str, dict[str, Any]] = {
+    "arithmetic": {"ops": ["+"], "min_digits": 2, "max_digits": 2, "num_train": 20000, "num_eval": 200},
+}
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     name: str = "arithmetic"
     # Passed to the task's loader (see podsrl.tasks); unknown names are rejected there.
-    options: dict[str, Any] = field(
-        default_factory=lambda: {"ops": ["+"], "min_digits": 2, "max_digits": 2, "num_train": 20000, "num_eval": 200}
-    )
+    options: dict[str, Any] = field(default_factory=dict)  # merged over DEFAULT_TASK_OPTIONS[name]
     system_prompt: str | None = None
     instruction: str | None = None  # None: the task's default ("Give only the final number." ...)
 
@@ -65,6 +70,7 @@ class TaskConfig:
         from podsrl.tasks import TASKS
 
         _one_of(self.name, TASKS, "task.name")
+        object.__setattr__(self, "options", {**DEFAULT_TASK_OPTIONS.get(self.name, {}), **self.options})
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,15 @@ class RewardConfig:
             "reward.weights",
             f"has {len(self.weights)} entries but reward.names has {len(self.names)}; give one weight per name",
         )
+        from podsrl.rewards import REWARDS
+
+        for name in self.names:  # user functions ("module:function") are imported when the run starts
+            _check(
+                ":" in name or name in REWARDS,
+                "reward.names",
+                f"unknown reward {name!r}; valid names: {', '.join(sorted(REWARDS))}, "
+                "or a user function as 'module:function' or 'path/to/file.py:function'",
+            )
 
 
 @dataclass(frozen=True)
@@ -272,6 +287,12 @@ class Config:
 def load(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
     """Build a validated Config from an optional TOML file and ``section.key=value`` overrides."""
     data: dict[str, Any] = {}
+    parsed = []
+    for item in overrides:  # checked first: in "--select.m 3", "3" is not the config file to blame
+        key, sep, raw = item.removeprefix("--").partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"override {item!r}: write it as --section.key=value, e.g. --select.m=8")
+        parsed.append((key, raw))
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -280,10 +301,7 @@ def load(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"config file {path}: invalid TOML: {err}") from err
-    for item in overrides:
-        key, sep, raw = item.removeprefix("--").partition("=")
-        if not sep or "." not in key:
-            raise ConfigError(f"override {item!r}: write it as --section.key=value, e.g. --select.m=8")
+    for key, raw in parsed:
         section, _, rest = key.partition(".")
         _set_override(data, section, rest, raw)
     return from_dict(data)
@@ -319,12 +337,8 @@ def _set_override(data: dict[str, Any], section: str, rest: str, raw: str) -> No
     field_hints = typing.get_type_hints(hints[section])
     if key not in field_hints:
         raise ConfigError(f"unknown setting {section}.{key}; valid settings in [{section}]: {', '.join(field_hints)}")
-    if sub:  # a dict-valued field such as task.options.max_digits
-        default = {f.name: f for f in dataclasses.fields(hints[section])}[key]
-        current = table.get(key)
-        if current is None:
-            current = default.default_factory() if default.default_factory is not dataclasses.MISSING else {}
-        current = dict(current)
+    if sub:  # a dict-valued field such as task.options.max_digits (defaults are merged in later)
+        current = dict(table.get(key) or {})
         current[sub] = _parse_scalar(raw)
         table[key] = current
     else:
@@ -343,11 +357,18 @@ def _parse_scalar(raw: str) -> Any:
 
 def _coerce(value: Any, hint: Any, name: str, *, from_text: bool) -> Any:
     if from_text:
-        value = _parse_scalar(value)
+        raw, value = value, _parse_scalar(value)
+        accepted = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        takes_list = any(typing.get_origin(a) is list for a in accepted)
+        if str in accepted and not isinstance(value, str) and not (takes_list and isinstance(value, list)):
+            # A text field takes the text as written: "--task.system_prompt=Be brief, be right."
+            # is not a list, "--task.instruction=42" is not a number.
+            value = raw
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() == "none"):
+        # "none" means None, except in a TOML file's text field, where it may be meant literally.
+        if value is None or (isinstance(value, str) and value.lower() == "none" and (from_text or str not in args)):
             if type(None) in args:
                 return None
         errors = []
@@ -387,14 +408,21 @@ def _coerce(value: Any, hint: Any, name: str, *, from_text: bool) -> Any:
 
 
 def to_toml(cfg: Config) -> str:
-    """The resolved config as TOML (None values are written as comments: TOML has no null)."""
+    """The resolved config as TOML; ``load`` reads it back to an equal Config.
+
+    TOML has no null: a None that is also the field's default is written as a comment, any other
+    None as the string "none" (which ``_coerce`` reads back as None).
+    """
     lines: list[str] = []
     for section, values in cfg.to_dict().items():
         lines.append(f"[{section}]")
         nested = []
+        defaults = getattr(Config(), section)
         for key, value in values.items():
-            if value is None:
+            if value is None and getattr(defaults, key) is None:
                 lines.append(f"# {key} = (default: none)")
+            elif value is None:  # not the default: "none" reads back as None (see _coerce)
+                lines.append(f'{key} = "none"')
             elif isinstance(value, dict):
                 nested.append((key, value))
             else:
@@ -405,13 +433,18 @@ def to_toml(cfg: Config) -> str:
     return "\n".join(lines)
 
 
+# A TOML basic string escapes backslash, quote and every control character but tab.
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\b": "\\b", "\f": "\\f"}
+_TOML_ESCAPES.update({chr(c): f"\\u{c:04X}" for c in (*range(0x20), 0x7F) if chr(c) not in _TOML_ESCAPES and c != 0x09})
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + "".join(_TOML_ESCAPES.get(c, c) for c in value) + '"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):

@@ -124,7 +124,7 @@ def run_update(
             loss.backward()
             # Metrics are token-weighted over the micro-batches.
             share = metrics.tokens / max(total_tokens, 1)
-            sums["loss"] += float(loss)
+            sums["loss"] += loss.item()
             sums["clip_low"] += metrics.clip_frac_low * share
             sums["clip_high"] += metrics.clip_frac_high * share
             sums["ratio"] += metrics.ratio_mean * share

@@ -1,0 +1,194 @@
+"""``podsrl train | eval | plot`` end to end on the tiny model, and every user mistake as exit code 2
+with a one-line message naming the field (no traceback)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from podsrl import trainer
+from podsrl.cli import main
+from podsrl.config import load, to_toml
+from podsrl.logging import read_jsonl
+
+from test_config import BAD_OVERRIDES
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+METRIC_FIELDS = (
+    "step reward_mean reward_std reward_kept_mean zero_variance_groups kept_adv_var completion_len truncated "
+    "clip_frac_low clip_frac_high entropy grad_norm tokens_kept tokens_total loss lr m token_fraction "
+    "time/generate time/reward time/select time/update time/step train_seconds"
+).split()
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``podsrl ARGV``; argparse's own errors exit via SystemExit."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_user_error(code: int, stderr: str, *fragments: str) -> None:
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    assert "error:" in stderr
+    for fragment in fragments:
+        assert fragment in stderr, f"{fragment!r} missing from {stderr!r}"
+
+
+# --------------------------------------------------------------------------- user mistakes
+
+
+@pytest.mark.parametrize("overrides, fragments", BAD_OVERRIDES)
+def test_bad_override_exits_2_with_the_message(tmp_path, overrides, fragments):
+    code, _, err = run_cli(["train", "--out", str(tmp_path / "run"), "--no-plot", *(f"--{o}" for o in overrides)])
+    assert_user_error(code, err, *fragments)
+    if "--section.key=value" not in fragments:  # argparse's usage line comes only with its own errors
+        assert err.count("\n") == 1 and err.startswith("podsrl: error: ")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_override_with_a_space_before_its_value(tmp_path):
+    code, _, err = run_cli(["train", "--out", str(tmp_path / "run"), "--select.m", "3"])
+    assert_user_error(code, err, "select.m", "--section.key=value")
+
+
+def test_missing_config_file(tmp_path):
+    code, _, err = run_cli(["train", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "run")])
+    assert_user_error(code, err, "nope.toml", "does not exist")
+
+
+def test_toml_syntax_error(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[select]\nm = = 3\n")
+    code, _, err = run_cli(["train", str(path), "--out", str(tmp_path / "run")])
+    assert_user_error(code, err, "bad.toml", "invalid TOML", "line 2")
+
+
+def test_wrong_type_in_toml_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[rollout]\nn = "sixteen"\n')
+    code, _, err = run_cli(["train", str(path), "--out", str(tmp_path / "run")])
+    assert_user_error(code, err, "rollout.n", "whole number", "'sixteen'")
+
+
+def test_resume_of_a_directory_that_is_not_a_run(tmp_path):
+    code, _, err = run_cli(["train", "--resume", str(tmp_path)])
+    assert_user_error(code, err, "--resume", str(tmp_path), "not a run directory")
+
+
+def test_missing_gsm8k_directory(tmp_path):
+    # The task is loaded before the model, so this fails fast even with the default model.
+    code, _, err = run_cli(["train", "--out", str(tmp_path / "run"), "--task.name=gsm8k", "--task.options.path=/nonexistent"])
+    assert_user_error(code, err, "gsm8k", "/nonexistent", "train.jsonl")
+
+
+def test_eval_and_plot_of_a_directory_that_is_not_a_run(tmp_path):
+    code, _, err = run_cli(["eval", "--run", str(tmp_path)])
+    assert_user_error(code, err, "--run", "not a run directory")
+    code, _, err = run_cli(["plot", str(tmp_path), "-o", str(tmp_path / "x.png")])
+    assert_user_error(code, err, "not a podsrl run directory")
+    code, _, err = run_cli(["plot", str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")])
+    assert_user_error(code, err, "no such run directory")
+
+
+@pytest.mark.parametrize("reward, detail", [("raising_reward", "ValueError: boom"), ("nan_reward", "returned nan")])
+def test_failing_reward_exits_nonzero_with_the_message(make_config, reward_spec, tmp_path, reward, detail):
+    config = tmp_path / "tiny.toml"
+    config.write_text(to_toml(make_config(**{"reward.names": [reward_spec(reward)], "eval.at_start": False})))
+    code, _, err = run_cli(["train", str(config), "--out", str(tmp_path / "run"), "--no-plot"])
+    assert code not in (0, 2)
+    assert "Traceback" not in err
+    assert reward in err and detail in err and "prompt: 'What is" in err
+
+
+def test_interrupt_prints_how_to_resume(make_config, tmp_path, monkeypatch):
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train_step", interrupted)
+    config = tmp_path / "tiny.toml"
+    config.write_text(to_toml(make_config(**{"eval.at_start": False})))
+    code, _, err = run_cli(["train", str(config), "--out", str(tmp_path / "run")])
+    assert code == 130 and "--resume" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------ a real run
+
+
+@pytest.fixture(scope="module")
+def cli_run(make_config, tmp_path_factory, one_thread):
+    """``podsrl train tiny.toml --out DIR`` for 2 steps: (run dir, config, stdout)."""
+    root = tmp_path_factory.mktemp("cli")
+    cfg = make_config(**{"train.max_steps": 2, "train.checkpoint_every": 1})
+    config = root / "tiny.toml"
+    config.write_text(to_toml(cfg))
+    code, out, err = run_cli(["train", str(config), "--out", str(root / "run"), "--train.seed=3"])
+    assert code == 0, err
+    return root / "run", load(config, ["train.seed=3"]), out
+
+
+def test_train_writes_the_run_directory(cli_run):
+    run, cfg, out = cli_run
+    assert load(run / "config.toml") == cfg  # the resolved config, overrides included
+    assert cfg.train.seed == 3
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in METRIC_FIELDS:
+            assert key in row and row[key] is not None and math.isfinite(row[key]), key
+        assert row["time/update"] > 0 and row["train_seconds"] > 0
+    assert rows[1]["train_seconds"] > rows[0]["train_seconds"]
+    evals = read_jsonl(run / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2]
+    assert {"accuracy", "ci_low", "ci_high", "problems", "pass_at_k", "seconds"} <= evals[0].keys()
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "held-out accuracy" in out and "base model" in out and str(run) in out
+
+
+def test_eval_of_a_run_prints_its_accuracy(cli_run, tmp_path):
+    run, cfg, _ = cli_run
+    code, out, err = run_cli(["eval", "--run", str(run), "--json", str(tmp_path / "eval.json")])
+    assert code == 0, err
+    assert "step-000002" in out
+    assert any(line.startswith("accuracy: ") and f"on {cfg.eval.max_problems} problems" in line for line in out.splitlines())
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["problems"] == cfg.eval.max_problems and 0 <= result["accuracy"] <= 1
+    # Overrides apply to the run's config: here fewer problems, sampled, with pass@k.
+    code, out, err = run_cli(["eval", "--run", str(run), "--eval.max_problems=2", "--eval.temperature=1", "--eval.samples=2"])
+    assert code == 0, err
+    assert "on 2 problems" in out and "pass@2" in out
+
+
+def test_plot_writes_a_png(cli_run, tmp_path):
+    run, _, _ = cli_run
+    target = tmp_path / "plots" / "x.png"
+    code, out, err = run_cli(["plot", str(run), str(run), "-o", str(target)])
+    assert code == 0, err
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(target) in out
+
+
+def test_resume_through_the_cli(cli_run, tmp_path):
+    run, _, _ = cli_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    code, out, err = run_cli(["train", "--resume", str(copy), "--train.max_steps=3", "--no-plot"])
+    assert code == 0, err
+    assert [r["step"] for r in read_jsonl(copy / "metrics.jsonl")] == [1, 2, 3]
+    assert load(copy / "config.toml").train.max_steps == 3
+    assert (copy / "checkpoints" / "latest").read_text().strip() == "step-000003"
+    # The evaluation at step 2 (the first run's end) stays; the resumed run adds its own at the end.
+    assert [e["step"] for e in read_jsonl(copy / "eval.jsonl")] == [0, 2, 3]

@@ -1,0 +1,471 @@
+"""The training loop on a tiny random model: weights move, micro-batching is exact, resume is exact,
+checkpoints are atomic, failing rewards stop the run, and the D3S / multi-iteration / KL paths run.
+
+The tiny model and configs come from conftest.py; rewards are the length of the completion (see
+there), so every group has reward variance and every update has signal.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from podsrl import checkpoint as ckpt
+from podsrl import trainer
+from podsrl.errors import RewardError
+from podsrl.logging import read_jsonl
+from podsrl.update import UpdateBatch, run_update
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+STEP_FIELDS = (
+    "reward_mean reward_std reward_kept_mean zero_variance_groups kept_adv_var completion_len truncated "
+    "clip_frac_low clip_frac_high entropy grad_norm tokens_kept tokens_total loss lr m kept "
+    "time/generate time/reward time/select time/update"
+).split()
+
+
+def _params(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _one_step(cfg):
+    s = trainer.setup(cfg)
+    model = s.policy.model
+    model.train()
+    optimizer, scheduler = trainer.make_optimizer(cfg, model)
+    before = _params(model)
+    metrics = trainer.train_step(s, model, optimizer, scheduler, ckpt.TrainState())
+    return s, model, optimizer, before, metrics
+
+
+# ------------------------------------------------------------------------------------ one step
+
+
+def test_full_finetuning_step_changes_every_weight(make_config):
+    cfg = make_config()
+    _, model, _, before, metrics = _one_step(cfg)
+    assert all(p.requires_grad for p in model.parameters())
+    unchanged = [n for n, p in model.named_parameters() if torch.equal(p.detach(), before[n])]
+    assert unchanged == []
+    for key in STEP_FIELDS:
+        assert key in metrics and math.isfinite(metrics[key]), key
+    assert metrics["kept"] == cfg.train.prompts_per_step * cfg.select.m
+    assert metrics["kept_adv_var"] > 0 and metrics["grad_norm"] > 0
+    assert metrics["tokens_kept"] == metrics["tokens_total"] > 0
+
+
+def test_lora_step_changes_only_the_adapter(make_config):
+    cfg = make_config(**{"model.lora": True, "model.lora_rank": 4, "model.lora_alpha": 8})
+    _, model, _, before, metrics = _one_step(cfg)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert changed <= trainable, f"frozen base weights changed: {sorted(changed - trainable)[:3]}"
+    # B starts at zero, so the first step moves every B (A's gradient is B^T(...) = 0 at first).
+    lora_b = {n for n in trainable if "lora_B" in n}
+    assert lora_b and lora_b <= changed
+    assert metrics["grad_norm"] > 0
+
+
+# ------------------------------------------------------------------- micro-batch invariance
+
+
+def _rollouts(tokenizer, k: int = 4) -> UpdateBatch:
+    """k rollouts with different prompt and completion lengths (so micro-batches pad differently)."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [tokenizer(f"What is {i} + {i * 7}?{' Please.' * i}")["input_ids"] for i in range(k)]
+    completions = [torch.randint(100, 5000, (3 + 2 * i,), generator=g).tolist() for i in range(k)]
+    return UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=torch.tensor([1.0, -0.5, 0.8, -1.3][:k]))
+
+
+def _update(model, batch, micro_batch_size, optimizer_name, **kwargs):
+    model = copy.deepcopy(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer_name == "sgd":
+        optimizer = torch.optim.SGD(params, lr=0.5)
+    else:
+        # Adam's first step is about lr * sign(g): float noise in a near-zero gradient entry (an
+        # unused token's embedding row) moves it by up to lr, so lr stays small against the tolerance.
+        optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    options = dict(
+        pad_id=0,
+        temperature=1.0,
+        eps_low=0.2,
+        eps_high=0.28,
+        aggregation="sequence",
+        max_completion_len=16,
+        grad_clip=0.0,
+    )
+    options.update(kwargs)
+    stats = run_update(model, optimizer, scheduler, batch, micro_batch_size=micro_batch_size, **options)
+    return model, stats
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_model_dir, one_thread):
+    from podsrl.config import ModelConfig
+    from podsrl.models import load_policy
+
+    torch.manual_seed(0)
+    return load_policy(ModelConfig(name=str(tiny_model_dir)))
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
+@pytest.mark.parametrize(
+    "optimizer_name, extra",
+    [
+        pytest.param("sgd", {}, id="sgd"),
+        pytest.param("adamw", {}, id="adamw"),
+        pytest.param("sgd", {"token_fraction": 0.5, "temperature": 0.7}, id="sgd-d3s-tokens"),
+        pytest.param("sgd", {"policy_iterations": 2, "grad_clip": 1.0}, id="sgd-2-iterations-clipped"),
+    ],
+)
+def test_micro_batch_size_does_not_change_the_update(tiny_policy, aggregation, optimizer_name, extra):
+    model, tokenizer = tiny_policy.model, tiny_policy.tokenizer
+    batch = _rollouts(tokenizer)
+    a, stats_a = _update(model, batch, 1, optimizer_name, aggregation=aggregation, **extra)  # accumulation 4
+    b, stats_b = _update(model, batch, 4, optimizer_name, aggregation=aggregation, **extra)  # accumulation 1
+    c, stats_c = _update(model, batch, 3, optimizer_name, aggregation=aggregation, **extra)  # uneven split
+    start = dict(model.named_parameters())
+    moved = 0
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5, msg=f"{name} differs (mb 1 vs 4)")
+        torch.testing.assert_close(pc, pb, atol=1e-6, rtol=1e-5, msg=f"{name} differs (mb 3 vs 4)")
+        moved += not torch.equal(pb, start[name])
+    assert moved == len(start), "every weight should receive gradient"
+    for stats in (stats_a, stats_c):
+        assert stats.loss == pytest.approx(stats_b.loss, abs=1e-6)
+        assert stats.grad_norm == pytest.approx(stats_b.grad_norm, rel=1e-5)
+        assert stats.entropy == pytest.approx(stats_b.entropy, rel=1e-5)
+        assert stats.ratio_mean == pytest.approx(stats_b.ratio_mean, abs=1e-6)
+        assert stats.clip_frac_low == pytest.approx(stats_b.clip_frac_low, abs=1e-6)
+        assert stats.clip_frac_high == pytest.approx(stats_b.clip_frac_high, abs=1e-6)
+        assert (stats.tokens_total, stats.tokens_kept) == (stats_b.tokens_total, stats_b.tokens_kept)
+    assert stats_b.tokens_total == sum(len(c) for c in batch.completion_ids)
+    if "token_fraction" in extra:
+        assert stats_b.tokens_kept < stats_b.tokens_total
+
+
+def test_micro_batch_gradient_equals_full_batch_gradient(tiny_policy):
+    """The accumulated gradient itself (not only the step): SGD with lr 1 makes the step equal it."""
+    model, batch = tiny_policy.model, _rollouts(tiny_policy.tokenizer)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for aggregation in ("sequence", "token", "constant"):
+        grads = []
+        for mb in (1, 4):
+            m = copy.deepcopy(model)
+            opt = torch.optim.SGD(m.parameters(), lr=1.0)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+            run_update(m, opt, sched, batch, pad_id=0, micro_batch_size=mb, temperature=1.0, eps_low=0.2,
+                       eps_high=None, aggregation=aggregation, max_completion_len=16, grad_clip=0.0)
+            grads.append({n: start[n] - p.detach() for n, p in m.named_parameters()})
+        for name in start:
+            torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5)
+        assert any(g.abs().sum() > 0 for g in grads[1].values())
+
+
+# ------------------------------------------------------------------------------ resume
+
+
+NON_TIME = lambda row: {k: v for k, v in row.items() if not k.startswith("time/") and k != "train_seconds"}  # noqa: E731
+
+
+def _assert_rows_equal(rows_a, rows_b):
+    assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
+    for ra, rb in zip(rows_a, rows_b):
+        a, b = NON_TIME(ra), NON_TIME(rb)
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], (int, float)) and a[key] is not None:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-5), f"step {ra['step']} {key}"
+            else:
+                assert a[key] == b[key], key
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(ckpt.latest(run_dir) / "weights.safetensors"))
+
+
+RESUME_SETTINGS = {"train.max_steps": 4, "model.lora": True, "model.lora_rank": 4, "eval.at_start": False}
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["lora", "full"])
+def resume_case(request, make_config, tmp_path_factory, one_thread):
+    """(settings, run A): 4 uninterrupted steps, LoRA or full fine-tuning."""
+    settings = {**RESUME_SETTINGS, "model.lora": request.param}
+    run_a = trainer.train(make_config(**settings), run_dir=tmp_path_factory.mktemp("run-a"), log=lambda *_: None)
+    return settings, run_a
+
+
+def test_resume_continues_exactly(resume_case, make_config, tmp_path):
+    settings, run_a = resume_case
+    cfg = make_config(**settings)
+    short = make_config(**{**settings, "train.max_steps": 2})
+    run_b = trainer.train(short, run_dir=tmp_path / "b", log=lambda *_: None)
+    assert [r["step"] for r in read_jsonl(run_b / "metrics.jsonl")] == [1, 2]
+    logs = []
+    trainer.train(cfg, run_dir=run_b, resume=True, log=logs.append)
+    assert any("resumed" in line and "step 2" in line for line in logs)
+    rows_a, rows_b = read_jsonl(run_a / "metrics.jsonl"), read_jsonl(run_b / "metrics.jsonl")
+    _assert_rows_equal(rows_a, rows_b)
+    wa, wb = _weights(run_a), _weights(run_b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5)
+    assert ckpt.latest(run_b).name == "step-000004"
+
+
+def test_interrupted_run_resumes_from_its_checkpoint(resume_case, make_config, tmp_path, monkeypatch):
+    settings, run_a = resume_case
+    cfg = make_config(**{**settings, "train.checkpoint_every": 2})
+
+    real_step = trainer.train_step
+
+    def crash_at_step_4(s, model, optimizer, scheduler, state):
+        if state.step == 3:
+            raise KeyboardInterrupt  # as if the user pressed Ctrl-C during step 4
+        return real_step(s, model, optimizer, scheduler, state)
+
+    monkeypatch.setattr(trainer, "train_step", crash_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(cfg, run_dir=tmp_path / "b", log=lambda *_: None)
+    monkeypatch.setattr(trainer, "train_step", real_step)
+    run_b = tmp_path / "b"
+    # Three steps were logged, but the last checkpoint is at step 2 and is complete.
+    assert [r["step"] for r in read_jsonl(run_b / "metrics.jsonl")] == [1, 2, 3]
+    last = ckpt.latest(run_b)
+    assert last.name == "step-000002"
+    assert (last / "weights.safetensors").is_file() and (last / "state.pt").is_file()
+    assert not list((run_b / "checkpoints").glob(".tmp-*"))
+
+    trainer.train(cfg, run_dir=run_b, resume=True, log=lambda *_: None)
+    rows_b = read_jsonl(run_b / "metrics.jsonl")
+    assert [r["step"] for r in rows_b] == [1, 2, 3, 4]  # step 3's first row was dropped, not duplicated
+    _assert_rows_equal(read_jsonl(run_a / "metrics.jsonl"), rows_b)
+    wa, wb = _weights(run_a), _weights(run_b)
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------ checkpoint atomicity
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def _small_state():
+    """A model with tied weights (like the tiny LM), an AdamW state and a scheduler."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, torch.nn.Linear(4, 4), head)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+    return model, opt, sched
+
+
+def _train_once(model, opt, sched):
+    loss = model(torch.tensor([1, 2, 3])).square().mean()
+    loss.backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+
+
+def _half_write(path, *_, **__):
+    Path(path).write_bytes(b"partial")
+    raise Crash("disk full")
+
+
+FAILURES = {
+    # where the save dies: (monkeypatch target, attribute, replacement factory)
+    "weights": lambda mp: mp.setattr(ckpt, "save_file", lambda tensors, path, *a, **k: _half_write(path)),
+    "state": lambda mp: mp.setattr(ckpt.torch, "save", lambda obj, path, *a, **k: _half_write(path)),
+    "rename": lambda mp: mp.setattr(ckpt.os, "replace", _fail_on_directory(os.replace)),
+    "pointer": lambda mp: mp.setattr(ckpt, "_write_atomic", _raise),
+    "delete-old": lambda mp: mp.setattr(ckpt.shutil, "rmtree", _half_rmtree),
+}
+
+
+def _raise(*_, **__):
+    raise Crash("killed")
+
+
+def _fail_on_directory(real):
+    def replace(src, dst):
+        if Path(src).is_dir():
+            raise Crash("killed while renaming")
+        return real(src, dst)
+
+    return replace
+
+
+def _half_rmtree(path, *_, **__):
+    (Path(path) / "weights.safetensors").unlink()
+    raise Crash("killed while deleting")
+
+
+@pytest.mark.parametrize("same_step", [False, True], ids=["next-step", "same-step"])
+@pytest.mark.parametrize("where", sorted(FAILURES))
+def test_failed_checkpoint_write_keeps_a_valid_latest(tmp_path, monkeypatch, where, same_step):
+    if where == "delete-old" and not same_step:
+        pytest.skip("nothing is deleted before a new step's checkpoint is in place")
+    model, opt, sched = _small_state()
+    _train_once(model, opt, sched)
+    first = ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1, train_seconds=1.5), keep=1)
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _train_once(model, opt, sched)
+
+    with monkeypatch.context() as mp:
+        FAILURES[where](mp)
+        with pytest.raises(Crash):
+            ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1 if same_step else 2), keep=1)
+
+    last = ckpt.latest(tmp_path)
+    assert last is not None, "no resumable checkpoint left"
+    fresh, fresh_opt, fresh_sched = _small_state()
+    state = ckpt.load(last, fresh, fresh_opt, fresh_sched)
+    if last == first and not (same_step and where in ("pointer", "rename", "delete-old")):
+        # The previous checkpoint, untouched.
+        assert state == ckpt.TrainState(step=1, train_seconds=1.5)
+        for name, p in fresh.named_parameters():
+            torch.testing.assert_close(p, saved[name], atol=0, rtol=0)
+    else:  # the failure came after the new checkpoint was complete: either copy is fine
+        assert state.step in (1, 2)
+    assert fresh_opt.state_dict()["state"], "optimizer state restored"
+
+    # The next save succeeds and clears what the failed one left behind.
+    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=3), keep=1)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".latest")) == ["latest", "step-000003"]
+    assert ckpt.latest(tmp_path) == root / "step-000003"
+
+
+def test_checkpoint_keeps_the_newest_and_round_trips(tmp_path):
+    model, opt, sched = _small_state()
+    for step in (1, 2, 3):
+        _train_once(model, opt, sched)
+        ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=step, train_seconds=step * 2.0), keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-000002", "step-000003"]
+    fresh, fresh_opt, fresh_sched = _small_state()
+    state = ckpt.load(ckpt.latest(tmp_path), fresh, fresh_opt, fresh_sched)
+    assert state == ckpt.TrainState(step=3, train_seconds=6.0)
+    for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+    assert fresh[0].weight is fresh[2].weight  # tied weights stay tied after loading
+    assert fresh_sched.last_epoch == sched.last_epoch == 3
+    # Identical next steps: the optimizer moments came back too.
+    _train_once(model, opt, sched)
+    _train_once(fresh, fresh_opt, fresh_sched)
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+
+
+def test_latest_ignores_a_pointer_to_an_incomplete_directory(tmp_path):
+    model, opt, sched = _small_state()
+    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1), keep=3)
+    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=2), keep=3)
+    (tmp_path / "checkpoints" / "step-000002" / "weights.safetensors").unlink()
+    assert ckpt.latest(tmp_path).name == "step-000001"
+    assert ckpt.latest(tmp_path / "nowhere") is None
+
+
+# -------------------------------------------------------------------------- failing rewards
+
+
+@pytest.mark.parametrize("reward, detail", [("raising_reward", "boom from the test reward"), ("nan_reward", "nan")])
+def test_failing_reward_stops_training_with_the_prompt(make_config, reward_spec, tmp_path, reward, detail):
+    cfg = make_config(**{"reward.names": [reward_spec(reward)], "eval.at_start": False})
+    with pytest.raises(RewardError) as err:
+        trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+    message = str(err.value)
+    assert reward in message and detail in message
+    assert "prompt: 'What is" in message and "completion:" in message
+    assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == []  # nothing was scored 0 and logged
+
+
+# ------------------------------------------------------------------- D3S, iterations, KL
+
+
+def test_d3s_token_selection_keeps_fewer_tokens_on_a_schedule(make_config, tmp_path):
+    cfg = make_config(
+        **{
+            "select.rule": "d3s_intra",
+            "select.token_fraction": 0.5,
+            "select.token_fraction_final": 1.0,
+            "select.token_schedule": "linear",
+            "train.max_steps": 2,
+            "eval.at_start": False,
+            "eval.at_end": False,
+        }
+    )
+    assert cfg.select.uses_token_selection and cfg.select.advantages_over_group
+    rows = read_jsonl(trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None) / "metrics.jsonl")
+    first, second = rows
+    assert first["token_fraction"] == 0.5 and second["token_fraction"] == pytest.approx(0.75)
+    assert first["tokens_kept"] < first["tokens_total"]
+    assert first["tokens_kept"] == pytest.approx(0.5 * first["tokens_total"], abs=1)
+    assert first["tokens_kept"] < second["tokens_kept"] <= second["tokens_total"]
+    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in rows)
+
+
+def test_policy_iterations_take_several_optimizer_steps_per_batch(make_config):
+    cfg = make_config(**{"loss.policy_iterations": 2, "optim.lr": 1e-2})
+    _, model, optimizer, before, metrics = _one_step(cfg)
+    states = [optimizer.state[p] for p in model.parameters() if p.requires_grad]
+    assert all(int(st["step"]) == 2 for st in states)
+    # The second iteration sees pi_theta != pi_old, so the ratio moves away from 1.
+    assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-7)
+    assert all(math.isfinite(metrics[k]) for k in STEP_FIELDS)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_kl_penalty_runs_and_reports_kl(make_config, tmp_path, lora):
+    cfg = make_config(
+        **{"loss.beta": 0.1, "model.lora": lora, "model.lora_rank": 4, "train.max_steps": 2, "eval.at_start": False, "eval.at_end": False}
+    )
+    rows = read_jsonl(trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None) / "metrics.jsonl")
+    assert all("kl" in r and math.isfinite(r["kl"]) and r["kl"] >= 0 for r in rows)
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    assert rows[1]["kl"] > 1e-8  # and has moved away from it after one step
+
+
+def test_no_kl_without_beta(make_config):
+    _, _, _, _, metrics = _one_step(make_config())
+    assert "kl" not in metrics
+
+
+def test_filtered_out_step_skips_the_update(make_config, reward_spec, tmp_path):
+    # A constant reward gives every group zero variance; the DAPO filter drops them all.
+    cfg = make_config(**{"reward.names": ["format"], "select.filter_zero_variance": True, "train.max_steps": 1,
+                         "eval.at_start": False, "eval.at_end": False})
+    s, model, optimizer, before, metrics = _one_step(cfg)
+    if metrics["zero_variance_groups"] < 1:
+        pytest.skip("the random model happened to produce a number at the end")
+    assert metrics["kept"] == 0 and "loss" not in metrics
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_eval_schedule_and_files(make_config, tmp_path):
+    cfg = make_config(**{"train.max_steps": 3, "eval.every_steps": 2, "train.checkpoint_every": 0})
+    run = trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+    evals = read_jsonl(run / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2, 3]
+    assert all(e["problems"] == cfg.eval.max_problems and 0 <= e["accuracy"] <= 1 for e in evals)
+    # checkpoint_every = 0: only the final checkpoint.
+    assert [p.name for p in (run / "checkpoints").glob("step-*")] == ["step-000003"]
+    from podsrl.config import load
+
+    assert load(run / "config.toml") == cfg
