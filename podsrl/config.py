@@ -367,8 +367,8 @@ def _coerce(value: Any, hint: Any, name: str, *, from_text: bool) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        # "none" means None, except in a TOML file's text field, where it may be meant literally.
-        if value is None or (isinstance(value, str) and value.lower() == "none" and (from_text or str not in args)):
+        # TOML has no null: "none" (any case) means None, in a file as on the command line.
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
             if type(None) in args:
                 return None
         errors = []

@@ -96,7 +96,7 @@ def tiny_config_dict(model_dir: Path, reward_file: Path, **overrides: Any) -> di
         "rollout": {"n": 4, "max_new_tokens": 8},
         "select": {"m": 2},
         "optim": {"lr": 1e-3},
-        "eval": {"max_problems": 4, "max_new_tokens": 4},
+        "eval": {"max_problems": 4, "max_new_tokens": 4, "temperature": 0.0, "samples": 1},
         "train": {"prompts_per_step": 2, "max_steps": 2, "progress": False, "checkpoint_every": 1},
     }
     for key, value in overrides.items():

@@ -18,8 +18,8 @@ from podsrl.errors import ConfigError
 
 # (overrides, fragments the message must contain). Shared with tests/test_cli.py.
 BAD_OVERRIDES = [
-    pytest.param(["select.m=20"], ["select.m", "rollout.n", "20", "16"], id="m-exceeds-n"),
-    pytest.param(["select.m_final=17"], ["select.m_final", "rollout.n"], id="m_final-exceeds-n"),
+    pytest.param(["rollout.n=16", "select.m=20"], ["select.m", "rollout.n", "20", "16"], id="m-exceeds-n"),
+    pytest.param(["rollout.n=16", "select.m_final=17"], ["select.m_final", "rollout.n"], id="m_final-exceeds-n"),
     pytest.param(["select.m=0"], ["select.m", ">= 1"], id="m-below-1"),
     pytest.param(["select.rule=best"], ["select.rule", "'best'", "max_variance", "d3s_intra", "all"], id="unknown-rule"),
     pytest.param(["task.name=mmlu"], ["task.name", "'mmlu'", "arithmetic", "gsm8k", "jsonl"], id="unknown-task"),
@@ -37,12 +37,12 @@ BAD_OVERRIDES = [
     pytest.param(["optim.lr=fast"], ["optim.lr", "number", "'fast'"], id="float-from-text"),
     pytest.param(["model.lora=yes"], ["model.lora", "true or false"], id="bool-from-text"),
     pytest.param(["train.max_steps=ten"], ["train.max_steps", "whole number"], id="optional-int-from-text"),
-    pytest.param(["select.rule=all", "select.m=4"], ["select.m", "'all'", "rollout.n = 16"], id="all-needs-m-equal-n"),
-    pytest.param(["reward.names=correctness,format"], ["reward.weights", "1 entries", "2"], id="weights-length"),
-    pytest.param(["eval.samples=4"], ["eval.samples", "greedy", "temperature"], id="greedy-with-samples"),
+    pytest.param(["rollout.n=8", "select.rule=all", "select.m=4"], ["select.m", "'all'", "rollout.n = 8"], id="all-needs-m-equal-n"),
+    pytest.param(["reward.names=correctness,format", "reward.weights=1"], ["reward.weights", "1 entries", "2"], id="weights-length"),
+    pytest.param(["eval.temperature=0", "eval.samples=4"], ["eval.samples", "greedy", "temperature"], id="greedy-with-samples"),
     pytest.param(["rollout.temperature=0"], ["rollout.temperature", "> 0"], id="rl-temperature-zero"),
     pytest.param(["select.token_fraction=0"], ["select.token_fraction", "(0, 1]"], id="token-fraction-zero"),
-    pytest.param(["train.max_steps=none"], ["train.max_steps", "max_seconds"], id="no-budget"),
+    pytest.param(["train.max_steps=none", "train.max_seconds=none"], ["train.max_steps", "max_seconds"], id="no-budget"),
     pytest.param(["model.dtype=int8"], ["model.dtype", "bfloat16"], id="unknown-dtype"),
     pytest.param(["optim.micro_batch_size=0"], ["optim.micro_batch_size", ">= 1"], id="micro-batch-zero"),
 ]
@@ -243,15 +243,30 @@ def test_to_toml_round_trips_non_defaults(tmp_path):
     assert _round_trip(cfg, tmp_path) == cfg
 
 
-def test_to_toml_round_trips_none_where_the_default_is_not_none(tmp_path):
-    # train.max_steps defaults to a number: a run budgeted by time only must stay so when its
-    # saved config.toml is loaded again (podsrl train --resume, or reproducing the run).
-    cfg = load(None, ["train.max_steps=none", "train.max_seconds=120"])
-    assert cfg.train.max_steps is None
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["train.max_steps=none", "train.max_seconds=120"],
+        ["train.max_steps=5", "train.max_seconds=none"],
+        ["task.system_prompt=none", "task.instruction=none"],
+        ["task.system_prompt=Be brief.", "task.instruction=Answer:"],
+    ],
+)
+def test_to_toml_round_trips_none_whatever_the_default(tmp_path, overrides):
+    # A None written as a comment would read back as the default: a run budgeted by time only
+    # (max_steps = None) must stay so when its config.toml is loaded again (--resume, reproducing).
+    cfg = load(None, overrides)
     assert _round_trip(cfg, tmp_path) == cfg
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(getattr(cfg, section.name)):
+            if getattr(getattr(cfg, section.name), f.name) is None:
+                assert getattr(getattr(_round_trip(cfg, tmp_path), section.name), f.name) is None
 
 
-text_values = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+# Any text but "none" (any case), which means None in a config (TOML has no null).
+text_values = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40).filter(
+    lambda t: t.lower() != "none"
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -282,7 +297,7 @@ def test_to_toml_round_trips_floats_exactly(lr, eps, max_seconds):
         cfg,
         optim=dataclasses.replace(cfg.optim, lr=lr),
         loss=dataclasses.replace(cfg.loss, eps_low=eps),
-        train=dataclasses.replace(cfg.train, max_seconds=max_seconds),
+        train=dataclasses.replace(cfg.train, max_steps=10, max_seconds=max_seconds),
     )
     import tomllib
 
