@@ -1,0 +1,55 @@
+"""Two training steps of the embedded default model (SmolLM2-135M-Instruct) with the transformers
+engine: the real model, tokenizer, prompts and rewards end to end, on small settings.
+
+Slow (about a minute or more on two CPU cores): run with ``pytest -m slow`` or ``make test-slow``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from podsrl.config import Config, load
+from podsrl.logging import read_jsonl
+from podsrl.trainer import train
+
+
+@pytest.mark.slow
+def test_embedded_model_trains_two_steps(tmp_path):
+    assert Config().model.name == "smollm2-135m-instruct"
+    cfg = load(
+        None,
+        [
+            "rollout.engine=transformers",
+            "train.prompts_per_step=2",
+            "rollout.n=4",
+            "select.rule=max_variance",
+            "select.m=2",
+            "select.filter_zero_variance=false",
+            "rollout.max_new_tokens=16",
+            "eval.max_problems=8",
+            "eval.temperature=0",
+            "eval.samples=1",
+            "train.max_steps=2",
+            "train.max_seconds=none",
+            "train.progress=false",
+        ],
+    )
+    run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in ("reward_mean", "reward_std", "completion_len", "truncated", "time/generate", "time/update"):
+            assert row[key] is not None and math.isfinite(row[key]), key
+        assert 0 < row["completion_len"] <= 16
+        assert row["kept"] == 4
+        for key in ("loss", "grad_norm", "entropy", "clip_frac_low", "clip_frac_high"):
+            assert row[key] is not None and math.isfinite(row[key]), key
+        assert row["entropy"] > 0 and row["tokens_kept"] > 0
+    evals = read_jsonl(run / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2]
+    assert all(e["problems"] == 8 and 0 <= e["accuracy"] <= 1 for e in evals)
+    assert (run / "checkpoints" / "latest").is_file()
+    assert load(run / "config.toml") == cfg
