@@ -20,16 +20,25 @@ from podsrl.errors import ConfigError
 def _truncate_jsonl(path: Path, max_step: int) -> None:
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in rows if json.loads(line)["step"] <= max_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [row for row in read_jsonl(path) if row["step"] <= max_step]
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file; a torn last line (a kill mid-write, or a write in progress
+    while plotting a live run) is left out."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise
+    return rows
 
 
 class RunLogger:

@@ -247,6 +247,9 @@ def test_interrupted_run_resumes_from_its_checkpoint(resume_case, make_config, t
     assert last.name == "step-000002"
     assert (last / "weights.safetensors").is_file() and (last / "state.pt").is_file()
     assert not list((run_b / "checkpoints").glob(".tmp-*"))
+    # A kill in the middle of writing a metrics line leaves it torn; that must not block resuming.
+    with open(run_b / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "reward_mean": 0.')
 
     trainer.train(cfg, run_dir=run_b, resume=True, log=lambda *_: None)
     rows_b = read_jsonl(run_b / "metrics.jsonl")
@@ -447,7 +450,7 @@ def test_no_kl_without_beta(make_config):
     assert "kl" not in metrics
 
 
-def test_filtered_out_step_skips_the_update(make_config, reward_spec, tmp_path):
+def test_filtered_out_step_skips_the_update(make_config):
     # A constant reward gives every group zero variance; the DAPO filter drops them all.
     cfg = make_config(**{"reward.names": ["format"], "select.filter_zero_variance": True, "train.max_steps": 1,
                          "eval.at_start": False, "eval.at_end": False})
