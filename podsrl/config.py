@@ -247,6 +247,13 @@ class TrainConfig:
         )
         _check(self.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+        try:
+            self.out_dir.format(time="", rule="", seed=0)
+        except (KeyError, IndexError, ValueError) as err:
+            raise ConfigError(
+                f"train.out_dir: cannot fill in {self.out_dir!r} ({type(err).__name__}: {err}); "
+                "only {time}, {rule} and {seed} are filled in (write {{ and }} for literal braces)"
+            ) from None
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,21 @@ def test_missing_gsm8k_directory(tmp_path):
     assert_user_error(code, err, "gsm8k", "/nonexistent", "train.jsonl")
 
 
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("--task.options.digits=3", ["task 'arithmetic'", "'digits'", "max_digits"]),
+        ("--reward.names=/nonexistent/rewards.py:score", ["/nonexistent/rewards.py", "does not exist"]),
+        ("--model.name=/nonexistent/model", ["model.name", "/nonexistent/model", "does not exist"]),
+    ],
+    ids=["unknown-task-option", "missing-reward-file", "missing-model-directory"],
+)
+def test_mistakes_found_when_the_run_starts(tmp_path, override, fragments):
+    code, _, err = run_cli(["train", "--out", str(tmp_path / "run"), "--no-plot", override])
+    assert_user_error(code, err, *fragments)
+    assert err.count("\n") == 1
+
+
 def test_eval_and_plot_of_a_directory_that_is_not_a_run(tmp_path):
     code, _, err = run_cli(["eval", "--run", str(tmp_path)])
     assert_user_error(code, err, "--run", "not a run directory")
