@@ -313,6 +313,10 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, log
         state = ckpt.load(last, model, optimizer, scheduler)
         s.engine.sync_weights(model)
         log(f"podsrl: resumed {run_dir} at step {state.step} ({state.train_seconds:.0f} s of training)")
+        if _done(cfg, state):  # nothing to add: no second final evaluation or checkpoint
+            s.engine.close()
+            log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
+            return run_dir
     (run_dir / "config.toml").write_text(to_toml(cfg))
     logger = RunLogger(run_dir, cfg, start_step=state.step)
     try:

@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,17 @@ def test_interrupted_run_resumes_from_its_checkpoint(resume_case, make_config, t
     wa, wb = _weights(run_a), _weights(run_b)
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5)
+
+
+def test_resuming_a_finished_run_changes_nothing(resume_case, make_config, tmp_path):
+    settings, run_a = resume_case
+    run = tmp_path / "finished"
+    shutil.copytree(run_a, run)
+    files = {p.name: p.read_bytes() for p in (run / "metrics.jsonl", run / "eval.jsonl")}
+    logs = []
+    trainer.train(make_config(**settings), run_dir=run, resume=True, log=logs.append)
+    assert {p.name: p.read_bytes() for p in (run / "metrics.jsonl", run / "eval.jsonl")} == files
+    assert any("already reached its budget" in line for line in logs)
 
 
 # ------------------------------------------------------------------------ checkpoint atomicity
