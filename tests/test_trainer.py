@@ -332,11 +332,14 @@ def _half_rmtree(path, *_, **__):
     raise Crash("killed while deleting")
 
 
-@pytest.mark.parametrize("same_step", [False, True], ids=["next-step", "same-step"])
-@pytest.mark.parametrize("where", sorted(FAILURES))
+@pytest.mark.parametrize(
+    "where, same_step",
+    # Only a checkpoint that replaces one of the same step (the trainer's final save right after a
+    # periodic one) deletes anything before its new copy is in place.
+    [(where, same) for where in sorted(FAILURES) for same in (False, True) if same or where != "delete-old"],
+    ids=lambda v: v if isinstance(v, str) else ("same-step" if v else "next-step"),
+)
 def test_failed_checkpoint_write_keeps_a_valid_latest(tmp_path, monkeypatch, where, same_step):
-    if where == "delete-old" and not same_step:
-        pytest.skip("nothing is deleted before a new step's checkpoint is in place")
     model, opt, sched = _small_state()
     _train_once(model, opt, sched)
     first = ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1, train_seconds=1.5), keep=1)
