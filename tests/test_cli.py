@@ -8,7 +8,6 @@ import io
 import json
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 
