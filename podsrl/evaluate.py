@@ -1,8 +1,11 @@
 """Held-out accuracy with a 95% confidence interval, and pass@k.
 
-Accuracy is the mean over problems of the correctness reward of the first sample (greedy by
-default). The interval is Wilson's score interval for a binomial proportion, which stays inside
-[0, 1] and behaves at 0% and 100%, unlike the normal approximation. pass@k uses the unbiased
+Accuracy is the mean over problems of the fraction of a problem's samples that are correct (one
+greedy sample by default; with ``samples`` > 1 at a temperature it is the mean per-sample accuracy,
+i.e. pass@1, with less noise than one sample). With one sample per problem the interval is Wilson's
+score interval for a binomial proportion, which stays inside [0, 1] and behaves at 0% and 100%;
+with several it is a normal interval over the per-problem means (samples of one problem are
+correlated, so counting them as independent would overstate the confidence). pass@k uses the unbiased
 estimator of Chen et al. (2021): 1 - C(c_fail, k) / C(samples, k), averaged over problems.
 """
 
@@ -68,8 +71,14 @@ def evaluate(
     )
     scores = [correctness(text, examples[i // samples]) for i, text in enumerate(rollouts.texts)]
     per_problem = [scores[i * samples : (i + 1) * samples] for i in range(len(examples))]
-    first = sum(int(s[0] > 0) for s in per_problem)
-    low, high = wilson_interval(first, len(examples))
+    means = [sum(int(x > 0) for x in s) / samples for s in per_problem]  # [P]
+    accuracy = sum(means) / len(means)
+    if samples == 1:
+        low, high = wilson_interval(round(sum(means)), len(means))
+    else:
+        var = sum((x - accuracy) ** 2 for x in means) / max(1, len(means) - 1)
+        half = 1.959964 * math.sqrt(var / len(means))
+        low, high = max(0.0, accuracy - half), min(1.0, accuracy + half)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
     passes = {
         f"pass@{k}": sum(pass_at_k(samples, sum(int(x > 0) for x in s), k) for s in per_problem) / len(examples)
@@ -77,7 +86,7 @@ def evaluate(
     }
     lengths = [len(ids) for ids in rollouts.completion_ids]
     return EvalResult(
-        accuracy=first / len(examples),
+        accuracy=accuracy,
         ci_low=low,
         ci_high=high,
         problems=len(examples),
