@@ -242,16 +242,14 @@ def resolve(base: dict[str, Any], method: Method, seed: int) -> Config:
             table[key] = {**(table.get(key) or {}), sub: value}
         else:
             table[key] = value
-    base_seed = _from_dict(copy.deepcopy(base), "the base config").train.seed
-    train = data.setdefault("train", {})
-    train["seed"] = base_seed + seed
-    task = data.setdefault("task", {})
-    task_name = task.get("name", Config().task.name)
+    base_cfg = _from_dict(base, "the base config")
+    data.setdefault("train", {})["seed"] = base_cfg.train.seed + seed
     from podsrl.tasks import TASKS
 
-    if task_name in TASKS and "seed" in inspect.signature(TASKS[task_name]).parameters:
-        # The held-out set is drawn with the task's seed: keep it fixed across the seeds.
-        task["options"] = {"seed": base_seed, **(task.get("options") or {})}
+    if "seed" in inspect.signature(TASKS[base_cfg.task.name]).parameters:
+        # The held-out set is drawn with the task's seed (the trainer defaults it to train.seed):
+        # pin it to the base's, so every seed is scored on the same problems.
+        data.setdefault("task", {})["options"] = {"seed": base_cfg.train.seed, **base_cfg.task.options}
     return _from_dict(data, where)
 
 
