@@ -29,7 +29,8 @@ training starts, so a typo fails at once with a ConfigError naming the method an
 interrupted comparison is complete for the first seeds). Seed k trains with ``train.seed = base
 seed + k`` while the task's own ``seed`` option stays fixed (at the base ``train.seed`` unless the
 base sets ``task.options.seed``): the held-out problems are the same in every run, only the
-training randomness (prompt order, sampling, tie-breaking) varies. Re-running the same command
+training randomness (prompt order, sampling, tie-breaking) varies, and with sampled evaluation
+(eval.temperature > 0) the evaluation's samples, which the trainer seeds with train.seed. Re-running the same command
 resumes: a finished run (``done.json`` written after ``train`` returned, or an evaluation at the
 budget in its eval.jsonl) is skipped, an interrupted one continues from its last checkpoint, one
 interrupted before its first checkpoint starts over; ``--seeds`` higher than before adds only the
@@ -90,7 +91,8 @@ from podsrl.errors import ConfigError
 from podsrl.logging import read_jsonl
 
 # The embedded default comparison; configs/compare.toml is the same written as a file (a test
-# checks they agree). Sized for the embedded 135M model on a CPU: 20 minutes of training per run.
+# checks they agree). Sized for the embedded 135M model on a CPU: 10 minutes of training per run
+# (the demo's budget), evaluated every minute.
 _D3S_SCHEDULE = {
     "select.m_final": 8,
     "select.m_schedule": "linear",
@@ -107,8 +109,8 @@ DEFAULT_METHODS: dict[str, dict[str, Any]] = {
     "d3s_cross": {"select.rule": "d3s_cross", "rollout.n": 16, "select.m": 4, **_D3S_SCHEDULE},
 }
 DEFAULT_COMPARE: dict[str, Any] = {
-    "train": {"max_steps": None, "max_seconds": 1200.0},
-    "eval": {"every_seconds": 120.0},
+    "train": {"max_steps": None, "max_seconds": 600.0},
+    "eval": {"every_seconds": 60.0},
     "compare": {"seeds": 2, "baseline": "grpo", "target_fraction": 0.99, "methods": DEFAULT_METHODS},
 }
 

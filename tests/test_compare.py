@@ -188,7 +188,7 @@ def test_run_status_new_done_resume_restart(tmp_path):
     longer = _plan(tmp_path / "x", base={"train": {"max_steps": None, "max_seconds": 600.0}})
     assert compare.run_status(compare.run_dir(out, "grpo", 0), longer.config("grpo", 0)) == "restart"
     # Any other difference is an error, not a silent reuse.
-    other = _plan(tmp_path / "y", base={"train": {"max_steps": None, "max_seconds": 300.0}, "optim": {"lr": 1e-5}})
+    other = _plan(tmp_path / "y", base={"train": {"max_steps": None, "max_seconds": 300.0}, "optim": {"lr": 3e-5}})
     with pytest.raises(ConfigError, match=r"different config \(optim.lr"):
         compare.run_status(compare.run_dir(out, "grpo", 0), other.config("grpo", 0))
 
@@ -245,7 +245,7 @@ def test_a_bad_method_fails_before_training_naming_method_and_field(tmp_path, ov
 
 def test_plan_validation_errors(tmp_path):
     with pytest.raises(ConfigError, match="train.max_seconds: a comparison needs"):
-        _plan(tmp_path, base={"train": {"max_steps": 10}})
+        _plan(tmp_path, base={"train": {"max_steps": 10, "max_seconds": None}})
     with pytest.raises(ConfigError, match="eval.every_seconds: a comparison needs"):
         _plan(tmp_path, base={"eval": {"every_seconds": 0.0}})
     with pytest.raises(ConfigError, match="--methods: unknown method 'podz'; methods: grpo, pods, never"):
@@ -275,8 +275,8 @@ def test_seeds_vary_training_but_not_the_held_out_set(tmp_path):
     assert a.task.options["seed"] == b.task.options["seed"] == 5
     assert a.select.rule == "max_variance" and a.rollout.n == 16 and a.select.m == 4
     # Command-line overrides change the base; methods still override it.
-    plan = compare.load_plan(_write_plan_file(tmp_path), ["--rollout.n=8", "--optim.lr=1e-5"])
-    assert plan.config("grpo", 0).rollout.n == 4 and plan.config("grpo", 0).optim.lr == 1e-5
+    plan = compare.load_plan(_write_plan_file(tmp_path), ["--rollout.n=8", "--optim.lr=3e-5"])
+    assert plan.config("grpo", 0).rollout.n == 4 and plan.config("grpo", 0).optim.lr == 3e-5
 
 
 def test_default_comparison_matches_configs_compare_toml():
