@@ -150,6 +150,8 @@ def test_variance_rules_property(data, seed):
     keep = d3s_intra(rewards, m, generator=gen)
     torch.testing.assert_close(kept_var(adv, keep), brute_max_var(adv, m), rtol=1e-5, atol=1e-6)
     B, n = rewards.shape
+    if B * n > 12:  # brute force over the pooled batch: C(B*n, B*m) subsets, e.g. C(36, 18) ~ 9e9
+        return
     keep = d3s_cross(rewards, m, generator=gen)
     pooled = adv.reshape(1, B * n)
     got = kept_var(pooled, keep.reshape(1, B * n))
