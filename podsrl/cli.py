@@ -42,6 +42,13 @@ def cmd_train(args, overrides: list[str]) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "config.toml").is_file():
             raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml); give the directory a `podsrl train` made")
+        from podsrl.checkpoint import latest
+
+        if latest(run_dir) is None:
+            raise ConfigError(
+                f"--resume {run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first "
+                "one); start it again with `podsrl train --out DIR`, or checkpoint more often with --train.checkpoint_every"
+            )
         cfg = config_mod.load(args.config or run_dir / "config.toml", overrides)
     else:
         cfg = config_mod.load(args.config, overrides)

@@ -83,7 +83,6 @@ class TaskConfig:
 class RewardConfig:
     names: list[str] = field(default_factory=lambda: ["correctness"])  # built-in names or module:function
     weights: list[float] = field(default_factory=lambda: [1.0])
-    correct_name: str = "correctness"  # the reward whose value counts as "solved" in evaluation
 
     def __post_init__(self) -> None:
         _check(len(self.names) > 0, "reward.names", "give at least one reward function")

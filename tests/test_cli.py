@@ -206,3 +206,9 @@ def test_resume_through_the_cli(cli_run, tmp_path):
     assert (copy / "checkpoints" / "latest").read_text().strip() == "step-000003"
     # The evaluation at step 2 (the first run's end) stays; the resumed run adds its own at the end.
     assert [e["step"] for e in read_jsonl(copy / "eval.jsonl")] == [0, 2, 3]
+
+
+def test_resume_of_a_run_without_checkpoint(tmp_path):
+    (tmp_path / "config.toml").write_text("")
+    code, _, err = run_cli(["train", "--resume", str(tmp_path)])
+    assert_user_error(code, err, "--resume", "no checkpoint")
