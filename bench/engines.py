@@ -5,9 +5,10 @@
 Both engines sample the same B x n rollouts (arithmetic prompts through the chat template, as the
 trainer builds them; temperature 1, top_p 1) from SmolLM2-135M-Instruct in float32, in one process,
 alternating engine by engine for --repeats rounds after one warm-up call each, so background load
-hits both alike. Both run on --threads torch threads (default 1: on a shared machine a second
-OpenMP thread often waits a scheduler time slice per parallel region, which slows both engines
-several-fold and makes the timings noise; pass 0 for torch's default on an idle machine). Throughput is generated tokens (EOS included, padding not) per second of
+hits both alike. Both run on --threads torch threads (default 0: torch's default, one per core; on
+a machine shared with other jobs pass 1, since a second OpenMP thread that waits for a scheduler
+time slice in every parallel region slows both engines several-fold and makes the timings noise).
+Throughput is generated tokens (EOS included, padding not) per second of
 ``generate``; the medians are reported. The transformers engine generates in batches of
 --batch-size sequences (default 128, i.e. all 128 rollouts at once). The weight sync into vLLM is
 timed too. The last line printed is the speedup (tokens/s ratio).
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=128, help="transformers engine: sequences per generate call")
     parser.add_argument("--compile", action="store_true", help="vLLM with torch.compile (slow start) instead of eager")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for both engines (0: torch's default)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for both engines (0: torch's default)")
     args = parser.parse_args(argv)
 
     import torch

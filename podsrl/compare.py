@@ -178,12 +178,8 @@ def load_plan(
     unknown = set(table) - _COMPARE_KEYS
     if unknown:
         raise ConfigError(f"unknown setting compare.{sorted(unknown)[0]}; valid settings in [compare]: {', '.join(sorted(_COMPARE_KEYS))}")
-    for item in overrides:
-        key, sep, raw = item.removeprefix("--").partition("=")
-        if not sep or "." not in key:
-            raise ConfigError(f"override {item!r}: write it as --section.key=value, e.g. --train.max_seconds=600")
-        section, _, rest = key.partition(".")
-        config_mod._set_override(data, section, rest, raw)
+    for key, raw in config_mod.parse_overrides(overrides):
+        config_mod.set_dotted(data, key, raw, from_text=True)
 
     n_seeds = seeds if seeds is not None else table.get("seeds", DEFAULT_COMPARE["compare"]["seeds"])
     if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
@@ -233,17 +229,7 @@ def resolve(base: dict[str, Any], method: Method, seed: int) -> Config:
                 f"{where}: {dotted!r} must be the same for every method (task, rewards, evaluation, budget and seed "
                 "are the comparison's shared ground); set it in the base config instead"
             )
-        section, _, rest = dotted.partition(".")
-        key, _, sub = rest.partition(".")
-        if not key:
-            raise ConfigError(f'{where}: {dotted!r} is not a dotted setting; write e.g. "select.m" = 8')
-        table = data.setdefault(section, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where}: [{section}] in the base config is not a table")
-        if sub:
-            table[key] = {**(table.get(key) or {}), sub: value}
-        else:
-            table[key] = value
+        config_mod.set_dotted(data, dotted, value, from_text=False, where=where)
     base_cfg = _from_dict(base, "the base config")
     data.setdefault("train", {})["seed"] = base_cfg.train.seed + seed
     from podsrl.tasks import TASKS

@@ -104,7 +104,7 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = "transformers"  # "transformers" | "vllm"
+    engine: str = "auto"  # "transformers" | "vllm" | "auto" (vLLM when installed, else transformers)
     n: int = 16  # rollouts sampled per prompt
     temperature: float = 1.0
     top_p: float = 1.0
@@ -113,18 +113,21 @@ class RolloutConfig:
     # vLLM only
     gpu_memory_utilization: float = 0.3  # on the CPU build: fraction of RAM for the KV cache
     enable_sleep_mode: bool = False  # GPU only: free vLLM's memory during the update
+    kv_cache_gib: float | None = None  # vLLM KV cache size; None: set by gpu_memory_utilization
+    enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
     max_model_len: int = 1024
 
     def __post_init__(self) -> None:
-        from podsrl.engines import ENGINES
+        from podsrl.engines import ENGINE_CHOICES
 
-        _one_of(self.engine, ENGINES, "rollout.engine")
+        _one_of(self.engine, ENGINE_CHOICES, "rollout.engine")
         _check(self.n >= 1, "rollout.n", "must be >= 1")
         _check(self.temperature > 0, "rollout.temperature", "must be > 0 for RL sampling (use eval.temperature=0 for greedy evaluation)")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
         _check(self.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
+        _check(self.kv_cache_gib is None or self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0 (or none)")
 
 
 @dataclass(frozen=True)
@@ -301,12 +304,7 @@ class Config:
 def load(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
     """Build a validated Config from an optional TOML file and ``section.key=value`` overrides."""
     data: dict[str, Any] = {}
-    parsed = []
-    for item in overrides:  # checked first: in "--select.m 3", "3" is not the config file to blame
-        key, sep, raw = item.removeprefix("--").partition("=")
-        if not sep or "." not in key:
-            raise ConfigError(f"override {item!r}: write it as --section.key=value, e.g. --select.m=8")
-        parsed.append((key, raw))
+    parsed = parse_overrides(overrides)  # first: in "--select.m 3", "3" is not the config file to blame
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -316,8 +314,7 @@ def load(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"config file {path}: invalid TOML: {err}") from err
     for key, raw in parsed:
-        section, _, rest = key.partition(".")
-        _set_override(data, section, rest, raw)
+        set_dotted(data, key, raw, from_text=True)
     return from_dict(data)
 
 
@@ -342,21 +339,41 @@ def _build(cls: type, values: dict[str, Any], section: str):
     return cls(**values)
 
 
-def _set_override(data: dict[str, Any], section: str, rest: str, raw: str) -> None:
+def parse_overrides(items: typing.Sequence[str]) -> list[tuple[str, str]]:
+    """``--section.key=value`` items -> (dotted key, raw text) pairs; a malformed item is a ConfigError."""
+    parsed = []
+    for item in items:
+        key, sep, raw = item.removeprefix("--").partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"override {item!r}: write it as --section.key=value, e.g. --select.m=8")
+        parsed.append((key, raw))
+    return parsed
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any, *, from_text: bool, where: str = "") -> None:
+    """Set ``section.key`` (or ``section.key.sub`` inside a dict-valued field such as
+    ``task.options``) in raw config data, in place. ``from_text``: ``value`` is command-line text,
+    parsed and coerced to the field's type here; otherwise a TOML value, coerced by from_dict."""
+    where = where or f"--{dotted}"
+    section, _, rest = dotted.partition(".")
+    key, _, sub = rest.partition(".")
+    if not key:
+        raise ConfigError(f'{where}: {dotted!r} is not a dotted setting; write it as section.key, e.g. select.m')
     hints = typing.get_type_hints(Config)
     if section not in hints:
-        raise ConfigError(f"unknown config section '{section}' in --{section}.{rest}; valid sections: {', '.join(hints)}")
+        raise ConfigError(f"{where}: unknown config section [{section}]; valid sections: {', '.join(hints)}")
     table = data.setdefault(section, {})
-    key, _, sub = rest.partition(".")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [{section}] is not a table of settings")
     field_hints = typing.get_type_hints(hints[section])
     if key not in field_hints:
-        raise ConfigError(f"unknown setting {section}.{key}; valid settings in [{section}]: {', '.join(field_hints)}")
+        raise ConfigError(f"{where}: unknown setting {section}.{key}; valid settings in [{section}]: {', '.join(field_hints)}")
     if sub:  # a dict-valued field such as task.options.max_digits (defaults are merged in later)
-        current = dict(table.get(key) or {})
-        current[sub] = _parse_scalar(raw)
-        table[key] = current
+        table[key] = {**(table.get(key) or {}), sub: _parse_scalar(value) if from_text else value}
+    elif from_text:
+        table[key] = _coerce(value, field_hints[key], f"{section}.{key}", from_text=True)
     else:
-        table[key] = _coerce(raw, field_hints[key], f"{section}.{key}", from_text=True)
+        table[key] = value
 
 
 def _parse_scalar(raw: str) -> Any:

@@ -31,7 +31,7 @@ import torch
 from podsrl import checkpoint as ckpt
 from podsrl.advantages import group_advantages
 from podsrl.config import Config, to_toml
-from podsrl.engines import Engine, Sampling, make_engine
+from podsrl.engines import Engine, Sampling, make_engine, resolve_engine
 from podsrl.evaluate import EvalResult, evaluate
 from podsrl.models import Policy, load_policy
 from podsrl.rewards import RewardSpec, compute_rewards, resolve_specs
@@ -318,6 +318,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, log
             log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
             return run_dir
     (run_dir / "config.toml").write_text(to_toml(cfg))
+    log(f"podsrl: rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else ""))
     logger = RunLogger(run_dir, cfg, start_step=state.step)
     try:
         if state.step == 0 and cfg.eval.at_start:

@@ -93,7 +93,7 @@ def tiny_config_dict(model_dir: Path, reward_file: Path, **overrides: Any) -> di
             "options": {"ops": ["+"], "min_digits": 1, "max_digits": 1, "num_train": 50, "num_eval": 10},
         },
         "reward": {"names": [f"{reward_file}:length_reward"], "weights": [1.0]},
-        "rollout": {"n": 4, "max_new_tokens": 8},
+        "rollout": {"engine": "transformers", "n": 4, "max_new_tokens": 8},
         "select": {"m": 2},
         "optim": {"lr": 1e-3},
         "eval": {"max_problems": 4, "max_new_tokens": 4, "temperature": 0.0, "samples": 1},

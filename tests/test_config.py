@@ -24,7 +24,7 @@ BAD_OVERRIDES = [
     pytest.param(["select.rule=best"], ["select.rule", "'best'", "max_variance", "d3s_intra", "all"], id="unknown-rule"),
     pytest.param(["task.name=mmlu"], ["task.name", "'mmlu'", "arithmetic", "gsm8k", "jsonl"], id="unknown-task"),
     pytest.param(["reward.names=corectness"], ["reward.names", "'corectness'", "correctness", "format"], id="unknown-reward"),
-    pytest.param(["rollout.engine=sglang"], ["rollout.engine", "'sglang'", "transformers", "vllm"], id="unknown-engine"),
+    pytest.param(["rollout.engine=sglang"], ["rollout.engine", "'sglang'", "auto", "transformers", "vllm"], id="unknown-engine"),
     pytest.param(["loss.aggregation=mean"], ["loss.aggregation", "sequence", "token", "constant"], id="unknown-aggregation"),
     pytest.param(["optim.lr_schedule=linear"], ["optim.lr_schedule", "cosine"], id="unknown-lr-schedule"),
     pytest.param(["select.m_schedule=fast"], ["select.m_schedule", "linear"], id="unknown-m-schedule"),
@@ -313,3 +313,17 @@ def test_config_is_frozen():
     cfg = Config()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.select.m = 3  # type: ignore[misc]
+
+
+def test_engine_auto_is_vllm_when_installed_else_transformers(monkeypatch):
+    import importlib.util
+
+    from podsrl.engines import resolve_engine
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert resolve_engine("auto") == "transformers"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    assert resolve_engine("auto") == "vllm"
+    assert resolve_engine("transformers") == "transformers"
+    assert load().rollout.engine == "auto"

@@ -3,7 +3,8 @@
 An engine has one job, ``generate``, and one duty after every optimizer step, ``sync_weights``: the
 next rollouts must come from the current policy. Engines are chosen by name from ``ENGINES``; each
 entry is a factory ``(RolloutConfig, Policy) -> Engine`` that imports its backend lazily, so a
-missing optional backend fails only when it is asked for.
+missing optional backend fails only when it is asked for. ``"auto"`` (the default) picks vLLM when
+it is installed and transformers otherwise.
 
 Order convention: for B prompts and n samples each, completion ``b * n + j`` is sample j of prompt b
 (group-major), which is what ``rewards.view(B, n)`` assumes everywhere else.
@@ -61,8 +62,19 @@ def _vllm(cfg, policy) -> Engine:
 
 
 ENGINES: dict[str, Callable[..., Engine]] = {"transformers": _transformers, "vllm": _vllm}
+ENGINE_CHOICES = ("auto", *ENGINES)
+
+
+def resolve_engine(name: str) -> str:
+    """The engine ``rollout.engine`` names; ``"auto"`` is vLLM when it is installed (faster to
+    sample from, see bench/engines.py), else transformers."""
+    if name != "auto":
+        return name
+    import importlib.util
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "transformers"
 
 
 def make_engine(cfg, policy) -> Engine:
     """``cfg``: :class:`podsrl.config.RolloutConfig`; ``policy``: :class:`podsrl.models.Policy`."""
-    return ENGINES[cfg.engine](cfg, policy)
+    return ENGINES[resolve_engine(cfg.engine)](cfg, policy)

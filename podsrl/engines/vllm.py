@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import random
 import time
@@ -77,6 +78,17 @@ def _model_dtype(model: torch.nn.Module) -> torch.dtype:
         if p.is_floating_point():
             return p.dtype
     return torch.float32
+
+
+@contextlib.contextmanager
+def _vllm_log_level(level: int):
+    logger = logging.getLogger("vllm")  # vLLM's module loggers inherit its level
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 class VLLMEngine:
@@ -165,9 +177,8 @@ class VLLMEngine:
             max_model_len=cfg.max_model_len,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enable_sleep_mode=cfg.enable_sleep_mode,
-            kv_cache_gib=getattr(cfg, "kv_cache_gib", None),
-            enforce_eager=getattr(cfg, "enforce_eager", True),
-            seed=getattr(cfg, "seed", 0),
+            kv_cache_gib=cfg.kv_cache_gib,
+            enforce_eager=cfg.enforce_eager,
             eos_token_ids=eos_ids,
         )
 
@@ -244,9 +255,12 @@ class VLLMEngine:
         if self._asleep == "all":
             self.llm.wake_up(tags=["weights"])  # GPU: weights back, the KV cache stays released
             self._asleep = "kv"
-        self._reload(weights_iterator=iter(state.items()))
-        # Cached prompt KV entries were computed with the old weights.
-        self.llm.reset_prefix_cache()
+        # vLLM logs three lines per reload (timing, prefix-cache reset, and a warning that the
+        # rotary embedding, which has no weights, got none), once per optimizer step: silenced.
+        with _vllm_log_level(logging.ERROR):
+            self._reload(weights_iterator=iter(state.items()))
+            # Cached prompt KV entries were computed with the old weights.
+            self.llm.reset_prefix_cache()
         self.last_sync_seconds = time.perf_counter() - start
 
     def _find_reload(self):
