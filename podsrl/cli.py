@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, help="number of seeds per method (adds seeds to an existing comparison)")
     p.add_argument("--methods", help="comma-separated subset of the methods to run")
     p.add_argument("--report-only", action="store_true", help="rebuild compare.json/png from finished runs")
+    p.add_argument("--in-process", action="store_true", help="train every run in this process, not one process per run")
     p.set_defaults(func=cmd_compare)
     return parser
 

@@ -25,7 +25,7 @@ evaluation protocol, the budget and the seed. Every method's resolved config is 
 training starts, so a typo fails at once with a ConfigError naming the method and the field.
 
 **Protocol.** Every method x seed is an ordinary ``podsrl train`` run in
-``OUT/runs/<method>/seed<k>/``, one after another, seed-major (all methods of seed 0 first, so an
+``OUT/runs/<method>/seed<k>/``, in a process of its own (``--in-process`` to train in this one), one after another, seed-major (all methods of seed 0 first, so an
 interrupted comparison is complete for the first seeds). Seed k trains with ``train.seed = base
 seed + k`` while the task's own ``seed`` option stays fixed (at the base ``train.seed`` unless the
 base sets ``task.options.seed``): the held-out problems are the same in every run, only the
@@ -79,6 +79,7 @@ import json
 import math
 import shutil
 import statistics
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -303,8 +304,20 @@ def _check_same_config(path: Path, cfg: Config) -> None:
         )
 
 
-def run_all(plan: Plan, out: Path, *, log=print) -> None:
-    """Train every method x seed not finished yet, seed-major; the report is refreshed after each."""
+class RunFailed(Exception):
+    """A method x seed's training process exited with an error (its own output says why)."""
+
+    def __init__(self, message: str, returncode: int):
+        super().__init__(message)
+        self.returncode = returncode
+
+
+def run_all(plan: Plan, out: Path, *, log=print, isolate: bool = True) -> None:
+    """Train every method x seed not finished yet, seed-major; the report is refreshed after each.
+
+    ``isolate``: each run is its own ``podsrl train`` process, so every run starts from the same
+    clean state (memory, threads, an in-process vLLM engine's allocations) and a crash loses only
+    that run. ``False`` trains in this process (tests, debugging)."""
     from podsrl.trainer import train
 
     jobs = [(seed, m.name) for seed in range(plan.seeds) for m in plan.methods]
@@ -319,9 +332,30 @@ def run_all(plan: Plan, out: Path, *, log=print) -> None:
         if status == "restart":  # interrupted before its first checkpoint: nothing to resume
             shutil.rmtree(path)
         log(f"{head}: {'resuming' if status == 'resume' else 'training'}, budget {cfg.train.max_seconds / 60:.1f} min -> {path}")
-        train(cfg, run_dir=path, resume=status == "resume", log=log)
+        if isolate:
+            _train_subprocess(cfg, path, resume=status == "resume", what=f"{name} seed {seed}")
+        else:
+            train(cfg, run_dir=path, resume=status == "resume", log=log)
         (path / DONE_FILE).write_text(json.dumps(_budget(cfg)))
         write_report(build_report(plan, out), out)
+
+
+def _train_subprocess(cfg: Config, path: Path, *, resume: bool, what: str) -> None:
+    """``podsrl train`` in a child process (same interpreter), its output passed through."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="podsrl-compare-") as tmp:
+        job = Path(tmp) / "config.toml"
+        job.write_text(config_mod.to_toml(cfg))
+        where = ["--resume", str(path)] if resume else ["--out", str(path)]
+        rc = subprocess.run([sys.executable, "-m", "podsrl.cli", "train", str(job), *where, "--no-plot"]).returncode
+    if rc != 0:
+        raise RunFailed(
+            f"podsrl compare: the run {what} ({path}) failed with exit code {rc} (its output is above); "
+            "finished runs are kept: fix the cause and run the same command again to go on",
+            rc,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -593,7 +627,8 @@ def format_table(report: dict[str, Any]) -> str:
         if e["peak_accuracy"] is None:
             acc = "no finished run"
         elif e["peak_ci95"]:
-            acc = f"{100 * e['peak_accuracy']:.1f}% [{100 * e['peak_ci95'][0]:.1f}, {100 * e['peak_ci95'][1]:.1f}]"
+            low, high = (100 * min(1.0, max(0.0, v)) for v in e["peak_ci95"])  # a t-interval can leave [0, 1]
+            acc = f"{100 * e['peak_accuracy']:.1f}% [{low:.1f}, {high:.1f}]"
         else:
             acc = f"{100 * e['peak_accuracy']:.1f}% (1 seed, no CI)"
         t = e["time_to_target_seconds"]
@@ -626,10 +661,13 @@ def main(args, overrides: list[str]) -> int:
     out = Path(getattr(args, "out", None) or "runs/compare")
     if not getattr(args, "report_only", False):
         try:
-            run_all(plan, out)
+            run_all(plan, out, isolate=not getattr(args, "in_process", False))
         except KeyboardInterrupt:
             print("\npodsrl compare: interrupted; run the same command again to resume where it stopped")
             return 130
+        except RunFailed as err:
+            print(err, file=sys.stderr)
+            return err.returncode
     report = build_report(plan, out)
     json_path, png_path = write_report(report, out)
     print("\n" + format_table(report))

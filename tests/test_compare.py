@@ -212,14 +212,14 @@ def test_run_all_skips_finished_runs_and_adds_only_new_seeds(tmp_path, monkeypat
         return run_dir
 
     monkeypatch.setattr(podsrl.trainer, "train", fake_train)
-    compare.run_all(plan, out, log=lambda *_: None)
+    compare.run_all(plan, out, log=lambda *_: None, isolate=False)
     assert calls == [("grpo", "seed1", 1, False), ("pods", "seed1", 1, False)]
     assert (out / "compare.json").is_file()  # refreshed after each run
     calls.clear()
-    compare.run_all(plan, out, log=lambda *_: None)  # everything finished: nothing trains
+    compare.run_all(plan, out, log=lambda *_: None, isolate=False)  # everything finished: nothing trains
     assert calls == []
     # --seeds 3 --methods pods: only the new seed of the chosen method trains.
-    compare.run_all(compare.load_plan(tmp_path / "cmp.toml", seeds=3, methods="pods"), out, log=lambda *_: None)
+    compare.run_all(compare.load_plan(tmp_path / "cmp.toml", seeds=3, methods="pods"), out, log=lambda *_: None, isolate=False)
     assert calls == [("pods", "seed2", 2, False)]
 
 
@@ -321,3 +321,22 @@ def test_tiny_comparison_end_to_end_and_rerun_skips(tmp_path, tiny_model_dir, re
     assert capsys.readouterr().out.count("finished earlier, skipped") == 2
     args.report_only = True
     assert compare.main(args, []) == 0
+
+
+def test_a_failing_run_stops_the_comparison_with_its_exit_code(tmp_path, tiny_model_dir, reward_file, capsys):
+    from conftest import tiny_config_dict
+
+    base = tiny_config_dict(tiny_model_dir, reward_file)
+    base["reward"]["names"] = [f"{reward_file}:raising_reward"]
+    base["train"].update(max_steps=2, max_seconds=600.0, checkpoint_every=0)
+    base["eval"].update(every_steps=1)
+    data = {**base, "compare": {"seeds": 1, "methods": {"grpo": {"select.rule": "all", "rollout.n": 2, "select.m": 2}}}}
+    path = tmp_path / "tiny.toml"
+    path.write_text(_toml(data))
+    out = tmp_path / "cmp"
+    args = argparse.Namespace(config=str(path), out=str(out), seeds=None, methods=None, report_only=False)
+    rc = compare.main(args, [])
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert "the run grpo seed 0" in err and f"exit code {rc}" in err and "run the same command again" in err
+    assert not (out / "runs" / "grpo" / "seed0" / compare.DONE_FILE).exists()
