@@ -25,8 +25,9 @@ evaluation protocol, the budget and the seed. Every method's resolved config is 
 training starts, so a typo fails at once with a ConfigError naming the method and the field.
 
 **Protocol.** Every method x seed is an ordinary ``podsrl train`` run in
-``OUT/runs/<method>/seed<k>/``, in a process of its own (``--in-process`` to train in this one), one after another, seed-major (all methods of seed 0 first, so an
-interrupted comparison is complete for the first seeds). Seed k trains with ``train.seed = base
+``OUT/runs/<method>/seed<k>/``, in a process of its own (``--in-process``: in this one), one after
+another, seed-major (all methods of seed 0 first, so an interrupted comparison is complete for the
+first seeds). Seed k trains with ``train.seed = base
 seed + k`` while the task's own ``seed`` option stays fixed (at the base ``train.seed`` unless the
 base sets ``task.options.seed``): the held-out problems are the same in every run, only the
 training randomness (prompt order, sampling, tie-breaking) varies, and with sampled evaluation

@@ -99,8 +99,9 @@ class VLLMEngine:
     """An in-process ``vllm.LLM`` serving the policy; see the module docstring.
 
     ``kv_cache_gib``: KV cache size in GiB (CPU and GPU); None: on a GPU, vLLM sizes it from
-    ``gpu_memory_utilization``; on the CPU build, ``CPU_KV_CACHE_GIB``. ``enforce_eager``: skip torch.compile (fast
-    start, ~90 s less on a small CPU; see docs/vllm.md for the throughput trade-off).
+    ``gpu_memory_utilization``; on the CPU build, VLLM_CPU_KVCACHE_SPACE if set, else
+    ``CPU_KV_CACHE_GIB``. ``enforce_eager``: skip torch.compile (fast start, ~90 s less on a small
+    CPU; see docs/vllm.md for the throughput trade-off).
     """
 
     def __init__(
@@ -161,11 +162,12 @@ class VLLMEngine:
             block_size = 32
         if block_size is not None:
             kwargs["block_size"] = block_size
-        if kv_cache_gib is None and self.on_cpu:
+        if kv_cache_gib is None and self.on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             # The CPU build sizes an unset KV cache as gpu_memory_utilization x the NUMA node's RAM
             # minus this process's resident memory: several GiB for a small model, and an error
             # ("less than requested memory for kv") once the process holds that much, e.g. a
-            # second run in the same process (podsrl compare). A fixed size is predictable.
+            # second run in the same process (podsrl compare). A fixed size is predictable; the
+            # environment's VLLM_CPU_KVCACHE_SPACE (GiB), when set, still wins.
             kv_cache_gib = CPU_KV_CACHE_GIB
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
