@@ -201,6 +201,9 @@ class OptimConfig:
     lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 at train.max_steps)
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     micro_batch_size: int = 16  # sequences per forward/backward; gradients are accumulated
+    # Run each distinct prompt of a micro-batch once and the completions on its repeated KV cache
+    # (exact; see podsrl/sequences.py). Off: every rollout runs its whole [prompt; completion].
+    share_prompts: bool = True
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", "must be > 0")

@@ -3,8 +3,24 @@
 The one place where the model meets the loss: ``forward_logprobs`` runs the causal LM on
 [prompt; completion] and returns, for each completion position, log pi(token) (with the sampling
 temperature applied to the logits, as the rollouts were drawn with it) and optionally the entropy of
-the next-token distribution (D3S token scores). Only the completion positions' logits are kept and
-the log-softmax is taken in chunks, so memory holds one float32 [chunk, vocab] copy at a time.
+the next-token distribution (D3S token scores, and the logged entropy).
+
+Two things make it cheaper than "logits = model(ids).logits; log_softmax; gather", without changing
+what it computes (the tests check log-probs and gradients against that plain computation):
+
+- **Shared prompts.** The rollouts of one group share their prompt. With ``share_prompts`` the
+  prompt is run once per distinct prompt (with gradients), its key/value cache is repeated to the
+  rows that use it, and only the completions are run on top of it; the gradients of all rows flow
+  back into the one prompt pass. With n rollouts per prompt this removes (n - 1) / n of the prompt
+  positions' forward and backward work: on the embedded default (prompts of ~36 tokens, at most 16
+  completion tokens) most of the update. Used when the model's cache is transformers' plain
+  ``DynamicCache`` of full-attention layers and gradient checkpointing is off (transformers drops the
+  cache under checkpointing); otherwise, and for batches without a repeated prompt, the plain
+  full-sequence forward runs.
+- **Fused log-softmax.** Only the logits at completion positions are computed
+  (``logits_to_keep``), and :func:`token_logprobs` takes log-softmax, the target's log-prob and the
+  entropy in one chunked pass that keeps no [positions, V] intermediate for the backward (which
+  recomputes softmax from the saved log-normaliser).
 """
 
 from __future__ import annotations
@@ -14,8 +30,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from podsrl.tokens import entropy_from_logits
-
 
 @dataclass
 class Packed:
@@ -24,25 +38,36 @@ class Packed:
     completion_mask: Tensor  # [N, T] bool, True on real completion tokens
     completion_ids: Tensor  # [N, T]
     prompt_width: int  # P
+    prompt_index: Tensor  # [N] long: row -> its distinct prompt u (first-seen order)
+    prompt_rows: Tensor  # [U] long: the first row holding each distinct prompt
 
 
 def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> Packed:
     """Left-pad prompts to a common width P and right-pad completions to T (each row: one rollout)."""
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"pack: {len(prompt_ids)} prompts for {len(completion_ids)} completions")
+    if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("pack: every rollout needs a non-empty prompt (its first token is predicted from it)")
     P = max(len(p) for p in prompt_ids)
     T = max(1, max(len(c) for c in completion_ids))
     N = len(prompt_ids)
     input_ids = torch.full((N, P + T), pad_id, dtype=torch.long)
     attention = torch.zeros((N, P + T), dtype=torch.long)
+    first_row: dict[tuple[int, ...], int] = {}
+    prompt_index = torch.empty(N, dtype=torch.long)
     for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
         input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
         attention[i, P - len(p) : P] = 1
         if c:
             input_ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
             attention[i, P : P + len(c)] = 1
+        u = first_row.setdefault(tuple(p), len(first_row))
+        prompt_index[i] = u
+    prompt_rows = torch.empty(len(first_row), dtype=torch.long)
+    for i in range(N - 1, -1, -1):
+        prompt_rows[prompt_index[i]] = i
     completion_mask = attention[:, P:].bool()  # [N, T]
-    return Packed(input_ids, attention, completion_mask, input_ids[:, P:], P)
+    return Packed(input_ids, attention, completion_mask, input_ids[:, P:], P, prompt_index, prompt_rows)
 
 
 def forward_logprobs(
@@ -51,35 +76,162 @@ def forward_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    chunk_size: int = 1024,
+    share_prompts: bool = True,
+    chunk_size: int = 256,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs [N, T] of the completion tokens (differentiable) and entropy [N, T] (detached).
 
     Padding positions hold 0. Position ids follow the attention mask, so left padding does not shift
     the prompt's positions (matching what `generate` and vLLM saw).
     """
+    N, T = packed.completion_ids.shape
     position_ids = (packed.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P+T]
-    P = packed.prompt_width
-    # The logits that predict completion token t sit at position P + t - 1.
-    hidden_logits = model(
-        input_ids=packed.input_ids,
-        attention_mask=packed.attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=packed.input_ids.shape[1] - P + 1,
-    ).logits[:, :-1, :]  # [N, T, V]
-    if temperature != 1.0:
-        hidden_logits = hidden_logits / temperature
-    targets = packed.completion_ids  # [N, T]
-    N, T, V = hidden_logits.shape
-    flat = hidden_logits.reshape(N * T, V)
-    flat_targets = targets.reshape(N * T)
-    pieces = []
-    for start in range(0, N * T, chunk_size):
-        logits = flat[start : start + chunk_size].float()  # [chunk, V]
-        picked = logits.gather(-1, flat_targets[start : start + chunk_size, None]).squeeze(-1)
-        pieces.append(picked - torch.logsumexp(logits, dim=-1))
-    logprobs = torch.cat(pieces).view(N, T) * packed.completion_mask
-    entropy = None
-    if with_entropy:
-        entropy = entropy_from_logits(hidden_logits.detach(), chunk_size=chunk_size) * packed.completion_mask
+    targets = packed.completion_ids
+    fused = dict(temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size)
+    if share_prompts and len(packed.prompt_rows) < N and can_share_prompts(model):
+        first, rest = _shared_prompt_logits(model, packed, position_ids)  # [U, V], [N, T-1, V]
+        lp0, ent0 = token_logprobs(first, targets[:, 0], rows=packed.prompt_index, **fused)  # [N]
+        pieces = [(lp0[:, None], None if ent0 is None else ent0[:, None])]
+        if T > 1:
+            lp, ent = token_logprobs(rest.reshape(N * (T - 1), -1), targets[:, 1:].reshape(-1), **fused)
+            pieces.append((lp.view(N, T - 1), None if ent is None else ent.view(N, T - 1)))
+        logprobs = torch.cat([lp for lp, _ in pieces], dim=1)
+        entropy = torch.cat([e for _, e in pieces], dim=1) if with_entropy else None
+    else:
+        P = packed.prompt_width
+        # The logits that predict completion token t sit at position P + t - 1.
+        logits = model(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=torch.arange(P - 1, P + T - 1),
+        ).logits  # [N, T, V]
+        lp, ent = token_logprobs(logits.reshape(N * T, -1), targets.reshape(-1), **fused)
+        logprobs, entropy = lp.view(N, T), None if ent is None else ent.view(N, T)
+    logprobs = logprobs * packed.completion_mask
+    if entropy is not None:
+        entropy = entropy * packed.completion_mask
     return logprobs, entropy
+
+
+def can_share_prompts(model: torch.nn.Module) -> bool:
+    """Whether the shared-prompt forward is exact for this model: a transformers causal LM whose
+    cache is plain full-attention ``DynamicCache`` layers (no sliding window, no recurrent state), and
+    no gradient checkpointing (under which transformers turns the cache off)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(model, "is_gradient_checkpointing", False):
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return False
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False
+    return not getattr(config, "is_encoder_decoder", False)
+
+
+def _shared_prompt_logits(model: torch.nn.Module, packed: Packed, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Logits predicting completion token 0, per distinct prompt [U, V], and tokens 1..T-1 [N, T-1, V]."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    P, rows = packed.prompt_width, packed.prompt_rows
+    cache = DynamicCache(config=model.config)
+    first = model(
+        input_ids=packed.input_ids[rows, :P],
+        attention_mask=packed.attention_mask[rows, :P],
+        position_ids=position_ids[rows, :P],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]  # [U, V]
+    N, T = packed.completion_ids.shape
+    if T == 1:
+        return first, first.new_empty(N, 0, first.shape[-1])
+    if not all(type(layer) is DynamicLayer for layer in cache.layers):  # checked up front; guard anyway
+        raise RuntimeError(f"shared prompts: unexpected cache layers {sorted({type(x).__name__ for x in cache.layers})}")
+    cache.batch_select_indices(packed.prompt_index)  # [U, ...] -> [N, ...], differentiable
+    rest = model(
+        input_ids=packed.input_ids[:, P:],
+        attention_mask=packed.attention_mask,
+        position_ids=position_ids[:, P:],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=torch.arange(T - 1),
+    ).logits  # [N, T-1, V]
+    return first, rest
+
+
+def token_logprobs(
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    rows: Tensor | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int = 256,
+) -> tuple[Tensor, Tensor | None]:
+    """log softmax(logits / temperature)[target] [M] (differentiable, float32) and the entropy [M]
+    (detached, float32) of each row's distribution.
+
+    logits [R, V] (any float dtype); targets [M] long; rows [M] long picks the logits row of each
+    target (default: row i for target i, M = R), so a row shared by several targets is normalised
+    once. Works ``chunk_size`` rows at a time in float32 and saves only the logits and the [R]
+    log-normalisers for the backward.
+    """
+    if rows is None:
+        if logits.shape[0] != targets.shape[0]:
+            raise ValueError(f"token_logprobs: {logits.shape[0]} logit rows for {targets.shape[0]} targets")
+        rows = torch.arange(targets.shape[0], device=logits.device)
+    lse, entropy = _log_normaliser(logits.detach(), temperature, with_entropy, chunk_size)  # [R], [R]
+    logprobs = _TokenLogProbs.apply(logits, lse, rows, targets, temperature, chunk_size)
+    return logprobs, None if entropy is None else entropy[rows]
+
+
+@torch.no_grad()
+def _log_normaliser(logits: Tensor, temperature: float, with_entropy: bool, chunk_size: int) -> tuple[Tensor, Tensor | None]:
+    """logsumexp(logits / temperature) [R] and, optionally, the softmax entropy [R], chunk by chunk."""
+    R = logits.shape[0]
+    lse = torch.empty(R, dtype=torch.float32, device=logits.device)
+    entropy = torch.empty(R, dtype=torch.float32, device=logits.device) if with_entropy else None
+    for s in range(0, R, chunk_size):
+        x = logits[s : s + chunk_size].float()
+        d = x / temperature if temperature != 1.0 else x.clone()  # [c, V], owned: modified in place
+        m = d.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # an all -inf row: no NaN from -inf - -inf
+        d.sub_(m)  # x - max <= 0
+        e = d.exp()
+        z = e.sum(dim=-1, keepdim=True)  # [c, 1]
+        lse[s : s + chunk_size] = (m + z.log()).squeeze(-1)
+        if entropy is not None:
+            # H = -sum p log p with p = e / z, log p = d - log z:  H = log z - sum(e * d) / z.
+            d.clamp_(min=torch.finfo(torch.float32).min)  # -inf where e == 0: 0 * finite = 0
+            dot = torch.bmm(e.unsqueeze(1), d.unsqueeze(2)).view(-1, 1)  # [c, 1]
+            entropy[s : s + chunk_size] = (z.log() - dot / z).clamp(min=0).squeeze(-1)
+    return lse, entropy
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """logits[rows, targets] / temperature - lse[rows] [M], given lse = logsumexp(logits / temperature).
+
+    Backward: d/dlogits[r] = (onehot(targets) summed over r's targets - softmax(logits[r] / t) * sum of
+    r's grads) / t, with the softmax recomputed chunk by chunk from the saved logits and lse."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, lse: Tensor, rows: Tensor, targets: Tensor, temperature: float, chunk_size: int):
+        ctx.save_for_backward(logits, lse, rows, targets)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return logits[rows, targets].float() / temperature - lse[rows]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        logits, lse, rows, targets = ctx.saved_tensors
+        t, c = ctx.temperature, ctx.chunk_size
+        grad = grad.float()
+        row_grad = torch.zeros_like(lse).index_add_(0, rows, grad)  # [R]
+        out = torch.empty_like(logits)
+        for s in range(0, logits.shape[0], c):
+            p = logits[s : s + c].float()
+            p = p / t if t != 1.0 else p.clone()
+            p.sub_(lse[s : s + c, None]).exp_().mul_(row_grad[s : s + c, None] / -t)
+            out[s : s + c] = p
+        out.index_put_((rows, targets), (grad / t).to(out.dtype), accumulate=True)
+        return out, None, None, None, None, None

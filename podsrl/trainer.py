@@ -218,6 +218,7 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
                 token_fraction=token_fraction if cfg.select.uses_token_selection else 1.0,
                 token_score=cfg.select.token_score,
                 beta=cfg.loss.beta,
+                share_prompts=cfg.optim.share_prompts,
                 reference=s.reference,
             )
         # else: every group was filtered out; no signal, so no optimizer step this time.

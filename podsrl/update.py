@@ -3,10 +3,11 @@
 Only the m kept rollouts of each group enter this phase: that is where PODS saves time and memory
 (update cost scales with the number kept, not with n).
 
-- Rollouts are sorted by length and cut into micro-batches of ``micro_batch_size`` so that padding
-  is small; the loss of every micro-batch is normalised by the whole batch's sequence / token counts
-  (``policy_loss(total_sequences=..., total_tokens=...)``), so the accumulated gradient equals the
-  full-batch gradient whatever the micro-batch size.
+- Rollouts are ordered by prompt group, then length, and cut into micro-batches of
+  ``micro_batch_size``, so that a micro-batch runs each prompt once (``share_prompts``, see
+  :mod:`podsrl.sequences`) and padding stays small. The loss of every micro-batch is normalised by
+  the whole batch's sequence / token counts (``policy_loss(total_sequences=..., total_tokens=...)``),
+  so the accumulated gradient equals the full-batch gradient whatever the micro-batch size.
 - With one policy iteration per batch, pi_old == pi_theta numerically, so the old log-probs are the
   detached current ones and no extra forward is run (ALGORITHMS.md section 1). A scoring pass without
   gradients runs first only when it is needed: several policy iterations (pi_old must stay fixed),
@@ -70,9 +71,10 @@ def run_update(
     token_score: str = "adv_entropy",
     beta: float = 0.0,
     reference: torch.nn.Module | None = None,
+    share_prompts: bool = True,
 ) -> UpdateStats:
     K = len(batch.completion_ids)
-    order = sorted(range(K), key=lambda i: len(batch.prompt_ids[i]) + len(batch.completion_ids[i]))
+    order = micro_batch_order(batch.prompt_ids, batch.completion_ids)
     chunks = [order[i : i + micro_batch_size] for i in range(0, K, micro_batch_size)]
     packs = [
         pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], pad_id) for idx in chunks
@@ -85,10 +87,12 @@ def run_update(
     if needs_scoring:
         with torch.no_grad():
             for j, p in enumerate(packs):
-                old[j], entropy[j] = forward_logprobs(model, p, temperature=temperature, with_entropy=True)
+                old[j], entropy[j] = forward_logprobs(
+                    model, p, temperature=temperature, with_entropy=True, share_prompts=share_prompts
+                )
                 if beta > 0:
                     with _reference(model, reference) as ref_model:
-                        ref[j], _ = forward_logprobs(ref_model, p, temperature=temperature)
+                        ref[j], _ = forward_logprobs(ref_model, p, temperature=temperature, share_prompts=share_prompts)
 
     token_masks = [None] * len(packs)
     if select_tokens:
@@ -102,7 +106,9 @@ def run_update(
     for _ in range(policy_iterations):
         optimizer.zero_grad(set_to_none=True)
         for j, p in enumerate(packs):
-            logprobs, ent = forward_logprobs(model, p, temperature=temperature, with_entropy=entropy[j] is None)
+            logprobs, ent = forward_logprobs(
+                model, p, temperature=temperature, with_entropy=entropy[j] is None, share_prompts=share_prompts
+            )
             if entropy[j] is None:
                 entropy[j] = ent
             old_lp = old[j] if old[j] is not None else logprobs.detach()
@@ -148,6 +154,18 @@ def run_update(
         tokens_kept=total_tokens,
         sequences=K,
     )
+
+
+def micro_batch_order(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[int]:
+    """Rollout order for micro-batching: the rollouts of one prompt together (so a micro-batch runs
+    each prompt once, see ``forward_logprobs``), groups by their longest sequence, and within a group
+    by length (little padding when consecutive micro-batches are cut)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompt_ids):
+        groups.setdefault(tuple(p), []).append(i)
+    length = lambda i: len(prompt_ids[i]) + len(completion_ids[i])  # noqa: E731
+    ordered = sorted(groups.values(), key=lambda rows: max(length(i) for i in rows))
+    return [i for rows in ordered for i in sorted(rows, key=length)]
 
 
 def _select_tokens(

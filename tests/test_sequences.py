@@ -1,0 +1,123 @@
+"""forward_logprobs against the plain computation: full forward, log_softmax, gather.
+
+The shared-prompt forward and the fused log-softmax must change the cost, never the numbers: the
+log-probs, the entropies and the gradients of a loss on them match the plain reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from podsrl.sequences import can_share_prompts, forward_logprobs, pack, token_logprobs
+
+
+def reference_logprobs(model, packed, temperature):
+    """Full forward over [prompt; completion], log_softmax over the vocabulary, gather."""
+    position_ids = (packed.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=position_ids).logits
+    P, T = packed.prompt_width, packed.completion_ids.shape[1]
+    logits = logits[:, P - 1 : P + T - 1].float() / temperature  # [N, T, V]
+    logp = torch.log_softmax(logits, dim=-1)
+    picked = logp.gather(-1, packed.completion_ids.unsqueeze(-1)).squeeze(-1)
+    entropy = torch.distributions.Categorical(logits=logits.detach()).entropy()
+    return picked * packed.completion_mask, entropy * packed.completion_mask
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return model.train()
+
+
+def _batch(vocab: int, seed: int = 0):
+    """Groups with a repeated prompt, prompts of different lengths, completions of different lengths."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda k: torch.randint(10, vocab, (k,), generator=g).tolist()  # noqa: E731
+    prompts = [rand(7), rand(4), rand(9)]
+    rows = [(0, 5), (0, 1), (0, 8), (1, 3), (1, 8), (2, 2), (0, 0), (2, 6)]  # (prompt, completion length)
+    return [prompts[p] for p, _ in rows], [rand(k) for _, k in rows]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("share", [True, False])
+def test_matches_plain_forward(tiny_model, one_thread, share, temperature):
+    prompts, completions = _batch(tiny_model.config.vocab_size)
+    packed = pack(prompts, completions, pad_id=0)
+    assert len(packed.prompt_rows) == 3 and packed.prompt_index.tolist() == [0, 0, 0, 1, 1, 2, 0, 2]
+    weights = torch.randn(packed.completion_ids.shape, generator=torch.Generator().manual_seed(1))
+
+    tiny_model.zero_grad()
+    want, want_entropy = reference_logprobs(tiny_model, packed, temperature)
+    (want * weights).sum().backward()
+    want_grads = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
+
+    tiny_model.zero_grad()
+    got, got_entropy = forward_logprobs(tiny_model, packed, temperature=temperature, with_entropy=True, share_prompts=share)
+    (got * weights).sum().backward()
+
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_entropy, want_entropy, rtol=1e-5, atol=1e-5)
+    for name, param in tiny_model.named_parameters():
+        # Summation order differs (one prompt pass, scattered gradients): compare relative norms.
+        err = float((param.grad - want_grads[name]).norm() / want_grads[name].norm().clamp(min=1e-12))
+        assert err < 1e-5, f"{name}: relative gradient error {err:.2e}"
+
+
+def test_completions_of_one_token(tiny_model, one_thread):
+    """T = 1: no completion pass, the prompt pass's last logits give everything."""
+    prompts, _ = _batch(tiny_model.config.vocab_size)
+    completions = [[11], [12], [13], [14], [15], [16], [17], [18]]
+    packed = pack(prompts, completions, pad_id=0)
+    got, _ = forward_logprobs(tiny_model, packed, share_prompts=True)
+    want, _ = reference_logprobs(tiny_model, packed, 1.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sharing_is_off_where_it_would_not_be_exact(tiny_model):
+    assert can_share_prompts(tiny_model)
+    tiny_model.gradient_checkpointing_enable()
+    try:
+        assert not can_share_prompts(tiny_model)
+    finally:
+        tiny_model.gradient_checkpointing_disable()
+    assert not can_share_prompts(torch.nn.Linear(2, 2))
+
+
+def test_pack_rejects_empty_prompts():
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        pack([[1, 2], []], [[3], [4]], pad_id=0)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_logprobs_against_log_softmax(chunk_size, dtype):
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(10, 37, generator=g) * 4).to(dtype).requires_grad_()
+    rows = torch.tensor([0, 0, 1, 2, 2, 2, 5, 9, 9])  # shared rows, some never used
+    targets = torch.randint(0, 37, (9,), generator=g)
+    upstream = torch.randn(9, generator=g)
+
+    got, entropy = token_logprobs(logits, targets, rows=rows, temperature=0.8, with_entropy=True, chunk_size=chunk_size)
+    (got * upstream).sum().backward()
+    got_grad, logits.grad = logits.grad, None
+
+    scaled = logits.float() / 0.8
+    want = torch.log_softmax(scaled, dim=-1)[rows, targets]
+    (want * upstream).sum().backward()
+    assert got.dtype == torch.float32 and got_grad.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, torch.distributions.Categorical(logits=scaled.detach()).entropy()[rows], rtol=1e-5, atol=1e-5)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got_grad.float(), logits.grad.float(), **tol)
+
+
+def test_token_logprobs_masked_vocabulary():
+    logits = torch.tensor([[0.0, -torch.inf, 0.0, -torch.inf], [100.0, 0.0, 0.0, 0.0]], requires_grad=True)
+    lp, entropy = token_logprobs(logits, torch.tensor([0, 0]), with_entropy=True)
+    torch.testing.assert_close(lp.detach(), torch.tensor([-0.6931472, 0.0]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, torch.tensor([0.6931472, 0.0]), rtol=1e-5, atol=1e-5)
+    lp.sum().backward()
+    assert torch.isfinite(logits.grad).all()
