@@ -53,21 +53,21 @@ def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: i
     N = len(prompt_ids)
     input_ids = torch.full((N, P + T), pad_id, dtype=torch.long)
     attention = torch.zeros((N, P + T), dtype=torch.long)
-    first_row: dict[tuple[int, ...], int] = {}
+    distinct: dict[tuple[int, ...], int] = {}  # prompt -> u
     prompt_index = torch.empty(N, dtype=torch.long)
+    prompt_rows: list[int] = []
     for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
         input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
         attention[i, P - len(p) : P] = 1
         if c:
             input_ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
             attention[i, P : P + len(c)] = 1
-        u = first_row.setdefault(tuple(p), len(first_row))
+        u = distinct.setdefault(tuple(p), len(distinct))
+        if u == len(prompt_rows):  # first row with this prompt
+            prompt_rows.append(i)
         prompt_index[i] = u
-    prompt_rows = torch.empty(len(first_row), dtype=torch.long)
-    for i in range(N - 1, -1, -1):
-        prompt_rows[prompt_index[i]] = i
     completion_mask = attention[:, P:].bool()  # [N, T]
-    return Packed(input_ids, attention, completion_mask, input_ids[:, P:], P, prompt_index, prompt_rows)
+    return Packed(input_ids, attention, completion_mask, input_ids[:, P:], P, prompt_index, torch.tensor(prompt_rows))
 
 
 def forward_logprobs(
@@ -181,14 +181,18 @@ def token_logprobs(
         if logits.shape[0] != targets.shape[0]:
             raise ValueError(f"token_logprobs: {logits.shape[0]} logit rows for {targets.shape[0]} targets")
         rows = torch.arange(targets.shape[0], device=logits.device)
-    lse, entropy = _log_normaliser(logits.detach(), temperature, with_entropy, chunk_size)  # [R], [R]
+    lse, entropy = log_normaliser(logits.detach(), temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size)
     logprobs = _TokenLogProbs.apply(logits, lse, rows, targets, temperature, chunk_size)
     return logprobs, None if entropy is None else entropy[rows]
 
 
 @torch.no_grad()
-def _log_normaliser(logits: Tensor, temperature: float, with_entropy: bool, chunk_size: int) -> tuple[Tensor, Tensor | None]:
-    """logsumexp(logits / temperature) [R] and, optionally, the softmax entropy [R], chunk by chunk."""
+def log_normaliser(
+    logits: Tensor, *, temperature: float = 1.0, with_entropy: bool = False, chunk_size: int = 256
+) -> tuple[Tensor, Tensor | None]:
+    """logsumexp(logits / temperature) [R] and, optionally, the entropy [R] of softmax(logits /
+    temperature), both float32 and detached; logits [R, V] of any float dtype, ``chunk_size`` rows
+    at a time (two float32 [chunk, V] buffers)."""
     R = logits.shape[0]
     lse = torch.empty(R, dtype=torch.float32, device=logits.device)
     entropy = torch.empty(R, dtype=torch.float32, device=logits.device) if with_entropy else None

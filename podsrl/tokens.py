@@ -18,11 +18,11 @@ Choices made where the papers are silent:
   input on a given device but otherwise unspecified; the count is always exact.
 - K = 1.0 returns the valid mask itself (no sort).
 - :func:`entropy_from_logits` runs under ``torch.no_grad`` (the score is a selection weight, not
-  a training signal) and returns float32 whatever the logits' dtype. It works on ``chunk_size``
-  positions at a time, holding one float32 [chunk, V] buffer (softmax, then p*log(p), in place),
-  so a bf16 [N, T, V] logits tensor never gets a full float32 copy. Logits that cannot be viewed
-  as [positions, V] (e.g. ``logits[:, :-1]``) are processed one leading index at a time rather
-  than copied.
+  a training signal) and returns float32 whatever the logits' dtype. It is the update's own
+  chunked pass (:func:`podsrl.sequences.log_normaliser`, ``chunk_size`` positions at a time in
+  float32), so a bf16 [N, T, V] logits tensor never gets a full float32 copy. Logits that cannot be
+  viewed as [positions, V] (e.g. ``logits[:, :-1]``) are processed one leading index at a time
+  rather than copied.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from podsrl.sequences import log_normaliser
 
 __all__ = ["entropy_from_logits", "token_scores", "top_fraction_mask", "entropy_top_fraction_mask"]
 
@@ -49,14 +51,7 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int = 1024) -> Tensor:
         # Not viewable as [P, V] (e.g. logits[:, :-1]): recurse over the first dim rather than
         # let reshape copy the whole tensor.
         return torch.stack([entropy_from_logits(part, chunk_size=chunk_size) for part in logits.unbind(0)])
-    entropy = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # [P]
-    for start in range(0, flat.shape[0], chunk_size):
-        # Softmax, then p * log(p), all in place in the chunk's single float32 copy.
-        p = flat[start : start + chunk_size].to(torch.float32, copy=True)  # [c, V]
-        p.sub_(p.amax(dim=-1, keepdim=True)).exp_()
-        p.div_(p.sum(dim=-1, keepdim=True))
-        p.xlogy_(p)  # 0 where p == 0
-        entropy[start : start + chunk_size] = -p.sum(dim=-1)
+    _, entropy = log_normaliser(flat, with_entropy=True, chunk_size=chunk_size)  # [P]
     return entropy.reshape(logits.shape[:-1])
 
 
