@@ -67,7 +67,8 @@ Choices made where the paper is silent (it reports one run per method):
   the report says so, and the plot's band is then that run's own Wilson interval per evaluation.
 
 **Output** in OUT: ``compare.json`` (per method: settings, peak and interval, time to target,
-speedup, steps, the mean curve and every run's curve), ``compare.png`` (accuracy against training
+speedup, steps, median seconds per step and of its generate and update phases from each run's
+metrics.jsonl, the mean curve and every run's curve), ``compare.png`` (accuracy against training
 minutes, seed mean and 95% band, one line per method, the target dotted) and a printed table.
 """
 
@@ -512,7 +513,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
 
 def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], Curve]:
     cfg0 = plan.config(name, 0)
-    runs, rows_per_run, missing = [], [], []
+    runs, rows_per_run, missing, all_metrics = [], [], [], []
     for seed in range(plan.seeds):
         cfg = plan.config(name, seed)
         path = run_dir(out, name, seed)
@@ -522,6 +523,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], Cur
         _check_same_config(path, cfg)
         evals = read_jsonl(path / "eval.jsonl")
         metrics = read_jsonl(path / "metrics.jsonl")
+        all_metrics += metrics
         steps = max([r["step"] for r in metrics] + [r["step"] for r in evals] + [0])
         rows_per_run.append(evals)
         runs.append({
@@ -533,6 +535,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], Cur
             "accuracy": [r["accuracy"] for r in evals],
             "problems": evals[-1]["problems"] if evals else None,
             "peak_accuracy": max((r["accuracy"] for r in evals), default=None),
+            "median_seconds": _median_phase_seconds(metrics),
         })  # fmt: skip
     e = cfg0.eval
     curve = mean_curve(rows_per_run, time_based_eval=bool(e.every_seconds) and not e.every_steps)
@@ -557,6 +560,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], Cur
         "peak_train_seconds": curve.train_seconds[top[0]] if top else None,
         "peak_per_seed": [r["peak_accuracy"] for r in runs],
         "steps": [r["steps"] for r in runs],
+        "median_seconds": _median_phase_seconds(all_metrics),
         "curve": {
             "aligned_by": curve.aligned_by,
             "train_seconds": curve.train_seconds,
@@ -569,6 +573,19 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], Cur
     if ci_note:
         entry["peak_ci_note"] = ci_note
     return entry, curve
+
+
+PHASES = ("step", "generate", "update")
+
+
+def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
+    """Median seconds per training step of the whole step and of its generate and update phases
+    (``time/<phase>`` in metrics.jsonl, over every logged step): what explains a speedup."""
+    out = {}
+    for phase in PHASES:
+        values = [r[f"time/{phase}"] for r in metrics if isinstance(r.get(f"time/{phase}"), (int, float))]
+        out[phase] = statistics.median(values) if values else None
+    return out
 
 
 def _eval_problems(entries: dict[str, dict]) -> int | None:
@@ -621,8 +638,15 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def _format_phases(med: dict[str, float | None]) -> str:
+    if med.get("step") is None:
+        return "-"
+    parts = ", ".join("-" if med.get(p) is None else f"{med[p]:.1f}" for p in ("generate", "update"))
+    return f"{med['step']:.1f} ({parts})"
+
+
 def format_table(report: dict[str, Any]) -> str:
-    rows = [("method", "rule", "n", "m", "peak acc (95% CI)", f"t to {100 * report['target_fraction']:.0f}% {report['baseline']} peak", "speedup", "steps")]
+    rows = [("method", "rule", "n", "m", "peak acc (95% CI)", f"t to {100 * report['target_fraction']:.0f}% {report['baseline']} peak", "speedup", "steps", "s/step (generate, update)")]
     for name, e in report["methods"].items():
         m = f"{e['m']}->{e['m_final']}" if e["m_final"] else str(e["m"])
         if e["peak_accuracy"] is None:
@@ -639,6 +663,7 @@ def format_table(report: dict[str, Any]) -> str:
             "never" if t is None and report["target_accuracy"] is not None else ("-" if t is None else f"{t / 60:.1f} min"),
             "-" if s is None else f"{s:.2f}x",
             ", ".join(map(str, e["steps"])) or "-",
+            _format_phases(e.get("median_seconds") or {}),
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

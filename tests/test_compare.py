@@ -69,7 +69,9 @@ def _write_run(out: Path, plan: compare.Plan, method: str, seed: int, points, *,
         for i, (t, a) in enumerate(points)
     ]
     (path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "metrics.jsonl").write_text(json.dumps({"step": rows[-1]["step"], "train_seconds": rows[-1]["train_seconds"]}) + "\n")
+    steps = [{"step": s, "time/step": 3.0 + s % 2, "time/generate": 1.0, "time/update": 2.0 + s % 2} for s in range(1, rows[-1]["step"])]
+    steps.append({"step": rows[-1]["step"], "train_seconds": rows[-1]["train_seconds"]})  # a row without timings is skipped
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     if done:
         (path / compare.DONE_FILE).write_text(json.dumps(compare._budget(cfg)))
     return path
@@ -108,12 +110,15 @@ def test_report_peak_time_to_target_speedup_and_never(tmp_path):
     assert g["peak_per_seed"] == [0.8, 0.9] and g["steps"] == [30, 30]
     assert g["curve"]["aligned_by"] == "index" and g["runs"][1]["accuracy"] == [0.2, 0.6, 0.6, 0.9]
     assert [r["train_seed"] for r in g["runs"]] == [0, 1]
+    # Steps 1..29 of each seed: time/step 4, 3, 4, ... (15 x 4.0, 14 x 3.0) -> median 4.0.
+    assert g["median_seconds"] == {"step": 4.0, "generate": 1.0, "update": 3.0}
+    assert g["runs"][0]["median_seconds"] == {"step": 4.0, "generate": 1.0, "update": 3.0}
 
     json_path, png_path = compare.write_report(report, out)
     assert json.loads(json_path.read_text())["methods"]["pods"]["speedup"] == pytest.approx(3.0)
     assert png_path.stat().st_size > 0
     table = compare.format_table(report)
-    assert "3.00x" in table and "never" in table and "79.2%" in table
+    assert "3.00x" in table and "never" in table and "79.2%" in table and "4.0 (1.0, 3.0)" in table
 
 
 def test_one_seed_has_no_interval_over_seeds_and_says_so(tmp_path):
