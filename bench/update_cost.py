@@ -3,6 +3,7 @@
     python bench/update_cost.py                 # the embedded SmolLM2-135M, B=2, prompt 40 + completion 64
     python bench/update_cost.py --quick         # a tiny random Llama: checks the machinery in about a minute
     python bench/update_cost.py --model PATH --prompts 4 --repeats 5 --micro-batch-size 16
+    python bench/update_cost.py --model PATH --device cuda --prompts 16 --repeats 5
 
 What is measured, per configuration (GRPO n=16 keeping all 16; PODS max-variance n=64 keeping
 m=16; and a sweep m in {4, 8, 16, 32} at n=64), with B prompts per step:
@@ -15,12 +16,14 @@ m=16; and a sweep m in {4, 8, 16, 32} at n=64), with B prompts per step:
   are B random 40-token sequences, completions random tokens of 64 (every rollout the full
   length, as when all are truncated: the same shapes in every configuration, so differences are
   the sequence count alone). Median of ``--repeats`` timed updates after one small warm-up update.
-- **peak memory**: the growth of the process's peak resident set size (``getrusage`` ru_maxrss)
-  over the timed updates, relative to its value after the warm-up update (weights, gradients and
-  AdamW state are then allocated, so the growth is the update's activations and logits). Each
-  configuration runs in a fresh subprocess, because the peak RSS of a process never goes down.
-  tracemalloc does not see torch's allocations, hence RSS. It is a coarse measure (allocator
-  caching rounds it up), but the same for every configuration.
+- **peak memory**: on the CPU, the growth of the process's peak resident set size (``getrusage``
+  ru_maxrss) over the timed updates, relative to its value after the warm-up update (weights,
+  gradients and AdamW state are then allocated, so the growth is the update's activations and
+  logits). Each configuration runs in a fresh subprocess, because the peak RSS of a process never
+  goes down. tracemalloc does not see torch's allocations, hence RSS. It is a coarse measure
+  (allocator caching rounds it up), but the same for every configuration. On a GPU
+  (``--device``, default ``auto``: the GPU when torch sees one), the growth of torch's peak
+  allocated GPU memory over the same stretch, and the timings synchronise the GPU.
 
 The whole update is one micro-batch by default (``--micro-batch-size 0``), so activation memory
 shows the B*m scaling; with gradient accumulation (podsrl's ``optim.micro_batch_size``, default
@@ -66,9 +69,12 @@ def configurations() -> list[tuple[str, str, int, int]]:
 # Worker: one configuration in a fresh process
 
 
-def _load_model(name: str, seed: int):
-    """(model, pad id, vocab size). ``tiny``: a random 2-layer Llama, hidden 64, vocab 8192."""
+def _load_model(name: str, seed: int, device: str):
+    """(model, pad id, vocab size), on ``device`` (podsrl's ``model.device``). ``tiny``: a random
+    2-layer Llama, hidden 64, vocab 8192."""
     import torch
+
+    from podsrl.models import resolve_device
 
     torch.manual_seed(seed)
     if name == "tiny":
@@ -76,12 +82,36 @@ def _load_model(name: str, seed: int):
 
         config = LlamaConfig(vocab_size=8192, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
-        return LlamaForCausalLM(config), 0, config.vocab_size
+        return LlamaForCausalLM(config).to(resolve_device(device)), 0, config.vocab_size
     from podsrl.config import ModelConfig
     from podsrl.models import load_policy
 
-    policy = load_policy(ModelConfig(name=name))
+    policy = load_policy(ModelConfig(name=name, device=device))
     return policy.model, policy.tokenizer.pad_token_id, len(policy.tokenizer)
+
+
+class _PeakMemory:
+    """Peak memory growth over a stretch of updates, in MiB: the process's peak resident set size
+    on the CPU (ru_maxrss never goes down, hence one configuration per process), torch's peak
+    allocated GPU memory on a GPU."""
+
+    def __init__(self, device):
+        import torch
+
+        self.torch, self.cuda = torch, device.type == "cuda"
+
+    def start(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats()
+            self.base = self.torch.cuda.memory_allocated()
+        else:
+            self.base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+    def growth_mib(self) -> float:
+        if self.cuda:
+            return (self.torch.cuda.max_memory_allocated() - self.base) / 2**20
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base) / 2**20
 
 
 def worker(spec: dict) -> dict:
@@ -97,7 +127,9 @@ def worker(spec: dict) -> dict:
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     B = spec["prompts"]
-    model, pad_id, vocab = _load_model(spec["model"], spec["seed"])
+    model, pad_id, vocab = _load_model(spec["model"], spec["seed"], spec["device"])
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
@@ -135,16 +167,20 @@ def worker(spec: dict) -> dict:
     # Warm-up on two rollouts: allocates gradients and AdamW state, warms kernels and the allocator.
     b = jobs[0]["batch"]
     update(UpdateBatch(b.prompt_ids[:2], b.completion_ids[:2], b.advantages[:2]), 2)
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    memory = _PeakMemory(device)
+    memory.start()
     for _ in range(spec["repeats"]):
         for job in jobs:
+            sync()
             start = time.perf_counter()
             stats = update(job["batch"], job["mbs"])
+            sync()
             job["times"].append(time.perf_counter() - start)
             job["sequences"], job["tokens"] = stats.sequences, stats.tokens_total
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_mib = memory.growth_mib()
     return {
         "threads": torch.get_num_threads(),
+        "device": str(device),
         "results": [
             {
                 "sequences": j["sequences"],
@@ -152,8 +188,7 @@ def worker(spec: dict) -> dict:
                 "select_s": j["select_s"],
                 "update_s": statistics.median(j["times"]),
                 "update_all_s": j["times"],
-                # ru_maxrss is in KiB on Linux; only meaningful for one configuration per process
-                "peak_delta_mib": (peak_rss - base_rss) / 1024 if len(jobs) == 1 else None,
+                "peak_delta_mib": peak_mib if len(jobs) == 1 else None,  # one configuration per process
             }
             for j in jobs
         ],
@@ -164,15 +199,15 @@ def worker(spec: dict) -> dict:
 # Driver
 
 
-def run_worker(args, configs: list[tuple[str, int, int]]) -> list[dict]:
+def run_worker(args, configs: list[tuple[str, int, int]]) -> dict:
     spec = dict(model=args.model, prompts=args.prompts, configs=configs, repeats=args.repeats,
-                micro_batch_size=args.micro_batch_size, threads=args.threads, seed=args.seed)  # fmt: skip
+                micro_batch_size=args.micro_batch_size, threads=args.threads, seed=args.seed, device=args.device)  # fmt: skip
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True, check=False
     )
     if proc.returncode != 0:
         sys.exit(f"update_cost: the worker for {configs} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["results"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -183,6 +218,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=0, help="0: the whole update in one micro-batch")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="podsrl's model.device: auto (the GPU if torch sees one), cpu, cuda, cuda:N")
     parser.add_argument("--quick", action="store_true", help="the tiny random model: checks the machinery only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -194,23 +230,27 @@ def main() -> None:
 
     print(f"model {args.model}, B={args.prompts} prompts, prompt {PROMPT_LEN} + completion {COMPLETION_LEN} tokens, "
           f"micro-batch {args.micro_batch_size or 'whole update'}, median of {args.repeats} updates, one fresh process per row")  # fmt: skip
-    header = f"{'config':<12} {'rule':<13} {'n':>3} {'m':>3} {'seqs':>5} {'select ms':>10} {'update s':>9} {'s/seq':>7} {'total s':>8} {'peak +RSS MiB':>14}"
-    print(header)
-    print("-" * len(header))
+    header = f"{'config':<12} {'rule':<13} {'n':>3} {'m':>3} {'seqs':>5} {'select ms':>10} {'update s':>9} {'s/seq':>7} {'total s':>8} {'peak +MiB':>10}"
     rows = {}
     for label, rule, n, m in configurations():
-        r = {"label": label, "rule": rule, "n": n, "m": m, **run_worker(args, [(rule, n, m)])[0]}
+        out = run_worker(args, [(rule, n, m)])
+        if not rows:
+            memory = "torch's peak allocated GPU memory" if out["device"].startswith("cuda") else "the process's peak RSS"
+            print(f"device {out['device']} ({out['threads']} CPU threads); peak +MiB: growth of {memory} over the timed updates")
+            print(header)
+            print("-" * len(header))
+        r = {"label": label, "rule": rule, "n": n, "m": m, **out["results"][0]}
         rows[label] = r
         total = r["select_s"] + r["update_s"]
         print(f"{label:<12} {rule:<13} {n:>3} {m:>3} {r['sequences']:>5} {1e3 * r['select_s']:>10.3f} {r['update_s']:>9.3f} "
-              f"{r['update_s'] / r['sequences']:>7.3f} {total:>8.3f} {r['peak_delta_mib']:>14.0f}", flush=True)  # fmt: skip
+              f"{r['update_s'] / r['sequences']:>7.3f} {total:>8.3f} {r['peak_delta_mib']:>10.0f}", flush=True)  # fmt: skip
     sweep = [rows["PODS m=4"], rows["PODS m=8"], rows["PODS"], rows["PODS m=32"]]
     print("\nm sweep at n=64 (relative to m=4):  " + "  ".join(
         f"m={r['m']}: time x{r['update_s'] / sweep[0]['update_s']:.2f}, mem x{r['peak_delta_mib'] / max(sweep[0]['peak_delta_mib'], 1e-9):.2f}"
         for r in sweep))  # fmt: skip
     # The headline pair again, in one process, alternating GRPO and PODS updates round by round:
     # the separate rows above can differ by whatever else the machine was doing at the time.
-    grpo, pods = run_worker(args, [("all", 16, 16), ("max_variance", 64, 16)])
+    grpo, pods = run_worker(args, [("all", 16, 16), ("max_variance", 64, 16)])["results"]
     per_round = [
         (pods["select_s"] + tp) / (grpo["select_s"] + tg) for tg, tp in zip(grpo["update_all_s"], pods["update_all_s"])
     ]

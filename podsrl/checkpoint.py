@@ -54,7 +54,11 @@ def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep:
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "state": state.__dict__,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "python": random.getstate(),
+            },
         },
         tmp / "state.pt",
     )
@@ -107,6 +111,9 @@ def load(path: Path, model, optimizer, scheduler) -> TrainState:
     optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["rng"]["torch"])
+    cuda_rng = blob["rng"].get("cuda")
+    if cuda_rng and torch.cuda.is_available() and len(cuda_rng) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda_rng)
     random.setstate(blob["rng"]["python"])
     return TrainState(**blob["state"])
 

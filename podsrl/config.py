@@ -14,6 +14,7 @@ training on a CPU.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import types
 import typing
@@ -44,9 +45,15 @@ class ModelConfig:
     lora_dropout: float = 0.0
     lora_target_modules: str | list[str] = "all-linear"
     gradient_checkpointing: bool = False
+    device: str = "auto"  # "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda", "cuda:N"
 
     def __post_init__(self) -> None:
         _one_of(self.dtype, ("float32", "bfloat16", "float16"), "model.dtype")
+        _check(
+            self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device) is not None,
+            "model.device",
+            f"unknown value {self.device!r}; valid values: auto, cpu, cuda, cuda:N (N the GPU's index)",
+        )
         _check(self.lora_rank >= 1, "model.lora_rank", "must be >= 1")
         _check(self.lora_alpha > 0, "model.lora_alpha", "must be > 0")
         _check(0 <= self.lora_dropout < 1, "model.lora_dropout", "must be in [0, 1)")

@@ -100,15 +100,34 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
+def resolve_device(name: str) -> torch.device:
+    """``model.device`` -> a torch device: "auto" is the first GPU when torch sees one, else the CPU.
+    A GPU that was asked for but is not there is a configuration error, not a silent CPU run."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"model.device: {name!r} was asked for, but torch sees no GPU (torch {torch.__version__}, "
+                f"CUDA build: {torch.version.cuda or 'no'}); set model.device = \"cpu\" or \"auto\""
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"model.device: {name!r}: torch sees {torch.cuda.device_count()} GPU(s), indices 0..{torch.cuda.device_count() - 1}")
+    return device
+
+
 def load_policy(cfg) -> Policy:
     """``cfg`` is a :class:`podsrl.config.ModelConfig`."""
     from transformers import AutoModelForCausalLM
 
+    device = resolve_device(cfg.device)
     path = resolve_model_path(cfg.name)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
     except OSError as err:
         raise ConfigError(f"model.name: cannot load '{cfg.name}': {err}") from err
+    model.to(device)
     tokenizer = load_tokenizer(path)
     if cfg.lora:
         from peft import LoraConfig, get_peft_model

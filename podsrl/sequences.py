@@ -42,8 +42,11 @@ class Packed:
     prompt_rows: Tensor  # [U] long: the first row holding each distinct prompt
 
 
-def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> Packed:
-    """Left-pad prompts to a common width P and right-pad completions to T (each row: one rollout)."""
+def pack(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int, *, device: torch.device | str | None = None
+) -> Packed:
+    """Left-pad prompts to a common width P and right-pad completions to T (each row: one rollout),
+    on ``device`` (the model's; None: the CPU)."""
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"pack: {len(prompt_ids)} prompts for {len(completion_ids)} completions")
     if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
@@ -66,8 +69,10 @@ def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: i
         if u == len(prompt_rows):  # first row with this prompt
             prompt_rows.append(i)
         prompt_index[i] = u
+    input_ids, attention = input_ids.to(device), attention.to(device)
     completion_mask = attention[:, P:].bool()  # [N, T]
-    return Packed(input_ids, attention, completion_mask, input_ids[:, P:], P, prompt_index, torch.tensor(prompt_rows))
+    prompt_rows_t = torch.tensor(prompt_rows, device=device)
+    return Packed(input_ids, attention, completion_mask, input_ids[:, P:], P, prompt_index.to(device), prompt_rows_t)
 
 
 def forward_logprobs(
@@ -104,7 +109,7 @@ def forward_logprobs(
             input_ids=packed.input_ids,
             attention_mask=packed.attention_mask,
             position_ids=position_ids,
-            logits_to_keep=torch.arange(P - 1, P + T - 1),
+            logits_to_keep=torch.arange(P - 1, P + T - 1, device=position_ids.device),
         ).logits  # [N, T, V]
         lp, ent = token_logprobs(logits.reshape(N * T, -1), targets.reshape(-1), **fused)
         logprobs, entropy = lp.view(N, T), None if ent is None else ent.view(N, T)
@@ -155,7 +160,7 @@ def _shared_prompt_logits(model: torch.nn.Module, packed: Packed, position_ids: 
         position_ids=position_ids[:, P:],
         past_key_values=cache,
         use_cache=True,
-        logits_to_keep=torch.arange(T - 1),
+        logits_to_keep=torch.arange(T - 1, device=position_ids.device),
     ).logits  # [N, T-1, V]
     return first, rest
 

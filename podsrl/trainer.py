@@ -319,7 +319,11 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, log
             log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
             return run_dir
     (run_dir / "config.toml").write_text(to_toml(cfg))
-    log(f"podsrl: rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else ""))
+    device = next(model.parameters()).device
+    log(
+        f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
+        + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
+    )  # fmt: skip
     logger = RunLogger(run_dir, cfg, start_step=state.step)
     try:
         if state.step == 0 and cfg.eval.at_start:

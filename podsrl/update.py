@@ -74,12 +74,14 @@ def run_update(
     share_prompts: bool = True,
 ) -> UpdateStats:
     K = len(batch.completion_ids)
+    device = next(model.parameters()).device
     order = micro_batch_order(batch.prompt_ids, batch.completion_ids)
     chunks = [order[i : i + micro_batch_size] for i in range(0, K, micro_batch_size)]
     packs = [
-        pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], pad_id) for idx in chunks
+        pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], pad_id, device=device)
+        for idx in chunks
     ]
-    advantages = [batch.advantages[idx] for idx in chunks]  # [k] per micro-batch
+    advantages = [batch.advantages[idx].to(device) for idx in chunks]  # [k] per micro-batch
 
     select_tokens = token_fraction < 1.0
     needs_scoring = policy_iterations > 1 or select_tokens or beta > 0

@@ -26,14 +26,15 @@ class TransformersEngine:
         pad = self.tokenizer.pad_token_id
         repeated = [ids for ids in prompt_ids for _ in range(sampling.n)]  # group-major
         completions: list[list[int]] = []
+        device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
         try:
             for start in range(0, len(repeated), self.batch_size):
                 chunk = repeated[start : start + self.batch_size]
                 width = max(len(ids) for ids in chunk)
-                input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk])
-                attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
+                input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=device)
+                attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=device)
                 kwargs = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
                 if sampling.temperature == 0:
                     kwargs = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
