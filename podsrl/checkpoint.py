@@ -7,8 +7,21 @@ written into a temporary sibling and renamed into place, and ``checkpoints/lates
 text file, itself replaced atomically) names the newest complete one. A run killed mid-write leaves
 the previous checkpoint intact and at worst a stray ``.tmp-*`` directory, which is cleaned up.
 
+Reading is as careful as writing: without ``latest`` (deleted, or never written) the newest
+complete ``step-*`` directory is used; a file that cannot be read (truncated, corrupt) is a
+:class:`DamagedCheckpoint` naming it, and :func:`load_newest` then falls back to the next older
+complete checkpoint (``train.keep_checkpoints`` > 1 keeps some). Weights that do not fit the model
+(another model or LoRA setting) are a ConfigError, never a half-loaded model: everything is read
+and checked before anything is copied.
+
 The trainer draws every random number of step s from generators seeded by (seed, s), so resuming
 needs no RNG stream position; the global RNG states are saved anyway for user code that uses them.
+
+Under torchrun (``dist``) a checkpoint is still one directory of full, unsharded tensors, written by
+rank 0 alone: with "ddp" every rank holds the same weights and optimizer state; with "fsdp" they are
+gathered first (``torch.distributed.checkpoint.state_dict``'s full state dicts, offloaded to the
+CPU; every rank takes part, rank 0 writes). Every rank reads it back (the run directory must be on a
+file system all nodes see), so a run can resume at another world size.
 """
 
 from __future__ import annotations
@@ -23,6 +36,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from podsrl.errors import ConfigError
+from podsrl.rundir import write_text_atomic
+
+
+class DamagedCheckpoint(ConfigError):
+    """A checkpoint file that cannot be read: the message names it."""
+
 
 @dataclass
 class TrainState:
@@ -30,18 +50,25 @@ class TrainState:
     train_seconds: float = 0.0  # training wall-clock so far (evaluation excluded)
     eval_seconds: float = 0.0
     last_eval_seconds: float = 0.0  # train clock at the last evaluation
+    world_size: int = 1  # processes the run was trained on (a resume may use another number)
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep: int = 1) -> Path:
+def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep: int = 1, dist=None) -> Path:
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     target = root / f"step-{state.step:06d}"
+    if dist is not None and dist.active:
+        weights, optim_state = _gather_full(model, optimizer, dist)
+        if not dist.is_main:
+            dist.barrier()  # rank 0 is writing
+            return target
+    else:
+        weights, optim_state = trainable_state(model), optimizer.state_dict()
+    root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    weights = trainable_state(model)
     # Tied embeddings share storage; safetensors refuses shared tensors, so clone the duplicates.
     seen: set[int] = set()
     for name, tensor in weights.items():
@@ -51,7 +78,7 @@ def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep:
     save_file(weights, str(tmp / "weights.safetensors"))
     torch.save(
         {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optim_state,
             "scheduler": scheduler.state_dict(),
             "state": state.__dict__,
             "rng": {
@@ -73,52 +100,152 @@ def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep:
         shutil.rmtree(old, ignore_errors=True)
     for stray in root.glob(".tmp-*"):
         shutil.rmtree(stray, ignore_errors=True)
+    if dist is not None:
+        dist.barrier()  # the others wait until the checkpoint is complete
     return target
 
 
+def _gather_full(model, optimizer, dist) -> tuple[dict[str, torch.Tensor], dict]:
+    """Trainable weights and optimizer state as full tensors (FSDP: gathered, a collective)."""
+    if not dist.sharded:
+        return trainable_state(model), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    weights = {n: t for n, t in get_model_state_dict(model, options=options).items() if n in trainable}
+    return weights, get_optimizer_state_dict(model, optimizer, options=options)
+
+
 def latest(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint (see :func:`candidates`), or None."""
+    found = candidates(run_dir)
+    return found[0] if found else None
+
+
+def candidates(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, the one to resume from first: the one ``latest`` names, then every
+    complete ``step-*`` directory, newest first. Without a readable pointer (deleted, or the run
+    was interrupted between renaming a checkpoint into place and updating it), by step alone."""
     root = Path(run_dir) / "checkpoints"
-    pointer = root / "latest"
-    if not pointer.is_file():
-        return None
-    path = root / pointer.read_text().strip()
-    if _complete(path):
-        return path
-    # Interrupted between renaming the new checkpoint into place and updating the pointer.
-    done = sorted(p for p in root.glob("step-*") if _complete(p))
-    return done[-1] if done else None
+    steps = sorted((p for p in root.glob("step-*") if _complete(p)), reverse=True)
+    try:
+        named = root / (root / "latest").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return steps
+    if named != root and _complete(named):
+        return [named, *(p for p in steps if p != named)]
+    return steps
 
 
 def _complete(path: Path) -> bool:
     return (path / "state.pt").is_file() and (path / "weights.safetensors").is_file()
 
 
-def load_weights(path: Path, model) -> None:
-    """Copy a checkpoint's trainable weights into ``model`` (built with the run's config)."""
-    weights = load_file(str(Path(path) / "weights.safetensors"))
-    params = dict(model.named_parameters())
-    missing = [n for n in weights if n not in params]
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    file = Path(path) / "weights.safetensors"
+    try:
+        return load_file(str(file))
+    except Exception as err:  # truncated or corrupt: safetensors raises its own error types
+        raise DamagedCheckpoint(f"checkpoint file {file} is damaged ({_one_line(err)})") from None
+
+
+def _read_state(path: Path) -> dict:
+    file = Path(path) / "state.pt"
+    try:
+        blob = torch.load(file, weights_only=False)
+        missing = {"optimizer", "scheduler", "state", "rng"} - set(blob)
+    except Exception as err:  # truncated: RuntimeError, EOFError, UnpicklingError ...
+        raise DamagedCheckpoint(f"checkpoint file {file} is damaged ({_one_line(err)})") from None
     if missing:
-        raise ValueError(f"checkpoint {path} has weights the model lacks (different model or LoRA setting?): {missing[:3]}")
+        raise DamagedCheckpoint(f"checkpoint file {file} is damaged (no {sorted(missing)[0]!r} entry)")
+    return blob
+
+
+def _apply_weights(path: Path, weights: dict[str, torch.Tensor], model, dist=None) -> None:
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}  # FSDP: global shapes
+    extra = [n for n in weights if n not in params]
+    absent = [n for n in params if n not in weights]
+    shapes = [n for n in weights if n in params and params[n].shape != weights[n].shape]
+    if extra or absent or shapes:
+        if shapes:
+            n = shapes[0]
+            detail = f"{n} is {list(weights[n].shape)} there, {list(params[n].shape)} here"
+        else:
+            detail = f"it has {extra[0]}, which this model lacks" if extra else f"it lacks {absent[0]}"
+        raise ConfigError(
+            f"checkpoint {path} does not fit this model ({detail}): it was written with another model.name or LoRA "
+            "setting (model.lora, model.lora_rank, model.lora_target_modules); use the run's own, from its config.toml"
+        )
+    if dist is not None and dist.sharded:  # every rank read the full tensors; each keeps its shard
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        return
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)
 
 
-def load(path: Path, model, optimizer, scheduler) -> TrainState:
-    load_weights(path, model)
-    blob = torch.load(Path(path) / "state.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
-    scheduler.load_state_dict(blob["scheduler"])
+def load_weights(path: Path, model, dist=None) -> None:
+    """Copy a checkpoint's trainable weights into ``model`` (built with the run's config)."""
+    _apply_weights(path, _read_weights(path), model, dist)
+
+
+def load(path: Path, model, optimizer, scheduler, dist=None) -> TrainState:
+    weights, blob = _read_weights(path), _read_state(path)  # both read before anything changes
+    _apply_weights(path, weights, model, dist)
+    try:
+        if dist is not None and dist.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(model, optimizer, blob["optimizer"], options=StateDictOptions(full_state_dict=True))
+        else:
+            optimizer.load_state_dict(blob["optimizer"])
+        scheduler.load_state_dict(blob["scheduler"])
+        state = TrainState(**blob["state"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(
+            f"checkpoint {path}: its optimizer state does not fit this run ({_one_line(err)}); resume with the "
+            "run's own model and optim settings, from its config.toml"
+        ) from None
     torch.set_rng_state(blob["rng"]["torch"])
     cuda_rng = blob["rng"].get("cuda")
     if cuda_rng and torch.cuda.is_available() and len(cuda_rng) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda_rng)
     random.setstate(blob["rng"]["python"])
-    return TrainState(**blob["state"])
+    return state
+
+
+def load_newest(run_dir: Path, model, optimizer=None, scheduler=None, *, log=print, dist=None) -> tuple[Path, TrainState | None]:
+    """Load the newest checkpoint that reads (weights only without ``optimizer``): (its path, its
+    state). A damaged one is reported with ``log`` and the next older complete one tried; when none
+    is left, the ConfigError names the damaged file(s). Under torchrun every rank calls it and,
+    reading the same files, falls back the same way."""
+    found = candidates(run_dir)
+    if not found:
+        raise ConfigError(f"{run_dir}: no checkpoint under {Path(run_dir) / 'checkpoints'}")
+    damaged = []
+    for i, path in enumerate(found):
+        try:
+            if optimizer is None:
+                load_weights(path, model, dist)
+                return path, None
+            return path, load(path, model, optimizer, scheduler, dist)
+        except DamagedCheckpoint as err:
+            damaged.append(str(err))
+            if i + 1 < len(found):
+                log(f"podsrl: warning: {err}; falling back to the older checkpoint {found[i + 1].name}")
+    raise ConfigError(
+        f"{'; '.join(damaged)}; no complete checkpoint is left to fall back to (train.keep_checkpoints > 1 keeps "
+        "older ones): start the run again with --overwrite"
+    )
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, text + "\n")

@@ -1,4 +1,4 @@
-"""``podsrl train | eval | compare | plot``.
+"""``podsrl train | eval | compare | plot | config``.
 
     podsrl train                                  # the embedded demo: SmolLM2-135M, arithmetic, PODS
     podsrl train my.toml --select.m=8 --rollout.n=32
@@ -8,6 +8,7 @@
                 --task.options.path=../shared/data/gsm8k --eval.samples=8 --eval.temperature=1
     podsrl plot runs/a runs/b -o curves.png
     podsrl compare compare.toml
+    podsrl config [SECTION]                       # every setting, its default and what it does (TOML)
 
 User mistakes (bad config values, missing files, unknown names) print one line naming the field and
 the fix, with exit code 2, never a traceback.
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from podsrl.errors import ConfigError, RewardError
+from podsrl.rundir import RunInterrupted, check_weight_settings
 
 
 def _is_override(arg: str) -> bool:
@@ -40,6 +43,10 @@ def cmd_train(args, overrides: list[str]) -> int:
 
     if args.resume:
         run_dir = Path(args.resume)
+        if args.overwrite:
+            raise ConfigError("--resume continues a run and --overwrite replaces one; give only one of them")
+        if args.out and Path(args.out) != run_dir:
+            raise ConfigError(f"--resume {run_dir} continues the run in its own directory; drop --out {args.out}")
         if not (run_dir / "config.toml").is_file():
             raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml); give the directory a `podsrl train` made")
         from podsrl.checkpoint import latest
@@ -47,13 +54,16 @@ def cmd_train(args, overrides: list[str]) -> int:
         if latest(run_dir) is None:
             raise ConfigError(
                 f"--resume {run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first "
-                "one); start it again with `podsrl train --out DIR`, or checkpoint more often with --train.checkpoint_every"
+                f"one); start it again with `podsrl train --out {run_dir} --overwrite`, or checkpoint more often with "
+                "--train.checkpoint_every"
             )
         cfg = config_mod.load(args.config or run_dir / "config.toml", overrides)
     else:
         cfg = config_mod.load(args.config, overrides)
         run_dir = Path(args.out) if args.out else None
-    run_dir = train(cfg, run_dir=run_dir, resume=bool(args.resume))
+    run_dir = train(cfg, run_dir=run_dir, resume=bool(args.resume), overwrite=args.overwrite)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports and plots
+        return 0
     _print_summary(run_dir)
     if not args.no_plot:
         from podsrl.plot import plot_runs
@@ -89,14 +99,16 @@ def cmd_eval(args, overrides: list[str]) -> int:
         if not (run_dir / "config.toml").is_file():
             raise ConfigError(f"--run {run_dir}: not a run directory (no config.toml)")
         cfg = config_mod.load(run_dir / "config.toml", overrides)
+        check_weight_settings(run_dir, cfg)
+        if ckpt.latest(run_dir) is None:
+            raise ConfigError(f"--run {args.run}: no checkpoint found under checkpoints/")
     else:
         cfg = config_mod.load(args.config, overrides)
+    if args.json:  # before the evaluation, not after it
+        _check_output_file(Path(args.json), "--json")
     s = setup(cfg)
     if args.run:
-        last = ckpt.latest(Path(args.run))
-        if last is None:
-            raise ConfigError(f"--run {args.run}: no checkpoint found under checkpoints/")
-        ckpt.load_weights(last, s.policy.model)
+        last, _ = ckpt.load_newest(Path(args.run), s.policy.model)
         s.engine.sync_weights(s.policy.model)
         print(f"podsrl: evaluating {last}")
     result = run_eval(s, ckpt.TrainState())
@@ -106,8 +118,19 @@ def cmd_eval(args, overrides: list[str]) -> int:
         print(f"{k}: {100 * v:.1f}%")
     print(f"mean completion length {result.mean_length:.1f} tokens, truncated {100 * result.truncated:.1f}%, {result.seconds:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps(dataclasses.asdict(result), indent=2))
+        try:
+            Path(args.json).write_text(json.dumps(dataclasses.asdict(result), indent=2))
+        except OSError as err:
+            raise ConfigError(f"--json {args.json}: cannot write it ({err.strerror or err})") from None
     return 0
+
+
+def _check_output_file(path: Path, option: str) -> None:
+    """Refuse an output file that cannot be written before the work that produces it."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{option} {path}: cannot write it ({path.parent} is not a directory)")
 
 
 def cmd_plot(args, overrides: list[str]) -> int:
@@ -122,24 +145,40 @@ def cmd_plot(args, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_config(args, overrides: list[str]) -> int:
+    from podsrl import config as config_mod
+    from podsrl.configdoc import render
+
+    print(render(config_mod.load(None, overrides), args.section), end="")
+    return 0
+
+
 def cmd_compare(args, overrides: list[str]) -> int:
     from podsrl.compare import main as compare_main
 
     return compare_main(args, overrides)
 
 
+SETTINGS_HELP = (
+    "Any setting is also given as --section.key=value, e.g. --select.m=8 --rollout.n=32. "
+    "`podsrl config [SECTION]` prints every setting with its default and a one-line description, "
+    "as a TOML file to start from (podsrl config > my.toml)."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="podsrl", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train a policy (no arguments: the embedded demo)")
+    p = sub.add_parser("train", help="train a policy (no arguments: the embedded demo)", epilog=SETTINGS_HELP)
     p.add_argument("config", nargs="?", help="TOML config file (defaults apply to what it leaves out)")
     p.add_argument("--out", help="run directory (default: train.out_dir)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its latest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (its run files only)")
     p.add_argument("--no-plot", action="store_true", help="do not write curves.png at the end")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="held-out accuracy (95%% CI) and pass@k of a model or a run's checkpoint")
+    p = sub.add_parser("eval", help="held-out accuracy (95%% CI) and pass@k of a model or a run's checkpoint", epilog=SETTINGS_HELP)
     p.add_argument("config", nargs="?", help="TOML config file")
     p.add_argument("--run", help="evaluate this run directory's latest checkpoint with its config")
     p.add_argument("--json", help="also write the result to this JSON file")
@@ -150,14 +189,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="curves.png", help="PNG file to write (default: curves.png)")
     p.set_defaults(func=cmd_plot)
 
-    p = sub.add_parser("compare", help="methods x seeds under one wall-clock budget: time-to-accuracy")
-    p.add_argument("config", nargs="?", help="TOML file with a [compare] table (see podsrl/compare.py)")
+    p = sub.add_parser("compare", help="methods x seeds under one budget: steps and time to accuracy")
+    p.add_argument("config", nargs="?", help="TOML file with a [compare] table (see podsrl/compare/__init__.py)")
     p.add_argument("--out", default="runs/compare", help="output directory (resumable)")
     p.add_argument("--seeds", type=int, help="number of seeds per method (adds seeds to an existing comparison)")
     p.add_argument("--methods", help="comma-separated subset of the methods to run")
     p.add_argument("--report-only", action="store_true", help="rebuild compare.json/png from finished runs")
     p.add_argument("--in-process", action="store_true", help="train every run in this process, not one process per run")
+    p.add_argument("--parallel", type=int, metavar="K",
+                   help="train K runs at once (default 1, or one per --devices); runs on one device share its time")
+    p.add_argument("--devices", metavar="0,1,...",
+                   help="GPU indices: pin each run to one (CUDA_VISIBLE_DEVICES), the least loaded first")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("config", help="print every setting with its default and a description, as TOML to start from")
+    p.add_argument("section", nargs="?", help="print only this section, e.g. select")
+    p.set_defaults(func=cmd_config)
     return parser
 
 
@@ -176,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     except RewardError as err:
         print(f"podsrl: reward error: {err}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
-        print("\npodsrl: interrupted; resume with `podsrl train --resume RUN_DIR` from the last checkpoint", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        if isinstance(err, RunInterrupted):  # names the run directory, and whether it can be resumed
+            print(f"\npodsrl: {err.advice()}", file=sys.stderr)
+        else:
+            print("\npodsrl: interrupted; resume with `podsrl train --resume RUN_DIR` from the last checkpoint", file=sys.stderr)
         return 130
 
 

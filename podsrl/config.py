@@ -14,6 +14,7 @@ training on a CPU.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 import types
@@ -38,13 +39,13 @@ def _one_of(value: object, valid: typing.Iterable[str], name: str) -> None:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "smollm2-135m-instruct"  # hub id, local directory, or an embedded model's name
-    dtype: str = "float32"
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16": the policy's weights and compute
     lora: bool = False  # False: full fine-tuning
-    lora_rank: int = 64
-    lora_alpha: int = 64
-    lora_dropout: float = 0.0
-    lora_target_modules: str | list[str] = "all-linear"
-    gradient_checkpointing: bool = False
+    lora_rank: int = 64  # LoRA rank r (with lora = true)
+    lora_alpha: int = 64  # LoRA scale numerator: the adapter's update is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # dropout on the LoRA branch, in [0, 1)
+    lora_target_modules: str | list[str] = "all-linear"  # "all-linear" or a list of module names that get LoRA adapters
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, more compute
     device: str = "auto"  # "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda", "cuda:N"
 
     def __post_init__(self) -> None:
@@ -71,12 +72,12 @@ DEFAULT_TASK_OPTIONS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = "arithmetic"
+    name: str = "arithmetic"  # arithmetic | gsm8k | jsonl | math (podsrl.tasks)
     # Passed to the task's loader (see podsrl.tasks); unknown names are rejected there.
-    options: dict[str, Any] = field(default_factory=dict)  # merged over DEFAULT_TASK_OPTIONS[name]
+    options: dict[str, Any] = field(default_factory=dict)  # the task loader's options, over DEFAULT_TASK_OPTIONS[name]
     # Short on purpose: SmolLM2's template otherwise inserts its own system prompt, and every prompt
     # token is paid for in each rollout's forward and backward pass.
-    system_prompt: str | None = "Answer with only the final number."
+    system_prompt: str | None = "Answer with only the final number."  # replaces the task's system prompt; None: the task's own (built-in tasks have none)
     instruction: str | None = None  # None: the task's default ("Give only the final number." ...)
 
     def __post_init__(self) -> None:
@@ -89,7 +90,7 @@ class TaskConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     names: list[str] = field(default_factory=lambda: ["correctness"])  # built-in names or module:function
-    weights: list[float] = field(default_factory=lambda: [1.0])
+    weights: list[float] = field(default_factory=lambda: [1.0])  # one per name; the reward is the weighted sum (a negative weight is a penalty)
 
     def __post_init__(self) -> None:
         _check(len(self.names) > 0, "reward.names", "give at least one reward function")
@@ -113,16 +114,16 @@ class RewardConfig:
 class RolloutConfig:
     engine: str = "auto"  # "transformers" | "vllm" | "auto" (vLLM when installed, else transformers)
     n: int = 16  # rollouts sampled per prompt
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 16
+    temperature: float = 1.0  # sampling temperature of the rollouts (> 0)
+    top_p: float = 1.0  # nucleus sampling: the smallest token set with this probability; 1: off
+    max_new_tokens: int = 16  # completion length limit in tokens; longer completions are cut off
     generation_batch_size: int = 128  # sequences per transformers `generate` call
     # vLLM only
     gpu_memory_utilization: float = 0.3  # GPU: fraction of its memory vLLM may take
     enable_sleep_mode: bool = False  # GPU only: free vLLM's memory during the update
     kv_cache_gib: float | None = None  # vLLM KV cache; None: GPU from gpu_memory_utilization, CPU 2 GiB
     enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
-    max_model_len: int = 1024
+    max_model_len: int = 1024  # vLLM: longest prompt + completion, in tokens
 
     def __post_init__(self) -> None:
         from podsrl.engines import ENGINE_CHOICES
@@ -139,19 +140,19 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class SelectConfig:
-    rule: str = "max_variance"  # see podsrl.selection.RULES
+    rule: str = "max_variance"  # all (GRPO) | random | max_reward | max_variance | d3s_intra | d3s_cross (podsrl.selection)
     m: int = 4  # rollouts per prompt kept for the update (at the start of training)
     m_final: int | None = None  # None: same as m
     m_schedule: str = "constant"  # how m moves from m to m_final with progress (podsrl.schedules)
     filter_zero_variance: bool = False  # DAPO dynamic-sampling filter: drop groups with equal rewards
     # Advantages over the kept rollouts ("kept": PODS) or the full group ("group": GRPO, D3S).
     # "auto": "group" for the d3s rules, "kept" otherwise.
-    advantage_over: str = "auto"
+    advantage_over: str = "auto"  # "kept" (PODS) | "group" (GRPO, D3S) | "auto" (group for the d3s rules, else kept)
     scale_std: bool = True  # False: Dr. GRPO (no division by the group's std)
     # Token level (D3S): keep this fraction of the kept rollouts' tokens in the loss.
-    token_fraction: float = 1.0
+    token_fraction: float = 1.0  # fraction of the kept rollouts' tokens in the loss (D3S); 1: all
     token_fraction_final: float | None = None  # None: same as token_fraction
-    token_schedule: str = "constant"
+    token_schedule: str = "constant"  # how token_fraction moves to token_fraction_final with progress
     token_score: str = "adv_entropy"  # "adv_entropy" (D3S |A| x H) | "entropy" (the 80/20 rule)
 
     def __post_init__(self) -> None:
@@ -182,7 +183,7 @@ class SelectConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    eps_low: float = 0.2
+    eps_low: float = 0.2  # clip the probability ratio below at 1 - eps_low (PPO/GRPO clipping)
     eps_high: float | None = None  # None: same as eps_low; e.g. 0.28 for DAPO clip-higher
     aggregation: str = "sequence"  # "sequence" (GRPO) | "token" (DAPO) | "constant" (Dr. GRPO)
     beta: float = 0.0  # weight of the k3 KL to the initial policy; 0 = no reference model
@@ -200,21 +201,23 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.99
-    warmup_steps: int = 0
+    lr: float = 1e-5  # AdamW learning rate (peak, after warm-up)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    beta1: float = 0.9  # AdamW first-moment decay
+    beta2: float = 0.99  # AdamW second-moment decay
+    warmup_steps: int = 0  # linear learning-rate warm-up over this many steps; 0: none
     lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 at train.max_steps)
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     micro_batch_size: int = 16  # sequences per forward/backward; gradients are accumulated
     # Run each distinct prompt of a micro-batch once and the completions on its repeated KV cache
     # (exact; see podsrl/sequences.py). Off: every rollout runs its whole [prompt; completion].
-    share_prompts: bool = True
+    share_prompts: bool = True  # forward each prompt once per micro-batch (exact); false: every rollout runs its prompt
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0, "optim.lr", "must be > 0")
+        _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", f"must be > 0 and finite, got {self.lr!r}")
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        for name in ("beta1", "beta2"):  # AdamW refuses others with a traceback
+            _check(0 <= getattr(self, name) < 1, f"optim.{name}", f"must be in [0, 1) (a moment's decay rate), got {getattr(self, name)!r}")
         _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
         _one_of(self.lr_schedule, ("constant", "cosine"), "optim.lr_schedule")
         _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)")
@@ -225,11 +228,11 @@ class OptimConfig:
 class EvalConfig:
     every_steps: int = 0  # 0: never by step count
     every_seconds: float = 0.0  # of training wall-clock; 0: never by time
-    at_start: bool = True
-    at_end: bool = True
+    at_start: bool = True  # evaluate the initial model before the first step
+    at_end: bool = True  # evaluate after the last step
     # The demo measures the policy RL trains: samples at temperature 1, 4 per problem (mean
     # per-sample accuracy = pass@1). Set temperature = 0 and samples = 1 for greedy accuracy.
-    temperature: float = 1.0
+    temperature: float = 1.0  # sampling temperature; 0: greedy (with samples = 1)
     samples: int = 4  # completions per problem (pass@k for k <= samples)
     max_new_tokens: int | None = None  # None: rollout.max_new_tokens
     max_problems: int | None = None  # None: the whole held-out set
@@ -240,21 +243,26 @@ class EvalConfig:
         _check(self.temperature >= 0, "eval.temperature", "must be >= 0")
         _check(self.samples >= 1, "eval.samples", "must be >= 1")
         _check(self.temperature > 0 or self.samples == 1, "eval.samples", "greedy evaluation (temperature 0) takes samples = 1")
+        _check(
+            self.max_problems is None or self.max_problems >= 1,
+            "eval.max_problems",
+            "must be >= 1 (or none: the whole held-out set)",
+        )
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     prompts_per_step: int = 8  # B
-    max_steps: int | None = None
+    max_steps: int | None = None  # training-step budget; None: none (then max_seconds must be set)
     max_seconds: float | None = 600.0  # training wall-clock budget (evaluation excluded)
-    seed: int = 0
+    seed: int = 0  # seeds the task's split, sampling, selection and initialisation
     out_dir: str = "runs/{time}-{rule}"  # {time}, {rule} and {seed} are filled in
     checkpoint_every: int = 20  # steps; 0: only at the end
-    keep_checkpoints: int = 1
-    progress: bool = True
-    tensorboard: bool = False
-    wandb: bool = False
-    wandb_project: str = "podsrl"
+    keep_checkpoints: int = 1  # how many of the latest checkpoints to keep on disk
+    progress: bool = True  # show a progress bar
+    tensorboard: bool = False  # also log metrics to TensorBoard (when installed)
+    wandb: bool = False  # also log metrics to Weights & Biases (when installed)
+    wandb_project: str = "podsrl"  # the Weights & Biases project
 
     def __post_init__(self) -> None:
         _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
@@ -277,6 +285,24 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Several processes under torchrun (docs/distributed.md); ignored in a single process."""
+
+    parallel: str = "ddp"  # "ddp" (whole model per rank, gradients all-reduced) | "fsdp" (FSDP2, full fine-tuning)
+    backend: str = "auto"  # "auto" (nccl on GPUs, gloo on CPUs) | "gloo" | "nccl"
+    mixed_precision: str = "auto"  # FSDP compute dtype: "auto" (bf16 on GPUs, float32 on CPUs) | "bf16" | "none"
+    timeout_minutes: float = 30.0  # how long a collective waits for the other ranks before failing
+
+    def __post_init__(self) -> None:
+        from podsrl.distributed import BACKENDS, PARALLEL
+
+        _one_of(self.parallel, PARALLEL, "distributed.parallel")
+        _one_of(self.backend, BACKENDS, "distributed.backend")
+        _one_of(self.mixed_precision, ("auto", "bf16", "none"), "distributed.mixed_precision")
+        _check(self.timeout_minutes > 0, "distributed.timeout_minutes", "must be > 0")
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -287,6 +313,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def __post_init__(self) -> None:
         sel, n = self.select, self.rollout.n
@@ -301,6 +328,18 @@ class Config:
                 sel.m == n and sel.m_final in (None, n),
                 "select.m",
                 f"rule 'all' (plain GRPO) keeps every rollout: set select.m = rollout.n = {n}",
+            )
+        if self.distributed.parallel == "fsdp":
+            _check(
+                not self.model.lora,
+                "distributed.parallel",
+                "'fsdp' shards full fine-tuning; a LoRA adapter is small enough to train with 'ddp' "
+                "(set distributed.parallel = \"ddp\" or model.lora = false)",
+            )
+            _check(
+                self.loss.beta == 0,
+                "loss.beta",
+                "a KL term needs a reference model, which 'fsdp' does not shard yet; use loss.beta = 0 or distributed.parallel = \"ddp\"",
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -320,7 +359,11 @@ def load(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"config file {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); save it as UTF-8"
+            ) from None
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"config file {path}: invalid TOML: {err}") from err
     for key, raw in parsed:
@@ -429,6 +472,8 @@ def _coerce(value: Any, hint: Any, name: str, *, from_text: bool) -> Any:
         raise ConfigError(f"{name}: expected a whole number, got {value!r}")
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # TOML and the command line both read inf and nan
+                raise ConfigError(f"{name}: expected a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"{name}: expected a number, got {value!r}")
     if hint is str:

@@ -7,6 +7,11 @@ score interval for a binomial proportion, which stays inside [0, 1] and behaves 
 with several it is a normal interval over the per-problem means (samples of one problem are
 correlated, so counting them as independent would overstate the confidence). pass@k uses the unbiased
 estimator of Chen et al. (2021): 1 - C(c_fail, k) / C(samples, k), averaged over problems.
+
+Under torchrun the problems are split over the ranks in contiguous blocks (the last ones padded so
+that every rank makes the same engine calls), each rank scores its block, and the per-problem
+counts are gathered, so every rank returns the one-process result; greedy evaluation gives the same
+numbers at any world size (sampled evaluation draws other samples, with the same distribution).
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
+import torch
+
+from podsrl.distributed import Dist
 from podsrl.engines import Engine, Sampling
 from podsrl.rewards import correctness
 from podsrl.tasks import Example
@@ -63,15 +71,29 @@ def evaluate(
     samples: int = 1,
     max_new_tokens: int = 64,
     seed: int = 0,
+    dist: Dist | None = None,
 ) -> EvalResult:
     """Generate ``samples`` completions per problem with ``engine`` and score them."""
     start = time.perf_counter()
+    dist = dist or Dist()
+    order = list(range(len(examples)))
+    mine, real = dist.pad_shard(order) if dist.active else (order, len(order))
     rollouts = engine.generate(
-        prompt_ids, Sampling(n=samples, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, seed=seed)
+        [prompt_ids[i] for i in mine],
+        Sampling(n=samples, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, seed=seed + 100 * dist.rank),
     )
-    scores = [correctness(text, examples[i // samples]) for i, text in enumerate(rollouts.texts)]
-    per_problem = [scores[i * samples : (i + 1) * samples] for i in range(len(examples))]
-    means = [sum(int(x > 0) for x in s) / samples for s in per_problem]  # [P]
+    rows = []  # [problem][correct samples, summed length, truncated samples]
+    for j, i in enumerate(mine[:real]):
+        texts = rollouts.texts[j * samples : (j + 1) * samples]
+        ids = rollouts.completion_ids[j * samples : (j + 1) * samples]
+        rows.append([
+            sum(int(correctness(t, examples[i]) > 0) for t in texts),
+            sum(len(c) for c in ids),
+            sum(rollouts.truncated[j * samples : (j + 1) * samples]),
+        ])  # fmt: skip
+    counts = dist.gather_ragged(torch.tensor(rows, dtype=torch.long).reshape(-1, 3)).tolist()  # [P, 3]
+    correct = [c for c, _, _ in counts]
+    means = [c / samples for c in correct]  # [P]
     accuracy = sum(means) / len(means)
     if samples == 1:
         low, high = wilson_interval(round(sum(means)), len(means))
@@ -80,18 +102,15 @@ def evaluate(
         half = 1.959964 * math.sqrt(var / len(means))
         low, high = max(0.0, accuracy - half), min(1.0, accuracy + half)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
-    passes = {
-        f"pass@{k}": sum(pass_at_k(samples, sum(int(x > 0) for x in s), k) for s in per_problem) / len(examples)
-        for k in ks
-    }
-    lengths = [len(ids) for ids in rollouts.completion_ids]
+    passes = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in correct) / len(examples) for k in ks}
+    completions = len(examples) * samples
     return EvalResult(
         accuracy=accuracy,
         ci_low=low,
         ci_high=high,
         problems=len(examples),
         pass_at_k=passes,
-        mean_length=sum(lengths) / len(lengths),
-        truncated=sum(rollouts.truncated) / len(lengths),
+        mean_length=sum(length for _, length, _ in counts) / completions,
+        truncated=sum(t for _, _, t in counts) / completions,
         seconds=time.perf_counter() - start,
     )

@@ -3,7 +3,8 @@ evaluation), a progress bar with ETA and the key figures, and TensorBoard / Weig
 asked for and installed.
 
 On resume, lines written after the checkpoint's step are dropped first, so the files read as if
-the run had never been interrupted.
+the run had never been interrupted; that rewrite is atomic (a temporary file renamed over the old
+one), so a kill during it loses no row.
 """
 
 from __future__ import annotations
@@ -15,29 +16,42 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from podsrl.errors import ConfigError
+from podsrl.rundir import write_text_atomic
 
 
 def _truncate_jsonl(path: Path, max_step: int) -> None:
     if not path.exists():
         return
-    kept = [row for row in read_jsonl(path) if row["step"] <= max_step]
-    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    rows = read_jsonl(path)
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row.get("step"), int):
+            raise ConfigError(f"{path}: row {i} has no step number; is it a podsrl {path.name}? (fix or delete that row)")
+    write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows if row["step"] <= max_step))
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The rows of a JSON-lines file; a torn last line (a kill mid-write, or a write in progress
-    while plotting a live run) is left out."""
+    """The rows (JSON objects) of a JSON-lines file; a torn last line (a kill mid-write, or a
+    write in progress while plotting a live run) is left out. Anything else that is not a JSON
+    object, or text that is not UTF-8, is a ConfigError naming the file and line."""
     path = Path(path)
     if not path.exists():
         return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); is it a podsrl JSON-lines file?") from None
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     rows = []
-    for i, line in enumerate(lines):
+    for i, (number, line) in enumerate(lines):
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                raise
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if i == len(lines) - 1:
+                continue
+            raise ConfigError(f"{path}:{number}: not valid JSON ({err.msg}); fix or delete that line") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}; fix or delete that line")
+        rows.append(row)
     return rows
 
 
@@ -96,6 +110,19 @@ class RunLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+class NullLogger:
+    """What ranks other than 0 log to: nothing (rank 0 writes the run's files)."""
+
+    def log_step(self, metrics: dict, state) -> None:
+        pass
+
+    def log_eval(self, result, state) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _finite(metrics: dict) -> dict:

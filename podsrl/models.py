@@ -48,13 +48,23 @@ def _gguf_path(package: str, filename: str) -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """Hub id or local directory -> what ``from_pretrained`` takes; embedded names -> cached dir."""
+    """``model.name`` -> what ``from_pretrained`` takes. An embedded name -> its cached directory; a
+    path that exists, or one starting with ".", "/" or "~", -> that directory, which must hold a
+    model; anything else (``HuggingFaceTB/SmolLM2-360M-Instruct``) is a hub id, which
+    ``from_pretrained`` finds in the local hub cache or downloads."""
     if name in EMBEDDED:
         return str(_materialise_embedded(name))
-    if os.path.sep in name or name.startswith("."):
-        if not Path(name).is_dir():
-            raise ConfigError(f"model.name: directory '{name}' does not exist")
-    return name
+    path = Path(name).expanduser()
+    if not (path.exists() or name.startswith((".", "/", "~")) or path.is_absolute()):
+        return name
+    if not path.is_dir():
+        raise ConfigError(f"model.name: directory '{name}' {'is a file' if path.exists() else 'does not exist'}")
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"model.name: directory '{name}' is not a model (no config.json); give a directory written by "
+            "save_pretrained, a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct, or smollm2-135m-instruct"
+        )
+    return str(path)
 
 
 def _materialise_embedded(name: str) -> Path:
@@ -117,18 +127,19 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def load_policy(cfg) -> Policy:
-    """``cfg`` is a :class:`podsrl.config.ModelConfig`."""
+def load_policy(cfg, device: torch.device | None = None) -> Policy:
+    """``cfg`` is a :class:`podsrl.config.ModelConfig`; ``device`` overrides ``cfg.device`` (each
+    rank of a distributed run takes its own, see :func:`podsrl.distributed.rank_device`)."""
     from transformers import AutoModelForCausalLM
 
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device) if device is None else device
     path = resolve_model_path(cfg.name)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
-    except OSError as err:
-        raise ConfigError(f"model.name: cannot load '{cfg.name}': {err}") from err
+        tokenizer = load_tokenizer(path)
+    except (OSError, ValueError) as err:  # not in the hub cache offline, no such repo, no tokenizer ...
+        raise ConfigError(f"model.name: cannot load '{cfg.name}': {' '.join(str(err).split())}") from err
     model.to(device)
-    tokenizer = load_tokenizer(path)
     if cfg.lora:
         from peft import LoraConfig, get_peft_model
 

@@ -2,10 +2,14 @@
 
 Several runs go on one figure, one colour each, labelled by their run directory's name. Wall-clock
 is the training clock (evaluation time excluded), the axis the PODS paper's speed-ups are read on.
+A damaged metrics file, a row without the fields plotted, or an output that cannot be written is a
+ConfigError naming it; the image is written to a temporary file and renamed into place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 from podsrl.errors import ConfigError
@@ -18,12 +22,24 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    out = Path(out)
+    fmt = out.suffix[1:].lower() or "png"
+    if out.is_dir():
+        raise ConfigError(f"cannot write the plot {out}: it is a directory; give a file name such as {out / 'curves.png'}")
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    if fmt not in fig.canvas.get_supported_filetypes():
+        plt.close(fig)
+        raise ConfigError(f"cannot write the plot {out}: matplotlib writes no .{fmt} files; use .png, .pdf or .svg")
     for i, run in enumerate(map(Path, run_dirs)):
         if not (run / "metrics.jsonl").exists():
+            plt.close(fig)
             raise ConfigError(f"{run} is not a podsrl run directory (no metrics.jsonl); pass directories made by `podsrl train`")
-        steps = read_jsonl(run / "metrics.jsonl")
-        evals = read_jsonl(run / "eval.jsonl")
+        try:
+            steps = _rows(run / "metrics.jsonl", ("step", "train_seconds", "reward_mean"))
+            evals = _rows(run / "eval.jsonl", ("step", "train_seconds", "accuracy", "ci_low", "ci_high"))
+        except ConfigError:
+            plt.close(fig)
+            raise
         label = labels[i] if labels else run.name
         color = f"C{i % 10}"
         x_step = [r["step"] for r in steps]
@@ -45,11 +61,28 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, dpi=110, format=fmt)
+        os.replace(tmp, out)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write the plot {out}: {err.strerror or err}; pick another -o") from None
+    finally:
+        plt.close(fig)
     return out
+
+
+def _rows(path: Path, fields: tuple[str, ...]) -> list[dict]:
+    """The rows of a run's JSON-lines file, each checked to have the fields plotted."""
+    rows = read_jsonl(path)
+    for i, row in enumerate(rows, 1):
+        missing = [f for f in fields if f not in row or (f != "reward_mean" and row[f] is None)]
+        if missing:
+            raise ConfigError(f"{path}: row {i} has no {missing[0]!r}; is it a podsrl {path.name}? (fix or delete that row)")
+    return rows
 
 
 def _smooth(values: list[float], window: int = 5) -> list[float]:

@@ -19,6 +19,19 @@ Matching (`answers_match`) is exact: both sides become `fractions.Fraction`, so 
 because GSM8K-style references write percentages as plain numbers. A reference that is not a
 number is compared as text, ignoring case and runs of whitespace.
 
+`correctness` (`is_correct`) decides with one of three comparisons, by what the two answers are:
+  - numeric (the above, exact, no sympy): the reference is a plain number and so is the
+    completion's answer ("12", "#### 1,234", "\\boxed{3/4}", "\\frac{3}{4}");
+  - text (the above): the reference is words ("Paris", "New York");
+  - symbolic, with math-verify (`podsrl.symbolic`): everything else, i.e. a LaTeX or symbolic
+    reference ("\\sqrt{2}", "(-\\infty, 3]", "x^2+1"), or a plain-number reference answered in a
+    box that holds more than a number ("\\boxed{\\frac12}", "\\boxed{2^{10}}",
+    "\\boxed{5\\text{ cm}}"). A reference math-verify cannot parse, or a missing math-verify,
+    falls back to text.
+Where they differ: numeric equality is exact ("0.333333" is not 1/3) while math-verify rounds to
+6 places; math-verify reads LaTeX the numeric path misreads ("\\boxed{\\frac12}" is 1/2, not 12)
+and compares intervals, sets, roots and expressions by value.
+
 A reward function that raises, or returns NaN, inf or a non-number, stops the run with a
 RewardError showing the prompt and completion: silently scoring 0 would look like a model that
 does not learn.
@@ -38,6 +51,7 @@ from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
+from podsrl import symbolic
 from podsrl.errors import ConfigError, RewardError
 from podsrl.tasks import Example
 
@@ -52,6 +66,9 @@ _NUMBER = re.compile(
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/|$)")
 _FRAC_PARTS = re.compile(r"^(-?)\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}$")
 _BOXED = re.compile(r"\\boxed\s*\{")
+# A reference of words, compared as text: math-verify would read "Paris" as the product of the
+# symbols p*a*r*i*s (which "Pairs" equals).
+_WORDS = re.compile(r"[^\W\d_]{2,}(?:[\s'-]+[^\W\d_]+)*\.?")
 # What may follow a final answer and still count as "the number ends the text" for `format`.
 _TRAILING = " \t\r\n.!?*\"'`)$%"
 
@@ -127,8 +144,28 @@ def last_boxed(text: str) -> str | None:
 
 
 def correctness(completion: str, example: Example) -> float:
-    """1.0 if the completion's extracted answer matches the reference, else 0.0."""
-    return 1.0 if answers_match(extract_answer(completion), example.answer) else 0.0
+    """1.0 if the completion's final answer equals the reference (`is_correct`), else 0.0."""
+    return 1.0 if is_correct(completion, example.answer) else 0.0
+
+
+def is_correct(completion: str, reference: str) -> bool:
+    """Whether the completion's final answer equals `reference`: numerically when both are plain
+    numbers, as text when the reference is words, else with math-verify (module docstring)."""
+    if not _numeric_decides(completion, reference) and not _WORDS.fullmatch(reference.strip()):
+        verdict = symbolic.matches(completion, reference)
+        if verdict is not None:  # None: math-verify cannot parse the reference, or is missing
+            return verdict
+    return answers_match(extract_answer(completion), reference)
+
+
+def _numeric_decides(completion: str, reference: str) -> bool:
+    """The reference is a plain number and the completion's answer is not a box of LaTeX."""
+    if parse_number(reference) is None:
+        return False
+    if "####" in completion and completion.rsplit("####", 1)[1].strip():
+        return True  # GSM8K's marker outranks any box (`extract_answer`)
+    boxed = last_boxed(completion)
+    return boxed is None or parse_number(boxed) is not None
 
 
 def format_reward(completion: str, example: Example) -> float:
@@ -327,6 +364,11 @@ def _load_user_reward(spec: str) -> RewardFn:
             f"reward {spec!r}: {module_name}.{attribute} is a {type(fn).__name__}, not a "
             "function; it must be def fn(completion: str, example: Example) -> float"
         )
+    # A TRL-style batched reward, fn(prompts, completions, **columns) -> list[float], is adapted.
+    from podsrl.integrations.rewards import from_batched, is_batched
+
+    if is_batched(fn):
+        return from_batched(fn, spec)
     try:
         inspect.signature(fn).bind("", Example("", "", ""))
     except TypeError as exc:

@@ -13,6 +13,10 @@ but kept off the training clock, which is what budgets and wall-clock plots meas
 Every random number of step s comes from generators seeded by (seed, s): which prompts, the
 sampling seed, tie-breaking in selection, dropout. A resumed run therefore continues exactly as an
 uninterrupted one would, given the checkpointed weights and optimizer state.
+
+Under torchrun every rank runs this same loop on its B / world prompts (``s.dist``, see
+:mod:`podsrl.distributed`): rewards are gathered so that selection, advantages and metrics are the
+global ones, the update sums the ranks' gradients, and only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from podsrl import checkpoint as ckpt
+from podsrl import rundir
 from podsrl.advantages import group_advantages
-from podsrl.config import Config, to_toml
+from podsrl.config import Config
+from podsrl.distributed import Dist, fsdp_wrap, rank_device
+from podsrl.errors import ConfigError
 from podsrl.engines import Engine, Sampling, make_engine, resolve_engine
 from podsrl.evaluate import EvalResult, evaluate
 from podsrl.models import Policy, load_policy
@@ -54,6 +61,7 @@ class Setup:
     eval_prompts: list[list[int]]
     eval_examples: list[Example]
     reference: torch.nn.Module | None
+    dist: Dist = field(default_factory=Dist)  # this process's rank and world (world 1: alone)
 
 
 def build_task(cfg: Config) -> Task:
@@ -93,14 +101,27 @@ def prompt_ids(tokenizer, task: Task, examples: list[Example]) -> list[list[int]
     return out
 
 
-def setup(cfg: Config) -> Setup:
+def setup(cfg: Config, dist: Dist | None = None) -> Setup:
+    dist = dist or Dist()
     torch.manual_seed(cfg.train.seed)
     task = build_task(cfg)
     rewards = resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights)))
-    policy = load_policy(cfg.model)
+    policy = load_policy(cfg.model, device=rank_device(cfg.model.device, dist.local_rank, dist.world) if dist.active else None)
+    rollout = cfg.rollout
+    if dist.active:
+        if dist.sharded:
+            on_gpu = next(policy.model.parameters()).device.type == "cuda"
+            mp = cfg.distributed.mixed_precision
+            fsdp_wrap(policy.model, mixed_precision=mp == "bf16" or (mp == "auto" and on_gpu))
+        else:
+            dist.broadcast_params(policy.model)  # identical start on every rank (LoRA's random A)
+        if dist.world > 1 and rollout.engine == "auto":  # vLLM per rank: not yet (docs/distributed.md)
+            rollout = replace(rollout, engine="transformers")
     threads = torch.get_num_threads()
-    engine = make_engine(cfg.rollout, policy)
+    engine = make_engine(rollout, policy)
     torch.set_num_threads(threads)  # an in-process engine (vLLM) may lower it for itself
+    if dist.sharded:
+        engine.synced_gpus = True
     eval_examples = task.eval[: cfg.eval.max_problems] if cfg.eval.max_problems else task.eval
     reference = None
     if cfg.loss.beta > 0 and not policy.lora:
@@ -115,6 +136,7 @@ def setup(cfg: Config) -> Setup:
         eval_prompts=prompt_ids(policy.tokenizer, task, eval_examples),
         eval_examples=eval_examples,
         reference=reference,
+        dist=dist,
     )
 
 
@@ -151,9 +173,9 @@ def _step_seed(seed: int, step: int, stream: int) -> int:
 
 
 def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) -> dict:
-    """One step of B prompts; returns its metrics (one line of metrics.jsonl)."""
-    cfg, n = s.cfg, s.cfg.rollout.n
-    B = cfg.train.prompts_per_step
+    """One step of B prompts (B / world on each rank); returns its metrics (one line of metrics.jsonl)."""
+    cfg, n, dist = s.cfg, s.cfg.rollout.n, s.dist
+    B = cfg.train.prompts_per_step  # global
     p = progress(cfg, state)
     m = scheduled_m(n, cfg.select.m, cfg.select.m_final or cfg.select.m, cfg.select.m_schedule, p)
     token_fraction = schedule_value(
@@ -164,8 +186,11 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     torch.manual_seed(_step_seed(cfg.train.seed, state.step, 2))  # dropout, HF sampling
     timer = _Timer()
 
-    # 1. Rollouts: B prompts x n samples, group-major.
+    dist.reset_counters()
+
+    # 1. Rollouts: B prompts x n samples, group-major; this rank samples its block of whole groups.
     idx = rng.sample(range(len(s.task.train)), B) if B <= len(s.task.train) else rng.choices(range(len(s.task.train)), k=B)
+    idx = dist.shard(idx)
     examples = [s.task.train[i] for i in idx]
     with timer("generate"):
         ro = s.engine.generate(
@@ -175,14 +200,19 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
                 temperature=cfg.rollout.temperature,
                 top_p=cfg.rollout.top_p,
                 max_new_tokens=cfg.rollout.max_new_tokens,
-                seed=_step_seed(cfg.train.seed, state.step, 3),
+                seed=_step_seed(cfg.train.seed, state.step, 3 + 100 * dist.rank),
             ),
         )
-    # 2. Rewards [B, n].
+    # 2. Rewards [b, n] of this rank's groups; with them, what the metrics need, gathered to [B, n].
     with timer("reward"):
         scored = compute_rewards(ro.texts, [ex for ex in examples for _ in range(n)], s.rewards)
-        rewards = torch.tensor(scored.total, dtype=torch.float32).view(B, n)
-    # 3-4. Selection and advantages.
+        local = torch.tensor(
+            [scored.total, [len(c) for c in ro.completion_ids], ro.truncated, *scored.per_reward.values()],
+            dtype=torch.float32,
+        ).T.reshape(len(idx), n, -1)  # [b, n, 2 + rewards]
+        table = dist.gather_rows(local)  # [B, n, 2 + rewards]
+        rewards = table[..., 0]  # [B, n]
+    # 3-4. Selection and advantages, on the global batch (identical on every rank).
     with timer("select"):
         keep = get_rule(cfg.select.rule)(rewards, m, generator=selection_gen)  # [B, n] bool
         if cfg.select.filter_zero_variance:
@@ -191,12 +221,12 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
             adv = group_advantages(rewards, None, scale_std=cfg.select.scale_std) * keep
         else:
             adv = group_advantages(rewards, keep, scale_std=cfg.select.scale_std)
-        kept = keep.flatten().nonzero().flatten().tolist()
+        kept = dist.local_rows(keep).flatten().nonzero().flatten().tolist()  # this rank's rows
     # 5. Update on the kept rollouts only.
     with timer("update"):
         prompts_flat = [s.train_prompts[i] for i in idx for _ in range(n)]
         stats = None
-        if kept:
+        if keep.any():  # every rank joins, with its rows or with none
             stats = run_update(
                 model,
                 optimizer,
@@ -204,7 +234,7 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
                 UpdateBatch(
                     prompt_ids=[prompts_flat[i] for i in kept],
                     completion_ids=[ro.completion_ids[i] for i in kept],
-                    advantages=adv.flatten()[kept],
+                    advantages=dist.local_rows(adv).flatten()[kept],
                 ),
                 pad_id=s.policy.tokenizer.pad_token_id,
                 micro_batch_size=cfg.optim.micro_batch_size,
@@ -220,13 +250,14 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
                 beta=cfg.loss.beta,
                 share_prompts=cfg.optim.share_prompts,
                 reference=s.reference,
+                dist=dist,
             )
         # else: every group was filtered out; no signal, so no optimizer step this time.
     # 6. The engine samples from the new weights next step.
     with timer("sync"):
         s.engine.sync_weights(model)
 
-    lengths = torch.tensor([len(c) for c in ro.completion_ids], dtype=torch.float32)
+    lengths = table[..., 1].flatten()  # [B*n]
     kept_r = rewards[keep]
     kept_adv = adv[keep]
     metrics = {
@@ -240,11 +271,11 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
         "reward_kept_std": float(kept_r.std()) if kept_r.numel() > 1 else 0.0,
         "zero_variance_groups": float((rewards.amax(1) == rewards.amin(1)).float().mean()),
         "kept_adv_var": float(kept_adv.var(unbiased=False)) if kept_adv.numel() else 0.0,
-        "kept": len(kept),
+        "kept": int(keep.sum()),
         "completion_len": float(lengths.mean()),
-        "completion_len_kept": float(lengths[kept].mean()) if kept else 0.0,
-        "truncated": sum(ro.truncated) / len(ro.truncated),
-        **{f"reward/{k}": sum(v) / len(v) for k, v in scored.per_reward.items()},
+        "completion_len_kept": float(lengths[keep.flatten()].mean()) if keep.any() else 0.0,
+        "truncated": float(table[..., 2].mean()),
+        **{f"reward/{k}": float(table[..., 3 + j].mean()) for j, k in enumerate(scored.per_reward)},
     }
     if stats is not None:
         metrics.update(
@@ -260,6 +291,13 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
         )
     metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
     metrics["time/step"] = sum(timer.seconds.values())
+    if dist.active:  # per-rank phases (the step waits for the slowest) and this module's traffic
+        comm_seconds, comm_bytes = dist.reset_counters()
+        phases = {**timer.seconds, "comm": comm_seconds, "comm_bytes": comm_bytes}
+        per_rank = dist.gather_objects(phases)
+        metrics["world_size"] = dist.world
+        for k in phases:
+            metrics[f"rank_time/{k}" if k != "comm_bytes" else "comm_bytes"] = [r[k] for r in per_rank]
     return metrics
 
 
@@ -273,8 +311,9 @@ def run_eval(s: Setup, state: ckpt.TrainState, run_dir: Path | None = None) -> E
         samples=cfg.eval.samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
         seed=cfg.train.seed,
+        dist=s.dist,
     )
-    if run_dir is not None:
+    if run_dir is not None and s.dist.is_main:
         row = {"step": state.step, "train_seconds": state.train_seconds, **result.to_dict()}
         with open(run_dir / "eval.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -298,33 +337,80 @@ def resolve_run_dir(cfg: Config) -> Path:
     return Path(name)
 
 
-def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, log=print) -> Path:
-    """Train per ``cfg``; with ``resume``, continue ``run_dir`` from its latest checkpoint."""
-    from podsrl.logging import RunLogger
+def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, overwrite: bool = False, log=print) -> Path:
+    """Train per ``cfg`` into ``run_dir`` (default: a new directory named by ``train.out_dir``);
+    ``resume`` continues it from its newest complete checkpoint, ``overwrite`` replaces the run it
+    holds. A directory holding another run, or in use, is refused: see :mod:`podsrl.rundir`."""
+    from podsrl import distributed
 
-    run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    s = setup(cfg)
+    dist = distributed.init(cfg)  # a process group under torchrun; otherwise world 1, no group
+    try:
+        return _train(cfg, dist, run_dir=run_dir, resume=resume, overwrite=overwrite, log=log if dist.is_main else _quiet)
+    finally:
+        dist.close()
+
+
+def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overwrite: bool, log) -> Path:
+    # Checks only (every rank): the directory is made once the task, rewards and model have loaded.
+    claim = rundir.prepare(
+        run_dir if run_dir is not None else resolve_run_dir(cfg), cfg, resume=resume, overwrite=overwrite, unique=run_dir is None
+    )
+    s = setup(cfg, dist)
     model = s.policy.model
     model.train()
     optimizer, scheduler = make_optimizer(cfg, model)
-    state = ckpt.TrainState()
-    last = ckpt.latest(run_dir) if resume else None
-    if last is not None:
-        state = ckpt.load(last, model, optimizer, scheduler)
+    state = ckpt.TrainState(world_size=dist.world)
+    try:
+        return _run(s, claim, model, optimizer, scheduler, state, resume=resume, log=log)
+    except KeyboardInterrupt as err:  # name the run and how to go on (the CLI prints it)
+        raise rundir.RunInterrupted(claim.path, ckpt.latest(claim.path)) from err
+    finally:
+        s.engine.close()
+        claim.close()
+
+
+def _open_run_dir(claim: rundir.RunDir, dist: Dist) -> Path:
+    """Rank 0 creates and locks the run directory; every rank gets its path, or its error."""
+    opened: str | ConfigError | None = None
+    if dist.is_main:
+        try:
+            opened = str(claim.open())
+        except ConfigError as err:
+            opened = err
+    opened = dist.broadcast_object(opened)
+    if isinstance(opened, ConfigError):
+        raise opened
+    return Path(opened)
+
+
+def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckpt.TrainState, *, resume: bool, log) -> Path:
+    from podsrl.logging import NullLogger, RunLogger
+
+    cfg, dist = s.cfg, s.dist
+    run_dir = _open_run_dir(claim, dist)
+    log(f"podsrl: run directory {run_dir}")
+    if resume:
+        _, state = ckpt.load_newest(run_dir, model, optimizer, scheduler, log=log, dist=dist)
         s.engine.sync_weights(model)
         log(f"podsrl: resumed {run_dir} at step {state.step} ({state.train_seconds:.0f} s of training)")
+        if state.world_size != dist.world:
+            log(
+                f"podsrl: the run was trained on {state.world_size} process(es), now {dist.world}: the global batch "
+                "and the weights carry over; the rollouts differ from an uninterrupted run's (seeds are per rank)"
+            )
+            state.world_size = dist.world
         if _done(cfg, state):  # nothing to add: no second final evaluation or checkpoint
-            s.engine.close()
             log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
             return run_dir
-    (run_dir / "config.toml").write_text(to_toml(cfg))
+    if dist.is_main:
+        claim.write_config(cfg, step=state.step, log=log)  # atomic; on resume, records what changed
     device = next(model.parameters()).device
     log(
         f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
-        + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
+        + f", rollout engine {resolve_engine(s.cfg.rollout.engine) if dist.world == 1 else 'transformers'}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
+        + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
     )  # fmt: skip
-    logger = RunLogger(run_dir, cfg, start_step=state.step)
+    logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()
     try:
         if state.step == 0 and cfg.eval.at_start:
             _timed_eval(s, state, run_dir, logger, log, label="base model")
@@ -332,20 +418,24 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, log
             start = time.perf_counter()
             metrics = train_step(s, model, optimizer, scheduler, state)
             state.step += 1
-            state.train_seconds += time.perf_counter() - start
+            # Budgets and evaluation times are decided on rank 0's clock, the same on every rank.
+            state.train_seconds = dist.broadcast_object(state.train_seconds + time.perf_counter() - start)
             metrics["train_seconds"] = state.train_seconds
             logger.log_step(metrics, state)
             if _eval_due(cfg, state) and not _done(cfg, state):
                 _timed_eval(s, state, run_dir, logger, log)
             if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-                ckpt.save(run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints)
+                ckpt.save(run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints, dist=dist)
         if cfg.eval.at_end:
             _timed_eval(s, state, run_dir, logger, log, label="trained policy")
-        ckpt.save(run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints)
+        ckpt.save(run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints, dist=dist)
     finally:
         logger.close()
-        s.engine.close()
     return run_dir
+
+
+def _quiet(*args, **kwargs) -> None:
+    """``log`` on ranks other than 0."""
 
 
 def _timed_eval(s: Setup, state: ckpt.TrainState, run_dir: Path, logger, log, label: str | None = None) -> None:

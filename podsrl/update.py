@@ -16,6 +16,13 @@ Only the m kept rollouts of each group enter this phase: that is where PODS save
   term (reference log-probs).
 - The reference policy for the KL is the initial one: the base model with the LoRA adapter disabled,
   or a frozen copy for full fine-tuning.
+- Several processes (``dist``, see :mod:`podsrl.distributed`): each rank passes its own kept rows.
+  The sequence and token normalisers and D3S's top-fraction threshold are global (the threshold is
+  taken on every rank over the gathered [K, T] scores in batch order, so the kept tokens, ties
+  included, are one process's), so the ranks' gradients sum to the single-process gradient; they
+  are summed by one all-reduce after accumulation ("ddp") or by FSDP's reduce-scatter ("fsdp", where
+  every rank runs the same number of forward passes, padding with an empty micro-batch). A rank with
+  no rows joins with zero contribution. Returned stats are global.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from podsrl.distributed import Dist
 from podsrl.loss import policy_loss
 from podsrl.sequences import Packed, forward_logprobs, pack
 from podsrl.tokens import entropy_top_fraction_mask, token_scores, top_fraction_mask
@@ -72,16 +80,21 @@ def run_update(
     beta: float = 0.0,
     reference: torch.nn.Module | None = None,
     share_prompts: bool = True,
+    dist: Dist | None = None,
 ) -> UpdateStats:
-    K = len(batch.completion_ids)
+    dist = dist or Dist()
+    K = len(batch.completion_ids)  # this rank's rows
     device = next(model.parameters()).device
     order = micro_batch_order(batch.prompt_ids, batch.completion_ids)
     chunks = [order[i : i + micro_batch_size] for i in range(0, K, micro_batch_size)]
-    packs = [
+    packs: list[Packed | None] = [
         pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], pad_id, device=device)
         for idx in chunks
     ]
     advantages = [batch.advantages[idx].to(device) for idx in chunks]  # [k] per micro-batch
+    if dist.sharded:  # FSDP: the same number of forward passes on every rank
+        share_prompts = False  # its two forward calls per micro-batch would depend on the data
+        packs += [None] * (dist.max_int(len(packs)) - len(packs))
 
     select_tokens = token_fraction < 1.0
     needs_scoring = policy_iterations > 1 or select_tokens or beta > 0
@@ -89,6 +102,9 @@ def run_update(
     if needs_scoring:
         with torch.no_grad():
             for j, p in enumerate(packs):
+                if p is None:
+                    _empty_forward(model, pad_id, device)
+                    continue
                 old[j], entropy[j] = forward_logprobs(
                     model, p, temperature=temperature, with_entropy=True, share_prompts=share_prompts
                 )
@@ -96,18 +112,32 @@ def run_update(
                     with _reference(model, reference) as ref_model:
                         ref[j], _ = forward_logprobs(ref_model, p, temperature=temperature, share_prompts=share_prompts)
 
+    real = [j for j, p in enumerate(packs) if p is not None]
     token_masks = [None] * len(packs)
     if select_tokens:
-        token_masks = _select_tokens(packs, advantages, entropy, token_fraction, token_score)
-    total_tokens = sum(
-        int((p.completion_mask if m is None else m & p.completion_mask).sum()) for p, m in zip(packs, token_masks)
-    )
-    tokens_total = sum(int(p.completion_mask.sum()) for p in packs)
+        picked = _select_tokens(
+            [packs[j] for j in real], [advantages[j] for j in real], [entropy[j] for j in real],
+            [chunks[j] for j in real], token_fraction, token_score, dist,
+        )  # fmt: skip
+        for j, mask in zip(real, picked):
+            token_masks[j] = mask
+    counts = torch.tensor(
+        [
+            K,
+            sum(int((packs[j].completion_mask if token_masks[j] is None else token_masks[j] & packs[j].completion_mask).sum()) for j in real),
+            sum(int(packs[j].completion_mask.sum()) for j in real),
+        ],
+        dtype=torch.float64,
+    )  # fmt: skip
+    total_sequences, total_tokens, tokens_total = (int(x) for x in dist.sum(counts).tolist())
 
     sums = dict(loss=0.0, clip_low=0.0, clip_high=0.0, ratio=0.0, entropy=0.0, kl=0.0, grad_norm=0.0)
     for _ in range(policy_iterations):
         optimizer.zero_grad(set_to_none=True)
         for j, p in enumerate(packs):
+            if p is None:  # FSDP padding: join the collectives, add nothing
+                (_empty_forward(model, pad_id, device) * 0.0).backward()
+                continue
             logprobs, ent = forward_logprobs(
                 model, p, temperature=temperature, with_entropy=entropy[j] is None, share_prompts=share_prompts
             )
@@ -126,11 +156,11 @@ def run_update(
                 ref_logprobs=ref[j],
                 beta=beta,
                 max_completion_len=max_completion_len,
-                total_sequences=K,
+                total_sequences=total_sequences,
                 total_tokens=total_tokens,
             )
             loss.backward()
-            # Metrics are token-weighted over the micro-batches.
+            # Metrics are token-weighted over the micro-batches (and the ranks, summed below).
             share = metrics.tokens / max(total_tokens, 1)
             sums["loss"] += loss.item()
             sums["clip_low"] += metrics.clip_frac_low * share
@@ -138,12 +168,20 @@ def run_update(
             sums["ratio"] += metrics.ratio_mean * share
             sums["kl"] += (metrics.kl or 0.0) * share
         params = [q for q in model.parameters() if q.requires_grad]
+        if not dist.sharded:
+            dist.all_reduce_grads(params)  # "ddp": sum the ranks' partial gradients
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-        sums["grad_norm"] = float(norm)
+        sums["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         optimizer.step()
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    ent_sum = sum(float(e.sum()) for e in entropy)
+    sums["entropy"] = sum(float(e.sum()) for e in entropy if e is not None)
+    keys = ("loss", "clip_low", "clip_high", "ratio", "kl", "entropy")
+    reduced = dist.sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()
+    sums.update(zip(keys, reduced))
+    if dist.active and total_tokens == 0:
+        sums["ratio"] = float(policy_iterations)  # no counted token anywhere: the single-process 1.0
+    ent_sum = sums["entropy"]
     return UpdateStats(
         loss=sums["loss"] / policy_iterations,
         grad_norm=sums["grad_norm"],
@@ -154,7 +192,7 @@ def run_update(
         kl=sums["kl"] / policy_iterations if beta > 0 else None,
         tokens_total=tokens_total,
         tokens_kept=total_tokens,
-        sequences=K,
+        sequences=total_sequences,
     )
 
 
@@ -171,23 +209,45 @@ def micro_batch_order(prompt_ids: list[list[int]], completion_ids: list[list[int
 
 
 def _select_tokens(
-    packs: list[Packed], advantages: list[Tensor], entropy: list[Tensor], fraction: float, score: str
+    packs: list[Packed],
+    advantages: list[Tensor],
+    entropy: list[Tensor],
+    rows: list[list[int]],
+    fraction: float,
+    score: str,
+    dist: Dist,
 ) -> list[Tensor]:
-    """One top-fraction threshold over all tokens of the batch, split back per micro-batch."""
-    T = max(p.completion_mask.shape[1] for p in packs)
-    pad = lambda x, v: torch.nn.functional.pad(x, (0, T - x.shape[1]), value=v)  # noqa: E731
-    ent = torch.cat([pad(e, 0.0) for e in entropy])  # [K, T]
-    valid = torch.cat([pad(p.completion_mask, False) for p in packs])  # [K, T]
+    """One top-fraction threshold over all tokens of the batch (every rank's), split back per
+    micro-batch. The scores are laid out in batch order (``rows``: each micro-batch's rows of the
+    batch) and, over ranks, in rank order: the global batch's order, whatever the micro-batching or
+    the world size, so top-k breaks ties the same way in every configuration."""
+    K = sum(len(r) for r in rows)
+    T = dist.max_int(max((p.completion_mask.shape[1] for p in packs), default=1))
+    device = packs[0].completion_mask.device if packs else "cpu"
+    ent = torch.zeros((K, T), device=device)  # [K, T] in batch order
+    valid = torch.zeros((K, T), dtype=torch.bool, device=device)
+    adv = torch.zeros(K, device=device)
+    for p, e, a, r in zip(packs, entropy, advantages, rows):
+        t = p.completion_mask.shape[1]
+        ent[r, :t], valid[r, :t], adv[r] = e.float(), p.completion_mask, a.float()
+    if dist.active:  # the whole batch's [K_global, T], in rank order
+        ent, adv = dist.gather_ragged(ent), dist.gather_ragged(adv)
+        valid = dist.gather_ragged(valid.to(torch.uint8)).bool()
     if score == "entropy":
         mask = entropy_top_fraction_mask(ent, valid, fraction)
     else:
-        mask = top_fraction_mask(token_scores(torch.cat(advantages), ent), valid, fraction)
-    out, row = [], 0
-    for p in packs:
-        k, t = p.completion_mask.shape
-        out.append(mask[row : row + k, :t])
-        row += k
-    return out
+        mask = top_fraction_mask(token_scores(adv, ent), valid, fraction)
+    if dist.active:
+        sizes = dist.gather_objects(K)
+        start = sum(sizes[: dist.rank])
+        mask = mask[start : start + K]
+    return [mask[r, : p.completion_mask.shape[1]] for p, r in zip(packs, rows)]
+
+
+def _empty_forward(model: torch.nn.Module, pad_id: int, device) -> Tensor:
+    """A one-token forward whose output is a scalar 0 attached to the graph (FSDP padding)."""
+    ids = torch.full((1, 1), pad_id, dtype=torch.long, device=device)
+    return model(input_ids=ids, logits_to_keep=1).logits.sum() * 0.0
 
 
 @contextlib.contextmanager

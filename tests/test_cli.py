@@ -135,7 +135,8 @@ def test_interrupt_prints_how_to_resume(make_config, tmp_path, monkeypatch):
     config = tmp_path / "tiny.toml"
     config.write_text(to_toml(make_config(**{"eval.at_start": False})))
     code, _, err = run_cli(["train", str(config), "--out", str(tmp_path / "run")])
-    assert code == 130 and "--resume" in err and "Traceback" not in err
+    # Interrupted in step 1, before any checkpoint: the message names the run and how to restart it.
+    assert code == 130 and str(tmp_path / "run") in err and "--overwrite" in err and "Traceback" not in err
 
 
 # ------------------------------------------------------------------------------ a real run

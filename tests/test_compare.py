@@ -108,7 +108,20 @@ def test_report_peak_time_to_target_speedup_and_never(tmp_path):
     half = 12.706 * math.sqrt(0.02) / math.sqrt(2)
     assert g["peak_ci95"] == pytest.approx([0.8 - half, 0.8 + half])
     assert g["peak_per_seed"] == [0.8, 0.9] and g["steps"] == [30, 30]
-    assert g["curve"]["aligned_by"] == "index" and g["runs"][1]["accuracy"] == [0.2, 0.6, 0.6, 0.9]
+    assert g["curves"]["train_seconds"]["aligned_by"] == "index" and g["runs"][1]["accuracy"] == [0.2, 0.6, 0.6, 0.9]
+    # The step axis (evaluations at steps 0, 10, 20, 30 in every seed): the same points.
+    assert g["curves"]["step"]["x"] == [0, 10, 20, 30] and g["curves"]["step"]["accuracy"] == pytest.approx([0.2, 0.55, 0.7, 0.8])
+    assert g["peak_step"] == 30 and g["steps_to_target"] == 30 and p["steps_to_target"] == 10
+    assert p["step_speedup"] == pytest.approx(3.0) and g["step_speedup"] == pytest.approx(1.0)
+    assert nv["steps_to_target"] is None and nv["step_speedup"] is None
+    # Intervals over the seeds' own first evaluations at >= 0.792: GRPO at steps 20 and 30 (200 s, 306 s),
+    # PODS at 20 (its 0.79 at step 10 is short) and 10; none when a seed never gets there.
+    assert g["steps_to_target_per_seed"] == [20, 30] and g["time_to_target_seconds_per_seed"] == [200, 306]
+    half = 12.706 * math.sqrt(50) / math.sqrt(2)
+    assert g["steps_to_target_ci95"] == pytest.approx([25 - half, 25 + half])
+    assert p["steps_to_target_per_seed"] == [20, 10] and p["time_to_target_seconds_ci95"] is not None
+    assert nv["steps_to_target_per_seed"] == [None, None] and nv["steps_to_target_ci95"] is None
+    assert report["device_sharing"]["runs_per_device"] == 1 and report["peak_axis"] == "train_seconds"
     assert [r["train_seed"] for r in g["runs"]] == [0, 1]
     # Steps 1..29 of each seed: time/step 4, 3, 4, ... (15 x 4.0, 14 x 3.0) -> median 4.0.
     assert g["median_seconds"] == {"step": 4.0, "generate": 1.0, "update": 3.0}
@@ -128,25 +141,35 @@ def test_one_seed_has_no_interval_over_seeds_and_says_so(tmp_path):
     report = compare.build_report(plan, out)
     g = report["methods"]["grpo"]
     assert g["peak_ci95"] is None and "1 seed" in g["peak_ci_note"]
-    assert g["curve"]["band_low"] == pytest.approx([0.1, 0.4, 0.5])  # the run's own Wilson interval
+    assert g["curves"]["train_seconds"]["band_low"] == pytest.approx([0.1, 0.4, 0.5])  # the run's own Wilson interval
+    assert g["steps_to_target_ci95"] is None and g["steps_to_target_per_seed"] == [20]
     assert "1 seed, no CI" in compare.format_table(report)
     assert report["methods"]["pods"]["peak_accuracy"] is None  # not run: reported as missing
     assert report["methods"]["pods"]["seeds_missing"] == [0]
 
 
 def test_unequal_evaluation_counts_are_interpolated_on_the_common_range():
-    a = [{"train_seconds": 0, "accuracy": 0.0}, {"train_seconds": 100, "accuracy": 1.0}, {"train_seconds": 200, "accuracy": 1.0}]
-    b = [{"train_seconds": 0, "accuracy": 0.0}, {"train_seconds": 50, "accuracy": 0.5}, {"train_seconds": 150, "accuracy": 0.5},
-         {"train_seconds": 180, "accuracy": 0.7}]  # fmt: skip
+    a = [{"step": 0, "train_seconds": 0, "accuracy": 0.0}, {"step": 10, "train_seconds": 100, "accuracy": 1.0},
+         {"step": 20, "train_seconds": 200, "accuracy": 1.0}]  # fmt: skip
+    b = [{"step": 0, "train_seconds": 0, "accuracy": 0.0}, {"step": 5, "train_seconds": 50, "accuracy": 0.5},
+         {"step": 15, "train_seconds": 150, "accuracy": 0.5}, {"step": 18, "train_seconds": 180, "accuracy": 0.7}]  # fmt: skip
     c = compare.mean_curve([a, b], time_based_eval=True)
-    assert c.aligned_by == "interpolation"
-    assert c.train_seconds == [0, 50, 100, 150, 180]  # union, clipped to [0, min(200, 180)]
+    assert c.aligned_by == "interpolation" and c.axis == "train_seconds"
+    assert c.x == [0, 50, 100, 150, 180]  # union, clipped to [0, min(200, 180)]
     assert c.per_seed[0] == pytest.approx([0.0, 0.5, 1.0, 1.0, 1.0])
     assert c.per_seed[1] == pytest.approx([0.0, 0.5, 0.5, 0.5, 0.7])
     assert c.accuracy == pytest.approx([0.0, 0.5, 0.75, 0.75, 0.85])
-    assert compare.time_to_target(c, 0.75) == 100 and compare.time_to_target(c, 0.8) == 180
-    # Step-based evaluation is interpolated even with equal counts.
-    assert compare.mean_curve([a, a], time_based_eval=False).aligned_by == "interpolation"
+    assert compare.first_reach(c, 0.75) == 100 and compare.first_reach(c, 0.8) == 180
+    # The same on the step axis (here steps are seconds / 10).
+    s = compare.mean_curve([a, b], time_based_eval=True, axis="step")
+    assert s.x == [0, 5, 10, 15, 18] and s.accuracy == pytest.approx(c.accuracy) and compare.first_reach(s, 0.8) == 18
+    # Step-based evaluation: aligned by index when the seeds evaluated at the same steps (times are
+    # then averaged), else interpolated even with equal counts.
+    a2 = [{**row, "train_seconds": row["train_seconds"] + 10} for row in a]
+    same = compare.mean_curve([a, a2], time_based_eval=False)
+    assert same.aligned_by == "index" and same.x == [5, 105, 205]
+    shifted = [{**row, "step": row["step"] + 1} for row in a]
+    assert compare.mean_curve([a, shifted], time_based_eval=False).aligned_by == "interpolation"
 
 
 def test_target_met_before_training_gives_no_speedup(tmp_path):
@@ -249,8 +272,9 @@ def test_a_bad_method_fails_before_training_naming_method_and_field(tmp_path, ov
 
 
 def test_plan_validation_errors(tmp_path):
-    with pytest.raises(ConfigError, match="train.max_seconds: a comparison needs"):
-        _plan(tmp_path, base={"train": {"max_steps": 10, "max_seconds": None}})
+    # A step budget is a budget too (with step-based evaluation, the runs' points are the same steps).
+    plan = _plan(tmp_path, base={"train": {"max_steps": 10, "max_seconds": None}, "eval": {"every_steps": 2}})
+    assert plan.config("grpo", 1).train.max_steps == 10 and plan.config("grpo", 1).train.max_seconds is None
     with pytest.raises(ConfigError, match="eval.every_seconds: a comparison needs"):
         _plan(tmp_path, base={"eval": {"every_seconds": 0.0}})
     with pytest.raises(ConfigError, match="--methods: unknown method 'podz'; methods: grpo, pods, never"):
@@ -345,3 +369,187 @@ def test_a_failing_run_stops_the_comparison_with_its_exit_code(tmp_path, tiny_mo
     assert rc != 0
     assert "the run grpo seed 0" in err and f"exit code {rc}" in err and "run the same command again" in err
     assert not (out / "runs" / "grpo" / "seed0" / compare.DONE_FILE).exists()
+
+
+# ----------------------------------------------------------------------------------- both axes, step budgets
+
+
+def test_step_budget_and_step_based_evaluation_read_the_peak_on_steps(tmp_path):
+    base = {"train": {"max_steps": 30, "max_seconds": None}, "eval": {"every_steps": 10}}
+    plan = _plan(tmp_path, base=base)
+    out = tmp_path / "out"
+    # Evaluations at steps 0, 10, 20, 30 in every seed (_write_run), at different training times:
+    # GRPO's seed 1 is slower per step, PODS's steps are slower still (more samples per prompt).
+    _write_run(out, plan, "grpo", 0, [(0, 0.2), (100, 0.5), (200, 0.8), (300, 0.7)])
+    _write_run(out, plan, "grpo", 1, [(0, 0.2), (120, 0.6), (240, 0.6), (360, 0.9)])
+    _write_run(out, plan, "pods", 0, [(0, 0.2), (200, 0.79), (400, 0.85), (600, 0.8)])
+    _write_run(out, plan, "pods", 1, [(0, 0.2), (200, 0.81), (400, 0.85), (600, 0.95)])
+    report = compare.build_report(plan, out)
+    g, p = report["methods"]["grpo"], report["methods"]["pods"]
+    assert report["peak_axis"] == "step" and report["budget_steps"] == 30 and report["budget_seconds"] is None
+    assert report["target_accuracy"] == pytest.approx(0.792)
+    for entry in (g, p):  # the same steps in every seed: both axes aligned by index
+        assert entry["curves"]["step"]["aligned_by"] == entry["curves"]["train_seconds"]["aligned_by"] == "index"
+    assert g["curves"]["train_seconds"]["x"] == [0, 110, 220, 330] and g["peak_step"] == 30 and g["peak_train_seconds"] == 330
+    # PODS reaches the target in a third of GRPO's steps, but its steps take longer: 1.65x in time.
+    assert (g["steps_to_target"], p["steps_to_target"]) == (30, 10) and p["step_speedup"] == pytest.approx(3.0)
+    assert (g["time_to_target_seconds"], p["time_to_target_seconds"]) == (330, 200) and p["speedup"] == pytest.approx(1.65)
+    table = compare.format_table(report)
+    assert "budget 30 steps per run" in table and "3.00x" in table and "1.65x" in table
+    assert "10 [-, " not in table and "30 [" in table  # GRPO's seeds reach it at steps 20 and 30: an interval
+    _, png = compare.write_report(report, out)
+    assert png.stat().st_size > 0
+
+
+def test_two_digit_preset_has_headroom_settings():
+    plan = compare.load_plan(ROOT / "configs" / "compare-2digit.toml")
+    assert list(plan.all_methods) == ["grpo", "pods_max_variance", "pods_random", "d3s_intra"] and plan.seeds >= 3
+    shapes = {name: (plan.config(name, 0).select.rule, plan.config(name, 0).rollout.n, plan.config(name, 0).select.m) for name in plan.all_methods}
+    assert shapes == {"grpo": ("all", 4, 4), "pods_max_variance": ("max_variance", 16, 4), "pods_random": ("random", 16, 4),
+                      "d3s_intra": ("d3s_intra", 16, 4)}  # fmt: skip
+    cfg = plan.config("grpo", 2)
+    assert (cfg.train.max_steps, cfg.train.max_seconds, cfg.eval.every_steps, cfg.eval.every_seconds) == (80, None, 5, 0.0)
+    from podsrl.tasks import load_task
+
+    task = load_task(cfg.task.name, **cfg.task.options)
+    ops = {ex.question.split()[3] for ex in task.eval}
+    assert ops == {"+", "-"} and len(task.eval) == 200
+    for ex in task.eval:  # "What is 57 - 83?": two two-digit operands
+        a, op, b = ex.question.removeprefix("What is ").removesuffix("?").split()
+        assert 10 <= int(a) <= 99 and 10 <= int(b) <= 99 and int(ex.answer) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+    assert any(ex.answer.startswith("-") for ex in task.eval)
+
+
+# ----------------------------------------------------------------------------------- concurrency
+
+_FAKE_RUN = '''
+import json, os, shutil, sys, time
+from pathlib import Path
+
+job, _, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+out.mkdir(parents=True, exist_ok=True)
+shutil.copy(job, out / "config.toml")
+(out / "env.txt").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+if out.parent.name == "fail":
+    print("boom from the fake run")
+    sys.exit(3)
+time.sleep(1.0)
+rows = [{"step": 0, "train_seconds": 0.0, "accuracy": 0.1, "problems": 10},
+        {"step": 3, "train_seconds": 305.0, "accuracy": 0.5, "problems": 10}]
+(out / "eval.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+'''
+
+
+@pytest.fixture
+def fake_runs(tmp_path, monkeypatch):
+    """Replace ``podsrl train`` in the children with a script that records CUDA_VISIBLE_DEVICES,
+    takes a second and writes a finished run (or exits 3 for a method named "fail")."""
+    import sys
+
+    from podsrl.compare import runs
+
+    script = tmp_path / "fake_run.py"
+    script.write_text(_FAKE_RUN)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(runs, "train_command", lambda job, path, *, resume: [sys.executable, str(script), str(job), "--out", str(path)])
+
+
+def _device_of(out: Path, method: str, seed: int) -> str:
+    return (compare.run_dir(out, method, seed) / "env.txt").read_text()
+
+
+@pytest.mark.usefixtures("fake_runs")
+def test_devices_pin_one_run_per_gpu(tmp_path, capsys):
+    plan = _plan(tmp_path, table={k: METHODS[k] for k in ("grpo", "pods")})
+    out = tmp_path / "out"
+    args = argparse.Namespace(config=str(tmp_path / "cmp.toml"), out=str(out), seeds=None, methods=None, report_only=False,
+                              devices="0,1", parallel=None)  # fmt: skip
+    assert compare.main(args, []) == 0  # --devices alone: as many runs at once as devices
+    # Seed-major launch order; each run goes to the least loaded device.
+    assert (_device_of(out, "grpo", 0), _device_of(out, "pods", 0)) == ("0", "1")
+    for method in ("grpo", "pods"):
+        for seed in (0, 1):
+            (launch,) = compare.read_launches(compare.run_dir(out, method, seed))
+            assert launch == {"device": _device_of(out, method, seed), "parallel": 2, "runs_on_device": 1, "exit_code": 0}
+            assert "progress = false" in (compare.run_dir(out, method, seed) / "config.toml").read_text()
+    report = json.loads((out / "compare.json").read_text())
+    assert report["device_sharing"] == {"runs_per_device": 1, "devices": ["0", "1"], "fair_axes": ["step", "train_seconds"]}
+    printed = capsys.readouterr().out
+    assert "share its time" not in printed and "on device 1" in printed and "train.log" in printed
+
+
+@pytest.mark.usefixtures("fake_runs")
+def test_runs_sharing_a_device_are_reported_and_the_step_axis_is_the_fair_one(tmp_path):
+    plan = _plan(tmp_path, table={k: METHODS[k] for k in ("grpo", "pods")})
+    out, logged = tmp_path / "out", []
+    compare.run_all(plan, out, log=logged.append, parallel=3, devices=["0", "1"])
+    assert any("up to 2 runs train at once on each of the devices 0,1 and share its time" in line for line in logged)
+    # grpo seed 0 (device 0), pods seed 0 (device 1), grpo seed 1 (device 0 again: shared).
+    assert [_device_of(out, m, s) for m, s in (("grpo", 0), ("pods", 0), ("grpo", 1))] == ["0", "1", "0"]
+    assert compare.read_launches(compare.run_dir(out, "grpo", 0))[0]["runs_on_device"] == 2
+    report = compare.build_report(plan, out)
+    assert report["device_sharing"]["runs_per_device"] == 2 and report["device_sharing"]["fair_axes"] == ["step"]
+    assert any("compare the methods on the step axis" in n for n in report["notes"])
+    assert "step axis" in compare.format_table(report)
+    # No devices: K runs share the machine's one device.
+    out2, logged = tmp_path / "out2", []
+    compare.run_all(plan, out2, log=logged.append, parallel=2)
+    assert _device_of(out2, "grpo", 0) == "unset"
+    assert any("on one device (the machine's CPU or its one GPU)" in line for line in logged)
+    assert compare.build_report(plan, out2)["device_sharing"]["runs_per_device"] == 2
+
+
+@pytest.mark.usefixtures("fake_runs")
+def test_a_failing_parallel_run_lets_the_others_finish_then_fails(tmp_path):
+    plan = _plan(tmp_path, seeds=1, table={"grpo": METHODS["grpo"], "fail": METHODS["pods"]})
+    out, logged = tmp_path / "out", []
+    with pytest.raises(compare.RunFailed, match=r"the run fail seed 0 .* exit code 3 \(its output is in .*train.log\)") as err:
+        compare.run_all(plan, out, log=logged.append, parallel=2)
+    assert err.value.returncode == 3
+    assert "boom from the fake run" in (compare.run_dir(out, "fail", 0) / "train.log").read_text()
+    assert any("boom from the fake run" in line for line in logged)  # the log's tail is shown
+    assert (compare.run_dir(out, "grpo", 0) / compare.DONE_FILE).is_file()  # the other run finished
+    assert not (compare.run_dir(out, "fail", 0) / compare.DONE_FILE).exists()
+    assert compare.read_launches(compare.run_dir(out, "fail", 0))[0]["exit_code"] == 3
+
+
+def test_concurrency_settings_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="--devices: give distinct GPU indices"):
+        compare.parse_devices("0,0")
+    with pytest.raises(ConfigError, match="--devices: give distinct GPU indices"):
+        compare.parse_devices("cuda:0")
+    assert compare.parse_devices(" 0, 2") == ["0", "2"] and compare.parse_devices(None) is None
+    plan = _plan(tmp_path, seeds=1)
+    with pytest.raises(ConfigError, match="drop --in-process"):
+        compare.run_all(plan, tmp_path / "out", isolate=False, parallel=2)
+    with pytest.raises(ConfigError, match="--parallel: must be a whole number >= 1"):
+        compare.run_all(plan, tmp_path / "out", parallel=0)
+    pinned = _plan(tmp_path / "p", seeds=1, base={"train": {"max_steps": None, "max_seconds": 300.0}, "eval": {"every_seconds": 100.0},
+                                                  "model": {"device": "cuda:1"}})  # fmt: skip
+    with pytest.raises(ConfigError, match="model.device='cuda:1'.*set model.device to auto or cuda"):
+        compare.run_all(pinned, tmp_path / "out", devices=["0"])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_tiny_comparison_in_parallel(tmp_path, tiny_model_dir, reward_file):
+    from conftest import tiny_config_dict
+
+    base = tiny_config_dict(tiny_model_dir, reward_file)
+    base["train"].update(max_steps=2, max_seconds=None, checkpoint_every=0)
+    base["eval"].update(every_steps=1)
+    data = {**base, "compare": {"seeds": 1, "methods": {
+        "grpo": {"select.rule": "all", "rollout.n": 2, "select.m": 2},
+        "pods_max_variance": {"select.rule": "max_variance", "rollout.n": 4, "select.m": 2},
+    }}}  # fmt: skip
+    path = tmp_path / "tiny.toml"
+    path.write_text(_toml(data))
+    out = tmp_path / "cmp"
+    args = argparse.Namespace(config=str(path), out=str(out), seeds=None, methods=None, report_only=False, parallel=2, devices=None)
+    assert compare.main(args, []) == 0
+    report = json.loads((out / "compare.json").read_text())
+    assert report["device_sharing"]["runs_per_device"] == 2 and report["peak_axis"] == "step"
+    for name in ("grpo", "pods_max_variance"):
+        entry = report["methods"][name]
+        assert entry["steps"] == [2] and entry["runs"][0]["step"] == [0, 1, 2]
+        assert entry["curves"]["step"]["x"] == [0, 1, 2] and entry["steps_to_target"] is not None
+        assert (out / "runs" / name / "seed0" / "train.log").stat().st_size > 0

@@ -20,7 +20,7 @@ GSM8K_DIR = Path("/work/shared/data/gsm8k")
 def test_unknown_task_lists_valid_names():
     with pytest.raises(ConfigError, match="unknown task 'gsm9k'.*arithmetic, gsm8k, jsonl"):
         load_task("gsm9k")
-    assert set(TASKS) == {"arithmetic", "gsm8k", "jsonl"}
+    assert set(TASKS) == {"arithmetic", "gsm8k", "jsonl", "math"}
 
 
 def test_unknown_option_is_named_with_the_valid_ones():
@@ -238,3 +238,140 @@ def test_jsonl_error_messages(tmp_path):
     empty = _write_jsonl(tmp_path / "empty.jsonl", [""])
     with pytest.raises(ConfigError, match="has no rows"):
         load_task("jsonl", train_path=empty, num_eval=0)
+
+
+# --- math -----------------------------------------------------------------------------------
+
+MATH_ROWS = [
+    # The original MATH files: the answer is the last box of the solution.
+    {"problem": "Compute $\\sin 60^\\circ$.", "solution": "It is $\\boxed{\\frac{\\sqrt{3}}{2}}$."},
+    {"problem": "Solve $x^2 < 9$.", "solution": "First \\boxed{3}, then $x \\in \\boxed{(-3, 3)}$."},
+    # MATH-500 style: an answer field wins over the solution; "$" around it is dropped.
+    {"problem": "What is $2^{10}$?", "solution": "\\boxed{1000}", "answer": "$1024$"},
+    {"problem": "Simplify $\\frac{4}{6}$.", "answer": "\\frac{2}{3}"},
+    {"problem": "Which is largest?", "answer": "\\text{(C)}", "level": "Level 1"},
+]
+
+
+def test_math_reads_answers_from_the_answer_field_or_the_last_box(tmp_path):
+    train = _write_jsonl(tmp_path / "math.jsonl", MATH_ROWS)
+    evals = _write_jsonl(tmp_path / "test.jsonl", [{"problem": "1+1?", "answer": 2}])
+    task = load_task("math", path=train, eval_path=evals)
+    assert [ex.answer for ex in task.train] == [
+        "\\frac{\\sqrt{3}}{2}", "(-3, 3)", "1024", "\\frac{2}{3}", "\\text{(C)}"
+    ]
+    assert [ex.id for ex in task.train] == [f"math.jsonl:{i}" for i in range(1, 6)]
+    assert task.train[0].question == "Compute $\\sin 60^\\circ$."
+    assert task.eval == [Example("test.jsonl:1", "1+1?", "2")]
+    assert task.name == "math" and task.system_prompt is None and "\\boxed{}" in task.instruction
+
+
+def test_math_is_graded_with_math_verify(tmp_path):
+    pytest.importorskip("math_verify")
+    from podsrl.rewards import correctness
+
+    task = load_task("math", path=_write_jsonl(tmp_path / "m.jsonl", MATH_ROWS), num_eval=1)
+    answers = {ex.question: ex for ex in task.train + task.eval}
+    right = {
+        "Compute $\\sin 60^\\circ$.": "So \\boxed{\\dfrac{\\sqrt 3}{2}}.",
+        "Solve $x^2 < 9$.": "\\boxed{(-3,3)}",
+        "What is $2^{10}$?": "\\boxed{2^{10}}",
+        "Simplify $\\frac{4}{6}$.": "\\boxed{\\frac{4}{6}}",
+        "Which is largest?": "\\boxed{C}",
+    }
+    wrong = {
+        "Compute $\\sin 60^\\circ$.": "\\boxed{\\frac{\\sqrt 2}{2}}",
+        "Solve $x^2 < 9$.": "\\boxed{[-3,3]}",
+        "What is $2^{10}$?": "\\boxed{1000}",
+        "Simplify $\\frac{4}{6}$.": "\\boxed{0.67}",
+        "Which is largest?": "\\boxed{B}",
+    }
+    for question, example in answers.items():
+        assert correctness(right[question], example) == 1.0, question
+        assert correctness(wrong[question], example) == 0.0, question
+
+
+def test_math_directory_holdout_and_subsets_are_seeded(tmp_path):
+    rows = [{"problem": f"p{i}", "solution": f"\\boxed{{{i}}}"} for i in range(20)]
+    (tmp_path / "d").mkdir()
+    _write_jsonl(tmp_path / "d" / "train.jsonl", rows)
+    _write_jsonl(tmp_path / "d" / "test.jsonl", rows[:5])
+    task = load_task("math", path=str(tmp_path / "d"), num_train=8, num_eval=3, seed=1)
+    assert len(task.train) == 8 and len(task.eval) == 3
+    assert task == load_task("math", path=str(tmp_path / "d"), num_train=8, num_eval=3, seed=1)
+
+    file = _write_jsonl(tmp_path / "all.jsonl", rows)
+    split = load_task("math", path=file, num_eval=5, seed=3)
+    assert len(split.train) == 15 and len(split.eval) == 5
+    assert not {ex.id for ex in split.train} & {ex.id for ex in split.eval}
+    assert split == load_task("math", path=file, num_eval=5, seed=3)
+    assert split != load_task("math", path=file, num_eval=5, seed=4)
+
+
+def test_math_custom_fields(tmp_path):
+    rows = [{"question": "q", "final": "\\pi", "worked": "no box here"}]
+    file = _write_jsonl(tmp_path / "c.jsonl", rows)
+    task = load_task(
+        "math", path=file, eval_path=file, question_field="question", answer_field="final"
+    )
+    assert task.train[0].answer == "\\pi"
+
+
+def test_math_error_messages_name_the_file_line_and_field(tmp_path):
+    with pytest.raises(ConfigError, match="path '/no/such.jsonl' is not a file or directory"):
+        load_task("math", path="/no/such.jsonl")
+    good = _write_jsonl(tmp_path / "good.jsonl", [{"problem": "p", "answer": "1"}] * 2)
+    with pytest.raises(ConfigError, match="no eval_path, so set num_eval"):
+        load_task("math", path=good)
+    with pytest.raises(ConfigError, match="eval_path '/no/eval.jsonl' is not a file"):
+        load_task("math", path=good, eval_path="/no/eval.jsonl")
+    with pytest.raises(ConfigError, match="train.jsonl does not exist; a directory path must"):
+        load_task("math", path=str(tmp_path))
+    with pytest.raises(ConfigError, match="eval_path is for a path that is one JSON-lines file"):
+        load_task("math", path=str(tmp_path), eval_path=good)
+
+    no_box = _write_jsonl(tmp_path / "nobox.jsonl", [{"problem": "p", "solution": "It is 4."}])
+    with pytest.raises(
+        ConfigError, match=r"nobox\.jsonl:1: field 'solution' has no \\boxed\{\.\.\.\} final answer"
+    ):
+        load_task("math", path=no_box, eval_path=good)
+
+    neither = _write_jsonl(tmp_path / "neither.jsonl", ["", {"problem": "p", "final": "4"}])
+    with pytest.raises(
+        ConfigError,
+        match=r"neither\.jsonl:2: no field 'answer' or 'solution' \(fields present: 'problem', "
+        r"'final'\); set answer_field",
+    ):
+        load_task("math", path=neither, eval_path=good)
+
+    no_problem = _write_jsonl(tmp_path / "np.jsonl", [{"question": "p", "answer": "4"}])
+    with pytest.raises(ConfigError, match=r"np\.jsonl:1: no field 'problem'.*set question_field"):
+        load_task("math", path=no_problem, eval_path=good)
+
+    bad_json = _write_jsonl(tmp_path / "bad.jsonl", ["{oops"])
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:1: not valid JSON"):
+        load_task("math", path=bad_json, eval_path=good)
+
+
+def test_math_dataset_needs_datasets(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
+    with pytest.raises(ConfigError, match=r"pip install 'podsrl\[datasets\]'"):
+        load_task("math", path="HuggingFaceH4/MATH-500")
+
+
+def test_math_dataset_splits(monkeypatch):
+    # A stand-in for `datasets`: load_dataset returns {split: rows}, as a DatasetDict indexes.
+    rows = [{"problem": f"p{i}", "answer": f"\\sqrt{{{i}}}", "level": 1} for i in range(10)]
+    fake = type(sys)("datasets")
+    fake.load_dataset = lambda name, config: {"test": rows}
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    with pytest.raises(ConfigError, match=r"has no split 'train' \(its splits: test\); set train_split"):
+        load_task("math", path="HuggingFaceH4/MATH-500")
+    task = load_task(
+        "math", path="HuggingFaceH4/MATH-500", train_split="test", eval_split="none", num_eval=4
+    )
+    assert len(task.train) == 6 and len(task.eval) == 4
+    assert task.train[0].id.startswith("test:") and task.train[0].answer.startswith("\\sqrt")
+    fake.load_dataset = lambda name, config: {"train": rows[:7], "test": rows[7:]}
+    task = load_task("math", path="someone/math", num_train=5)
+    assert len(task.train) == 5 and [ex.id for ex in task.eval] == ["test:1", "test:2", "test:3"]

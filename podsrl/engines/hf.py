@@ -17,6 +17,9 @@ class TransformersEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        # FSDP: every forward is a collective, so all ranks keep stepping until the last one has
+        # finished (transformers' ``synced_gpus``); podsrl.distributed sets it.
+        self.synced_gpus = False
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling) -> Rollouts:
@@ -44,6 +47,7 @@ class TransformersEngine:
                     max_new_tokens=sampling.max_new_tokens,
                     pad_token_id=pad,
                     eos_token_id=sorted(eos),
+                    synced_gpus=self.synced_gpus,
                     **kwargs,
                 )
                 for row in out[:, width:].tolist():

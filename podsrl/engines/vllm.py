@@ -171,6 +171,13 @@ class VLLMEngine:
             kv_cache_gib = CPU_KV_CACHE_GIB
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        # Under torchrun (podsrl.distributed) every rank runs its own engine on its own device, in
+        # the trainer's process group: vLLM's "external_launcher" joins that group instead of
+        # making one (TRL's colocate mode does the same), with tensor parallelism 1 per rank.
+        self.external = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if self.external:
+            kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
+            kwargs["seed"] = seed + torch.distributed.get_rank()
         with _preserve_process_state():
             self.llm = LLM(**kwargs)
         self._reload = self._find_reload()
@@ -263,6 +270,11 @@ class VLLMEngine:
 
         start = time.perf_counter()
         state = merged_state_dict(model)
+        if any(_is_dtensor(v) for v in state.values()):
+            # FSDP: each rank holds a shard. Gather one tensor at a time as vLLM consumes the
+            # iterator (a collective every rank runs in the same order), so at most one full
+            # tensor exists beside vLLM's copy; never the whole model twice.
+            state = _GatheredItems(state)
         if self._asleep == "all":
             self.llm.wake_up(tags=["weights"])  # GPU: weights back, the KV cache stays released
             self._asleep = "kv"
@@ -314,12 +326,30 @@ class VLLMEngine:
         with contextlib.suppress(Exception):
             llm.llm_engine.engine_core.shutdown()
         del llm
+        if self.external:  # the process group is the trainer's: podsrl.distributed closes it
+            gc.collect()
+            return
         with contextlib.suppress(Exception):
             from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
             destroy_model_parallel()
             destroy_distributed_environment()
         gc.collect()
+
+
+def _is_dtensor(t) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "full_tensor")
+
+
+class _GatheredItems:
+    """``state.items()`` with every DTensor replaced by its full tensor, gathered lazily."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def items(self):
+        for name, value in self.state.items():
+            yield name, value.full_tensor() if _is_dtensor(value) else value
 
 
 def _token_logprob(position, token: int) -> float:

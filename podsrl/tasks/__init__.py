@@ -10,6 +10,8 @@ Built-in tasks (each module's docstring gives its options):
   disjoint by construction.
 - `gsm8k`: grade-school maths from a local directory of `train.jsonl`/`test.jsonl` or the hub.
 - `jsonl`: any JSON-lines file with a question field and an answer field.
+- `math`: MATH-style problems with LaTeX answers (a JSON-lines file, a directory or a `datasets`
+  dataset), graded with math-verify.
 
 A `Task` carries a default `instruction` appended to every question (`format_user_message`); the
 chat template is applied elsewhere. To change the wording, `dataclasses.replace(task,
@@ -58,7 +60,7 @@ def check_count(task: str, option: str, value: object, *, allow_none: bool = Fal
 
 
 # The loaders import Example, Task and check_count from this module, so they come after them.
-from podsrl.tasks import arithmetic, gsm8k, jsonl  # noqa: E402
+from podsrl.tasks import arithmetic, competition_math, gsm8k, jsonl  # noqa: E402
 
 TaskLoader = Callable[..., Task]
 
@@ -66,6 +68,7 @@ TASKS: dict[str, TaskLoader] = {
     "arithmetic": arithmetic.load,
     "gsm8k": gsm8k.load,
     "jsonl": jsonl.load,
+    "math": competition_math.load,
 }
 
 
@@ -86,7 +89,14 @@ def load_task(name: str, **options: object) -> Task:
     for option, parameter in parameters.items():
         if parameter.default is inspect.Parameter.empty and option not in options:
             raise ConfigError(f"task {name!r} needs option {option!r}; valid options: {valid}")
-    return loader(**options)
+    task = loader(**options)
+    # A split without problems would fail later, mid-run, with a traceback: training draws from
+    # `train` and evaluation averages over `eval`.
+    for split, option, what in ((task.train, "num_train", "training"), (task.eval, "num_eval", "held-out")):
+        if not split:
+            given = f" ({option}={options[option]!r})" if option in options else ""
+            raise ConfigError(f"task {name!r}: no {what} problems{given}; set task.options.{option} to at least 1")
+    return task
 
 
 def format_user_message(example: Example, task: Task) -> str:

@@ -11,7 +11,7 @@ leak); then `num_eval` is required. `num_train`/`num_eval` of None mean all rows
 that many rows at random with the seed, kept in file order; asking for more rows than the file
 has is a ConfigError. Example ids are "<file name>:<line>".
 
-The reading helpers here are shared with the gsm8k task.
+The reading helpers here are shared with the gsm8k and math tasks.
 """
 
 import json
@@ -44,19 +44,7 @@ def load(
     if eval_path is not None:
         eval_ = read_examples(_existing_file(eval_path, "eval_path"), **fields)
     else:
-        if num_eval is None:
-            raise ConfigError(
-                "task 'jsonl': no eval_path, so set num_eval to how many rows of "
-                f"{train_path} to hold out for evaluation (or pass eval_path)"
-            )
-        if num_eval >= len(train):
-            raise ConfigError(
-                f"task 'jsonl': num_eval={num_eval} would hold out all {len(train)} rows of "
-                f"{train_path}; lower num_eval or pass eval_path"
-            )
-        held_out = set(rng.sample(range(len(train)), num_eval))
-        eval_ = [ex for i, ex in enumerate(train) if i in held_out]
-        train = [ex for i, ex in enumerate(train) if i not in held_out]
+        train, eval_ = hold_out(train, num_eval, rng, task="jsonl", source=train_path)
         num_eval = None  # already exactly num_eval rows
     return Task(
         name="jsonl",
@@ -70,11 +58,36 @@ def load(
 def read_examples(path: Path, *, question_field: str, answer_field: str) -> list[Example]:
     """Examples from a JSON-lines file; any malformed line is a ConfigError naming file:line."""
     examples = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    for number, row in read_rows(path):
+        where = f"{path}:{number}"
+        question = _field(row, question_field, "question_field", where)
+        answer = _field(row, answer_field, "answer_field", where)
+        if not isinstance(question, str):
+            raise ConfigError(f"{where}: field {question_field!r} must be a string")
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise ConfigError(f"{where}: field {answer_field!r} must be a string or a number")
+        reference = reference_answer(str(answer))
+        if not reference:
+            raise ConfigError(f"{where}: field {answer_field!r} has no final answer")
+        examples.append(Example(f"{path.name}:{number}", question, reference))
+    return examples
+
+
+def read_rows(path: Path) -> list[tuple[int, dict]]:
+    """(line number, JSON object) for each non-blank line; a malformed line, or a file without
+    rows, is a ConfigError naming file:line."""
+    rows = []
+    with path.open("rb") as lines:  # decoded line by line, so that bad bytes are found with their line
+        for number, raw in enumerate(lines, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(
+                    f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -83,19 +96,10 @@ def read_examples(path: Path, *, question_field: str, answer_field: str) -> list
                 ) from None
             if not isinstance(row, dict):
                 raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            question = _field(row, question_field, "question_field", where)
-            answer = _field(row, answer_field, "answer_field", where)
-            if not isinstance(question, str):
-                raise ConfigError(f"{where}: field {question_field!r} must be a string")
-            if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-                raise ConfigError(f"{where}: field {answer_field!r} must be a string or a number")
-            reference = reference_answer(str(answer))
-            if not reference:
-                raise ConfigError(f"{where}: field {answer_field!r} has no final answer")
-            examples.append(Example(f"{path.name}:{number}", question, reference))
-    if not examples:
+            rows.append((number, row))
+    if not rows:
         raise ConfigError(f"{path} has no rows; expected one JSON object per line")
-    return examples
+    return rows
 
 
 def reference_answer(raw: str) -> str:
@@ -103,6 +107,27 @@ def reference_answer(raw: str) -> str:
     if "####" in raw:
         return raw.rsplit("####", 1)[1].strip().replace(",", "")
     return raw.strip()
+
+
+def hold_out(
+    examples: list[Example], num_eval: int | None, rng: random.Random, *, task: str, source: str
+) -> tuple[list[Example], list[Example]]:
+    """(train, eval): `num_eval` rows drawn with `rng` for evaluation, the rest to train on, both
+    in file order. For a file given without a separate eval file."""
+    if num_eval is None:
+        raise ConfigError(
+            f"task {task!r}: no eval_path, so set num_eval to how many rows of "
+            f"{source} to hold out for evaluation (or pass eval_path)"
+        )
+    if num_eval >= len(examples):
+        raise ConfigError(
+            f"task {task!r}: num_eval={num_eval} would hold out all {len(examples)} rows of "
+            f"{source}; lower num_eval or pass eval_path"
+        )
+    held_out = set(rng.sample(range(len(examples)), num_eval))
+    eval_ = [ex for i, ex in enumerate(examples) if i in held_out]
+    train = [ex for i, ex in enumerate(examples) if i not in held_out]
+    return train, eval_
 
 
 def subsample(

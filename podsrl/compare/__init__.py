@@ -1,0 +1,144 @@
+"""``podsrl compare``: methods x seeds under one shared budget; accuracy against optimizer steps and
+against training wall-clock, and the step and time at which each method reaches the baseline's peak.
+
+    podsrl compare                                    # the embedded default (= configs/compare.toml)
+    podsrl compare configs/compare-2digit.toml --seeds 3 --out runs/compare-2digit
+    podsrl compare my.toml --seeds 3 --methods grpo,pods_max_variance --out runs/cmp
+    podsrl compare my.toml --out runs/cmp --parallel 4 --devices 0,1,2,3   # one run per GPU
+    podsrl compare my.toml --out runs/cmp --report-only
+    podsrl compare --train.max_seconds=600            # overrides change the shared base config
+
+**Input.** A TOML file holding a base config (the usual sections; ``train.max_steps`` and/or
+``train.max_seconds`` is the shared budget, whichever comes first, ``eval.every_steps`` or
+``eval.every_seconds`` how often the held-out set is scored) and a ``[compare]`` table::
+
+    [compare]
+    seeds = 2                   # seeds per method
+    baseline = "grpo"           # the method whose peak sets the target (default "grpo")
+    target_fraction = 0.99      # the target is this fraction of the baseline's peak
+    [compare.methods]
+    grpo = { "select.rule" = "all", "rollout.n" = 4, "select.m" = 4 }
+    pods_max_variance = { "select.rule" = "max_variance", "rollout.n" = 16, "select.m" = 4 }
+
+Each method is a table of dotted overrides applied over the base. ``--section.key=value`` on the
+command line changes the base (methods still override it). Without a file, or without
+``[compare.methods]``, the default methods (:data:`DEFAULT_COMPARE`) are used. Methods may not
+change what must be shared for the comparison to mean anything: the task, the rewards, the
+evaluation protocol, the budget and the seed. Every method's resolved config is built before any
+training starts, so a typo fails at once with a ConfigError naming the method and the field
+(:mod:`podsrl.compare.plan`).
+
+**Protocol** (:mod:`podsrl.compare.runs`). Every method x seed is an ordinary ``podsrl train`` run
+in ``OUT/runs/<method>/seed<k>/``, in a process of its own (``--in-process``: in this one),
+launched seed-major (all methods of seed 0 first, so an interrupted comparison is complete for the
+first seeds). By default one run trains at a time; ``--parallel K`` keeps K runs going at once, and
+``--devices 0,1,...`` pins each run to one GPU (CUDA_VISIBLE_DEVICES; one run per GPU when K is at
+most the number of devices). Runs that train at once on one device share its time, so their
+wall-clocks are inflated: the command says so when it starts, every run records its device and
+sharing in ``launch.jsonl``, and the report (compare.json ``device_sharing``, the table's notes,
+the plot's title) says that only the step axis is then fair. Seed k trains with ``train.seed =
+base seed + k`` while the task's own ``seed`` option stays fixed (at the base ``train.seed`` unless
+the base sets ``task.options.seed``): the held-out problems are the same in every run, only the
+training randomness (prompt order, sampling, tie-breaking) varies, and with sampled evaluation
+(eval.temperature > 0) the evaluation's samples, which the trainer seeds with train.seed.
+Re-running the same command resumes: a finished run (``done.json`` written after ``train``
+returned, or an evaluation at the budget in its eval.jsonl) is skipped, an interrupted one
+continues from its last checkpoint, one interrupted before its first checkpoint starts over;
+``--seeds`` higher than before adds only the new seeds. A run directory whose config differs from
+what the plan now asks for (other than the budget, which may be raised to extend a comparison) is
+an error, not silently reused. Sequential runs' wall-clocks are comparable only if the machine's
+load is the same throughout; run comparisons on an otherwise idle machine.
+
+**Measurement** (PODS, Xu et al. 2025, Sec. 4; ALGORITHMS.md section 2; :mod:`podsrl.compare.stats`,
+:mod:`podsrl.compare.report`): held-out accuracy against optimizer steps and against the training
+clock (evaluation time excluded). The target is 0.99 x the baseline's (GRPO's) peak; on each axis
+a method's value is the first step / training time at which its accuracy reaches the target, and
+its speedup is the baseline's value to the same target divided by the method's. The step axis
+shows what a method's choice of rollouts buys per update; the time axis adds what its extra
+sampling costs.
+
+Choices made where the paper is silent (it reports one run per method):
+
+- **Seed-mean curve first, then the peak.** A method's curve is the mean over seeds at common
+  points; its peak is the maximum of that mean curve, read on the axis evaluation is scheduled on
+  (steps with ``eval.every_steps``, else time), and steps and times are read on the mean curves.
+  The alternative, per-seed peaks averaged, is biased upwards by evaluation noise (a max of noisy
+  values). The mean of the per-seed peaks is reported too (``peak_per_seed``), for information.
+- **Common points.** When the seeds' evaluations are the same points of training (time-based
+  evaluation, where evaluation i happens at about i x every_seconds, with equal counts; or
+  evaluations at the same steps, as with ``eval.every_steps`` and a step budget) the seeds are
+  aligned by evaluation index: point i is (mean of the seeds' i-th steps or training times, mean of
+  their i-th accuracies), the same points on both axes. Otherwise every seed's curve is linearly
+  interpolated onto the union of the seeds' evaluation steps (or times), restricted to the range
+  all seeds cover (no extrapolation).
+- **Step and time to target** are the x of the first point of the mean curve at or above the
+  target, not interpolated between evaluations (the paper reads evaluation points). None if never
+  reached. When the untrained model (step 0) already meets the target, no speed-up is measurable:
+  the speedup is None with a note.
+- **Intervals.** The peak's 95% interval is a Student-t interval over the seeds' accuracies at the
+  peak point (mean +- t_{0.975, k-1} s / sqrt(k)). The step's and the time's 95% intervals are
+  Student-t intervals over the seeds' own first evaluations at or above the target (each seed's
+  values are listed too); when some seed never reaches the target there is none (the table says
+  how many seeds did). With one seed there is no interval over seeds; the report says so, and the
+  plot's band is then that run's own Wilson interval per evaluation.
+
+**Output** in OUT: ``compare.json`` (per method: settings, peak and interval, steps and time to
+target with intervals and per seed, speedups on both axes, steps, median seconds per step and of
+its generate and update phases from each run's metrics.jsonl, the mean curves on both axes and
+every run's curve; the device sharing), ``compare.png`` (two panels: accuracy against optimizer
+steps and against training minutes, seed mean and 95% band, one line per method, the target dotted,
+each method's first point at it marked) and a printed table (:mod:`podsrl.compare.table`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from podsrl.compare.plan import DEFAULT_COMPARE, DEFAULT_METHODS, Method, Plan, load_plan, resolve
+from podsrl.compare.plots import plot_report
+from podsrl.compare.report import PHASES, build_report, primary_axis, write_report
+from podsrl.compare.runs import DONE_FILE, LAUNCH_FILE, RunFailed, _budget, is_finished, read_launches, run_all, run_dir, run_status
+from podsrl.compare.stats import AXES, Curve, _t975, first_reach, mean_curve, peak, seed_first_reach, speedup, t_interval
+from podsrl.errors import ConfigError
+from podsrl.compare.table import format_table
+
+__all__ = [
+    "AXES", "DEFAULT_COMPARE", "DEFAULT_METHODS", "DONE_FILE", "LAUNCH_FILE", "PHASES", "Curve", "Method", "Plan",
+    "RunFailed", "build_report", "first_reach", "format_table", "is_finished", "load_plan", "main", "mean_curve", "peak",
+    "parse_devices", "plot_report", "primary_axis", "read_launches", "resolve", "run_all", "run_dir", "run_status",
+    "seed_first_reach", "speedup", "t_interval", "write_report", "_budget", "_t975",
+]  # fmt: skip
+
+
+def parse_devices(text: str | None) -> list[str] | None:
+    """``--devices 0,1,3`` -> ["0", "1", "3"] (GPU indices, distinct); None when not given."""
+    if text is None:
+        return None
+    devices = [d.strip() for d in str(text).split(",") if d.strip()]
+    if not devices or not all(d.isdigit() for d in devices) or len(set(devices)) != len(devices):
+        raise ConfigError(f"--devices: give distinct GPU indices separated by commas, e.g. --devices 0,1; got {text!r}")
+    return devices
+
+
+def main(args, overrides: list[str]) -> int:
+    plan = load_plan(getattr(args, "config", None), overrides, seeds=getattr(args, "seeds", None), methods=getattr(args, "methods", None))
+    out = Path(getattr(args, "out", None) or "runs/compare")
+    devices = parse_devices(getattr(args, "devices", None))
+    parallel = getattr(args, "parallel", None)
+    if parallel is None:
+        parallel = len(devices) if devices else 1  # --devices alone: one run per device
+    if not getattr(args, "report_only", False):
+        try:
+            run_all(plan, out, isolate=not getattr(args, "in_process", False), parallel=parallel, devices=devices)
+        except KeyboardInterrupt:
+            print("\npodsrl compare: interrupted; run the same command again to resume where it stopped")
+            return 130
+        except RunFailed as err:
+            print(err, file=sys.stderr)
+            return err.returncode
+    report = build_report(plan, out)
+    json_path, png_path = write_report(report, out)
+    print("\n" + format_table(report))
+    print(f"\npodsrl compare: wrote {json_path} and {png_path}")
+    return 0

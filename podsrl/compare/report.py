@@ -1,0 +1,212 @@
+"""compare.json: the report rebuilt from the finished runs of a plan, on both axes (optimizer steps
+and training wall-clock)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from podsrl.compare.plan import Plan
+from podsrl.compare.plots import plot_report
+from podsrl.compare.runs import _check_same_config, is_finished, read_launches, run_dir
+from podsrl.compare.stats import AXES, Curve, first_reach, mean_curve, peak, seed_first_reach, speedup, t_interval
+from podsrl.config import Config
+from podsrl.logging import read_jsonl
+from podsrl.rundir import write_text_atomic
+
+# Per axis, the report's key prefix: steps_to_target, time_to_target_seconds, ...
+_TO_TARGET = {"step": "steps_to_target", "train_seconds": "time_to_target_seconds"}
+_SPEEDUP = {"step": "step_speedup", "train_seconds": "speedup"}
+
+DEFINITIONS = {
+    "peak": "max over evaluation points of the seed-mean accuracy curve (read on the axis evaluation is scheduled on: "
+            "steps for eval.every_steps, else training time); 95% CI: Student-t over the seeds' accuracies at that point",
+    "steps_to_target": "first optimizer step at which the seed-mean curve (accuracy against steps) reaches target_accuracy",
+    "time_to_target_seconds": "first training time (evaluation excluded) at which the seed-mean curve (accuracy against "
+                              "training seconds) reaches target_accuracy",
+    "*_to_target_ci95": "Student-t 95% interval over the seeds' own first evaluations at or above the target "
+                        "(*_to_target_per_seed); null unless every seed (at least two) reaches it",
+    "speedup": "baseline time_to_target_seconds / method time_to_target_seconds",
+    "step_speedup": "baseline steps_to_target / method steps_to_target",
+    "alignment": "seeds aligned by evaluation index when their evaluations are the same points of training (time-based "
+                 "evaluation with equal counts, or the same steps), else linearly interpolated onto the union of their x",
+    "device_sharing": "runs_per_device: the most runs that trained at once on one device (--parallel, --devices); above 1 "
+                      "they shared its time, so wall-clock times are inflated by the sharing and the step axis is the fair one",
+}  # fmt: skip
+
+
+def primary_axis(cfg: Config) -> str:
+    """The axis evaluations are scheduled on; the peak (and so the target) is read on it."""
+    return "train_seconds" if cfg.eval.every_seconds and not cfg.eval.every_steps else "step"
+
+
+def build_report(plan: Plan, out: Path) -> dict[str, Any]:
+    """Rebuild the report from the finished runs of seeds 0..plan.seeds-1 in ``out``."""
+    out = Path(out)
+    names = [m.name for m in plan.methods]
+    if plan.baseline not in names:
+        names.append(plan.baseline)  # its finished runs, if any, set the target
+    entries: dict[str, dict[str, Any]] = {}
+    rows: dict[str, list[list[dict]]] = {}
+    curves: dict[str, dict[str, Curve]] = {}
+    for name in names:
+        entry, rows[name], curves[name] = _method_entry(plan, out, name)
+        if name == plan.baseline and name not in [m.name for m in plan.methods] and not entry["runs"]:
+            continue
+        entries[name] = entry
+
+    base = entries.get(plan.baseline)
+    base_peak = base["peak_accuracy"] if base else None
+    target = plan.target_fraction * base_peak if base_peak is not None else None
+    base_at = {axis: first_reach(curves[plan.baseline][axis], target) if target is not None else None for axis in AXES}
+    notes = []
+    if base_peak is None:
+        notes.append(f"no finished run of the baseline {plan.baseline!r}: no target, no steps, times or speedups")
+    elif base_at["step"] == 0 or base_at["train_seconds"] == 0:
+        notes.append("the untrained model already meets the target (step 0, time 0): no speedup is measurable")
+    for name, entry in entries.items():
+        for axis in AXES:
+            key = _TO_TARGET[axis]
+            at = first_reach(curves[name][axis], target) if target is not None else None
+            per_seed = [seed_first_reach(r, target, axis) for r in rows[name]] if target is not None else []
+            reached = [v for v in per_seed if v is not None]
+            entry[key] = at
+            entry[f"{key}_per_seed"] = per_seed
+            entry[f"{key}_ci95"] = list(t_interval(reached)) if per_seed and len(reached) == len(per_seed) and len(reached) >= 2 else None
+            entry[_SPEEDUP[axis]] = speedup(base_at[axis], at)
+        if entry["steps_to_target"] == 0:
+            entry["note"] = "the target is met at step 0 (before training): no speedup"
+    sharing = _device_sharing(entries)
+    if sharing["runs_per_device"] > 1:
+        notes.append(
+            f"up to {sharing['runs_per_device']} runs trained at once on one device and shared its time: their training "
+            "wall-clocks are inflated by the sharing, so compare the methods on the step axis"
+        )
+    cfg = plan.config(plan.methods[0].name, 0)
+    return {
+        "baseline": plan.baseline,
+        "baseline_peak_accuracy": base_peak,
+        "target_fraction": plan.target_fraction,
+        "target_accuracy": target,
+        "budget_seconds": cfg.train.max_seconds,
+        "budget_steps": cfg.train.max_steps,
+        "peak_axis": primary_axis(cfg),
+        "eval_every": {"steps": cfg.eval.every_steps or None, "seconds": cfg.eval.every_seconds or None},
+        "eval_problems": _eval_problems(entries),
+        "seeds": plan.seeds,
+        "device_sharing": sharing,
+        "definitions": DEFINITIONS,
+        "notes": notes,
+        "methods": entries,
+    }
+
+
+def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], list[list[dict]], dict[str, Curve]]:
+    """A method's report entry (without its target numbers), its runs' eval rows and its curves."""
+    cfg0 = plan.config(name, 0)
+    runs, rows_per_run, missing, all_metrics = [], [], [], []
+    for seed in range(plan.seeds):
+        cfg = plan.config(name, seed)
+        path = run_dir(out, name, seed)
+        if not (path / "config.toml").is_file() or not is_finished(path, cfg):
+            missing.append(seed)
+            continue
+        _check_same_config(path, cfg)
+        evals = sorted(read_jsonl(path / "eval.jsonl"), key=lambda r: r["train_seconds"])
+        metrics = read_jsonl(path / "metrics.jsonl")
+        all_metrics += metrics
+        steps = max([r["step"] for r in metrics] + [r["step"] for r in evals] + [0])
+        rows_per_run.append(evals)
+        launches = read_launches(path)
+        runs.append({
+            "seed": seed,
+            "train_seed": cfg.train.seed,
+            "dir": str(path),
+            "steps": steps,
+            "train_seconds": [r["train_seconds"] for r in evals],
+            "step": [r["step"] for r in evals],
+            "accuracy": [r["accuracy"] for r in evals],
+            "problems": evals[-1]["problems"] if evals else None,
+            "peak_accuracy": max((r["accuracy"] for r in evals), default=None),
+            "median_seconds": _median_phase_seconds(metrics),
+            "device": launches[-1].get("device") if launches else None,
+            "runs_per_device": max((int(r.get("runs_on_device", 1)) for r in launches), default=None),
+        })  # fmt: skip
+    e = cfg0.eval
+    time_based = bool(e.every_seconds) and not e.every_steps
+    curves = {axis: mean_curve(rows_per_run, time_based_eval=time_based, axis=axis) for axis in AXES}
+    main = curves[primary_axis(cfg0)]
+    top = peak(main)
+    ci, ci_note = None, None
+    if top is not None:
+        ci = t_interval([seed_acc[top[0]] for seed_acc in main.per_seed])
+        if len(runs) == 1:
+            ci_note = "1 seed: no confidence interval over seeds"
+    same_points = main.aligned_by == "index"  # then both axes share the points and the peak's index
+    peak_at = {axis: (curves[axis].x[top[0]] if top and (axis == main.axis or same_points) else None) for axis in AXES}
+    sel = cfg0.select
+    entry = {
+        "overrides": plan.all_methods[name].overrides,
+        "rule": sel.rule,
+        "n": cfg0.rollout.n,
+        "m": sel.m,
+        "m_final": sel.m_final if sel.m_final not in (None, sel.m) else None,
+        "token_fraction": [sel.token_fraction, sel.token_fraction_final or sel.token_fraction] if sel.uses_token_selection else None,
+        "seeds_done": [r["seed"] for r in runs],
+        "seeds_missing": missing,
+        "peak_accuracy": top[1] if top else None,
+        "peak_ci95": list(ci) if ci else None,
+        "peak_step": peak_at["step"],
+        "peak_train_seconds": peak_at["train_seconds"],
+        "peak_per_seed": [r["peak_accuracy"] for r in runs],
+        "steps": [r["steps"] for r in runs],
+        "median_seconds": _median_phase_seconds(all_metrics),
+        "curves": {
+            axis: {"x": c.x, "accuracy": c.accuracy, "band_low": c.band_low, "band_high": c.band_high, "aligned_by": c.aligned_by}
+            for axis, c in curves.items()
+        },
+        "runs": runs,
+    }
+    if ci_note:
+        entry["peak_ci_note"] = ci_note
+    return entry, rows_per_run, curves
+
+
+def _device_sharing(entries: dict[str, dict]) -> dict[str, Any]:
+    """The most runs that trained at once on one device, over every reported run (1 for runs
+    without a launch record: a comparison made before they were kept ran one run at a time)."""
+    per_run = [run.get("runs_per_device") or 1 for entry in entries.values() for run in entry["runs"]]
+    devices = sorted({str(run["device"]) for entry in entries.values() for run in entry["runs"] if run.get("device") is not None})
+    most = max(per_run, default=1)
+    return {"runs_per_device": most, "devices": devices, "fair_axes": ["step", "train_seconds"] if most <= 1 else ["step"]}
+
+
+PHASES = ("step", "generate", "update")
+
+
+def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
+    """Median seconds per training step of the whole step and of its generate and update phases
+    (``time/<phase>`` in metrics.jsonl, over every logged step): what explains a speedup."""
+    out = {}
+    for phase in PHASES:
+        values = [r[f"time/{phase}"] for r in metrics if isinstance(r.get(f"time/{phase}"), (int, float))]
+        out[phase] = statistics.median(values) if values else None
+    return out
+
+
+def _eval_problems(entries: dict[str, dict]) -> int | None:
+    for entry in entries.values():
+        for run in entry["runs"]:
+            if run["problems"]:
+                return run["problems"]
+    return None
+
+
+def write_report(report: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "compare.json"
+    write_text_atomic(json_path, json.dumps(report, indent=2, allow_nan=False) + "\n")
+    return json_path, plot_report(report, out / "compare.png")

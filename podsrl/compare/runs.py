@@ -1,0 +1,319 @@
+"""Running a comparison: every method x seed an ordinary ``podsrl train`` run in its own directory,
+resumable (finished runs skipped, interrupted ones continued from their last checkpoint).
+
+Runs are launched seed-major, one at a time by default. ``parallel`` > 1 keeps that many child
+processes going at once; ``devices`` (GPU indices) pins each child to one GPU with
+CUDA_VISIBLE_DEVICES, the next run going to the device with the fewest runs on it. Runs that train
+at the same time on one device (parallel above the number of devices, or parallel runs with no
+devices given) share its time: each run's ``launch.jsonl`` records its device and the most runs
+it shared that device with, and the report then says that the wall-clock axis is not fair."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from podsrl import checkpoint as ckpt
+from podsrl import config as config_mod
+from podsrl.compare.plan import _MAY_DIFFER, Plan
+from podsrl.config import Config
+from podsrl.errors import ConfigError
+from podsrl.logging import read_jsonl
+from podsrl.rundir import write_text_atomic
+
+DONE_FILE = "done.json"
+LAUNCH_FILE = "launch.jsonl"  # one line per launch of the run: device, parallel, runs_on_device, exit_code
+LOG_FILE = "train.log"  # a child's output when runs go in parallel (one run at a time: passed through)
+_POLL_SECONDS = 0.5
+
+
+def run_dir(out: Path, method: str, seed: int) -> Path:
+    return Path(out) / "runs" / method / f"seed{seed}"
+
+
+def run_status(path: Path, cfg: Config) -> str:
+    """"new", "done", "resume" (has a checkpoint) or "restart" (started, no checkpoint)."""
+    path = Path(path)
+    if not (path / "config.toml").is_file():
+        return "new"
+    _check_same_config(path, cfg)
+    if is_finished(path, cfg):
+        return "done"
+    return "resume" if ckpt.latest(path) is not None else "restart"
+
+
+def is_finished(path: Path, cfg: Config) -> bool:
+    """Trained to ``cfg``'s budget: our done marker for that budget, or an evaluation at the budget
+    (a periodic evaluation never happens at or past the budget, so it is the final one)."""
+    done = Path(path) / DONE_FILE
+    if done.is_file() and json.loads(done.read_text()) == _budget(cfg):
+        return True
+    evals = read_jsonl(Path(path) / "eval.jsonl")
+    if not evals:
+        return False
+    last, t = evals[-1], cfg.train
+    return bool((t.max_seconds and last["train_seconds"] >= t.max_seconds) or (t.max_steps and last["step"] >= t.max_steps))
+
+
+def _budget(cfg: Config) -> dict[str, Any]:
+    return {"max_seconds": cfg.train.max_seconds, "max_steps": cfg.train.max_steps}
+
+
+def _check_same_config(path: Path, cfg: Config) -> None:
+    try:
+        existing = config_mod.load(path / "config.toml").to_dict()
+    except ConfigError as err:
+        raise ConfigError(f"{path}: its config.toml does not load ({err}); use another --out or delete that run") from None
+    wanted = cfg.to_dict()
+    differ = [
+        f"{section}.{key}"
+        for section, values in wanted.items()
+        for key, value in values.items()
+        if f"{section}.{key}" not in _MAY_DIFFER and existing.get(section, {}).get(key) != value
+    ]
+    if differ:
+        raise ConfigError(
+            f"{path} was trained with a different config ({', '.join(differ)} differ from the plan); "
+            "use another --out for a changed comparison, or delete that run directory"
+        )
+
+
+class RunFailed(Exception):
+    """A method x seed's training process exited with an error (its own output says why)."""
+
+    def __init__(self, message: str, returncode: int):
+        super().__init__(message)
+        self.returncode = returncode
+
+
+def run_all(
+    plan: Plan,
+    out: Path,
+    *,
+    log=print,
+    isolate: bool = True,
+    parallel: int = 1,
+    devices: list[str] | None = None,
+) -> None:
+    """Train every method x seed not finished yet, launched seed-major; the report is refreshed
+    after each run finishes.
+
+    ``isolate``: each run is its own ``podsrl train`` process, so every run starts from the same
+    clean state (memory, threads, an in-process vLLM engine's allocations) and a crash loses only
+    that run. ``False`` trains in this process (tests, debugging), one run at a time.
+    ``parallel``: how many runs train at once (child processes). ``devices``: GPU indices, each
+    run pinned to one with CUDA_VISIBLE_DEVICES (the least loaded, first on ties)."""
+    from podsrl.compare.report import build_report, write_report  # report reads run directories: imported here
+
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ConfigError(f"--parallel: must be a whole number >= 1, got {parallel!r}")
+    if not isolate and (parallel > 1 or devices):
+        raise ConfigError("--parallel and --devices run every run in a process of its own; drop --in-process")
+    jobs = [(seed, m.name) for seed in range(plan.seeds) for m in plan.methods]
+    todo = []
+    for i, (seed, name) in enumerate(jobs, 1):
+        cfg = plan.config(name, seed)
+        path = run_dir(out, name, seed)
+        status = run_status(path, cfg)
+        job = _Job(f"[{i}/{len(jobs)}] {name} seed {seed}", f"{name} seed {seed}", cfg, path, resume=status == "resume")
+        if status == "done":
+            log(f"podsrl compare: {job.head} (train.seed={cfg.train.seed}): finished earlier, skipped")
+            continue
+        if status == "restart":  # interrupted before its first checkpoint: nothing to resume
+            shutil.rmtree(path)
+        todo.append(job)
+    if devices:
+        _check_pinnable(todo, devices)
+
+    def finished(job: _Job) -> None:
+        write_text_atomic(job.path / DONE_FILE, json.dumps(_budget(job.cfg)))
+        write_report(build_report(plan, out), out)
+
+    if not isolate:
+        from podsrl.trainer import train
+
+        for job in todo:
+            log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}, budget {budget_text(job.cfg)} -> {job.path}")
+            train(job.cfg, run_dir=job.path, resume=job.resume, log=log)
+            _write_launch(job.path, device=None, parallel=1, runs_on_device=1, exit_code=0)
+            finished(job)
+        return
+    _run_pool(todo, parallel=parallel, devices=devices, log=log, on_success=finished)
+
+
+@dataclass
+class _Job:
+    head: str  # "[3/8] pods_random seed 0"
+    what: str  # "pods_random seed 0"
+    cfg: Config
+    path: Path
+    resume: bool
+    device: str | None = None
+    runs_on_device: int = 1  # the most runs on its device while it ran, itself included
+    proc: subprocess.Popen | None = None
+    tmp: tempfile.TemporaryDirectory | None = None
+    output: Any = None  # the open train.log, when the output is not passed through
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def verb(self) -> str:
+        return "resuming" if self.resume else "training"
+
+
+def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log, on_success) -> None:
+    """Keep up to ``parallel`` child processes going until ``todo`` is done. After a failure no
+    new run starts; the running ones finish (they are kept), then RunFailed is raised."""
+    slots: list[str | None] = list(devices) if devices else [None]
+    per_device = -(-min(parallel, len(todo)) // len(slots))  # ceil: the most runs one device gets at once
+    if per_device > 1:
+        where = f"each of the devices {','.join(slots)}" if devices else "one device (the machine's CPU or its one GPU)"
+        log(f"podsrl compare: up to {per_device} runs train at once on {where} and share its time: wall-clock times "
+            "are inflated by the sharing, so the step axis is the fair comparison")  # fmt: skip
+    env = dict(os.environ)
+    if parallel > 1 and "OMP_NUM_THREADS" not in env and todo:
+        # Each child would otherwise start a thread per core: K children oversubscribe the CPU.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // min(parallel, len(todo))))
+    queue, running, failed = deque(todo), [], []
+    try:
+        while queue or running:
+            while queue and len(running) < parallel and not failed:
+                job = queue.popleft()
+                job.device = min(slots, key=lambda d: sum(j.device == d for j in running))
+                _start(job, env, quiet=parallel > 1)
+                running.append(job)
+                on_device = [j for j in running if j.device == job.device]
+                for j in on_device:
+                    j.runs_on_device = max(j.runs_on_device, len(on_device))
+                pin = "" if job.device is None else f" on device {job.device}"
+                out = f" (output in {job.path / LOG_FILE})" if parallel > 1 else ""
+                log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}{pin}, budget {budget_text(job.cfg)} -> {job.path}{out}")
+            if not running:
+                break  # a run failed and the others have finished
+            time.sleep(_POLL_SECONDS)
+            for job in [j for j in running if j.proc.poll() is not None]:
+                running.remove(job)
+                rc = _end(job, parallel)
+                minutes = (time.monotonic() - job.started) / 60
+                if rc == 0:
+                    log(f"podsrl compare: {job.head}: finished ({minutes:.1f} min of wall-clock)")
+                    on_success(job)
+                else:
+                    failed.append((job, rc))
+                    if parallel > 1:
+                        log(f"podsrl compare: {job.head}: failed with exit code {rc}; the end of {job.path / LOG_FILE}:\n{_tail(job.path / LOG_FILE)}")
+                    if running:
+                        log(f"podsrl compare: no new runs start; waiting for the {len(running)} running to finish")
+    except KeyboardInterrupt:
+        _stop(running, parallel)
+        raise
+    if failed:
+        job, rc = failed[0]
+        where = f"its output is in {job.path / LOG_FILE}" if parallel > 1 else "its output is above"
+        more = f" ({len(failed) - 1} more run(s) failed too)" if len(failed) > 1 else ""
+        raise RunFailed(
+            f"podsrl compare: the run {job.what} ({job.path}) failed with exit code {rc} ({where}){more}; "
+            "finished runs are kept: fix the cause and run the same command again to go on",
+            rc,
+        )
+
+
+def train_command(job_config: Path, path: Path, *, resume: bool) -> list[str]:
+    """The child process of one run: ``podsrl train`` with this interpreter."""
+    where = ["--resume", str(path)] if resume else ["--out", str(path)]
+    return [sys.executable, "-m", "podsrl.cli", "train", str(job_config), *where, "--no-plot"]
+
+
+def _start(job: _Job, env: dict[str, str], *, quiet: bool) -> None:
+    job.tmp = tempfile.TemporaryDirectory(prefix="podsrl-compare-")
+    config = Path(job.tmp.name) / "config.toml"
+    cfg = job.cfg
+    if quiet:  # a progress bar written to a log file is noise (train.progress may differ from the plan)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress=False))
+    config.write_text(config_mod.to_toml(cfg))
+    child_env = dict(env)
+    if job.device is not None:
+        child_env["CUDA_VISIBLE_DEVICES"] = job.device
+    if quiet:
+        job.path.mkdir(parents=True, exist_ok=True)
+        job.output = open(job.path / LOG_FILE, "a")
+    job.started = time.monotonic()
+    job.proc = subprocess.Popen(train_command(config, job.path, resume=job.resume), env=child_env,
+                                stdout=job.output, stderr=subprocess.STDOUT if quiet else None)  # fmt: skip
+
+
+def _end(job: _Job, parallel: int) -> int:
+    """Clean up after a child that has exited; its launch record is appended to the run directory."""
+    rc = job.proc.returncode
+    if job.output is not None:
+        job.output.close()
+    job.tmp.cleanup()
+    _write_launch(job.path, device=job.device, parallel=parallel, runs_on_device=job.runs_on_device, exit_code=rc)
+    return rc
+
+
+def _stop(running: list[_Job], parallel: int) -> None:
+    """On Ctrl-C: the children in the terminal's process group got the SIGINT too; give them time
+    to stop (a run resumes from its last checkpoint), then interrupt, then kill what is left."""
+    for sig, grace in ((None, 10.0), (signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
+        alive = [j for j in running if j.proc.poll() is None]
+        if not alive:
+            break
+        for job in alive:
+            if sig is not None:
+                job.proc.send_signal(sig)
+        deadline = time.monotonic() + grace
+        for job in alive:
+            try:
+                job.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    for job in running:
+        if job.proc.poll() is not None:
+            _end(job, parallel)
+
+
+def _check_pinnable(todo: list[_Job], devices: list[str]) -> None:
+    """CUDA_VISIBLE_DEVICES=N makes GPU N the child's only GPU, cuda:0: a run must not name another."""
+    for job in todo:
+        device = job.cfg.model.device
+        if device not in ("auto", "cuda", "cuda:0"):
+            raise ConfigError(
+                f"--devices pins each run to one GPU with CUDA_VISIBLE_DEVICES, which its model.device={device!r} "
+                f"({job.what}) contradicts; set model.device to auto or cuda"
+            )
+
+
+def _write_launch(path: Path, **record: Any) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / LAUNCH_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_launches(path: Path) -> list[dict]:
+    """The run's launch records, oldest first ([] for a run made before they were kept)."""
+    return read_jsonl(Path(path) / LAUNCH_FILE)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output)"
+
+
+def budget_text(cfg: Config) -> str:
+    """"80 steps", "10.0 min" or "80 steps or 10.0 min (whichever first)"."""
+    t = cfg.train
+    parts = ([f"{t.max_steps} steps"] if t.max_steps else []) + ([f"{t.max_seconds / 60:.1f} min"] if t.max_seconds else [])
+    return " or ".join(parts) + (" (whichever first)" if len(parts) > 1 else "")

@@ -1,0 +1,69 @@
+"""The printed table: per method, the peak with its interval, the step and the training time at
+which the seed mean first reaches the target (95% intervals over the seeds' own first points), the
+speedups on both axes, and the cost of a step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _format_phases(med: dict[str, float | None]) -> str:
+    if med.get("step") is None:
+        return "-"
+    parts = ", ".join("-" if med.get(p) is None else f"{med[p]:.1f}" for p in ("generate", "update"))
+    return f"{med['step']:.1f} ({parts})"
+
+
+def _reach(value: float | None, ci: list[float] | None, per_seed: list, has_target: bool, fmt) -> str:
+    """"40 [31, 49]", "40 (2/3 seeds)" when not every seed reaches it, "never", or "-" (no target)."""
+    if not has_target:
+        return "-"
+    if value is None:
+        return "never"
+    text = fmt(value)
+    if ci:
+        return f"{text} [{fmt(max(0.0, ci[0]))}, {fmt(ci[1])}]"
+    reached = sum(v is not None for v in per_seed)
+    return f"{text} ({reached}/{len(per_seed)} seeds)" if reached < len(per_seed) else text
+
+
+def format_table(report: dict[str, Any]) -> str:
+    pct = f"{100 * report['target_fraction']:.0f}%"
+    rows = [("method", "rule", "n", "m", "peak acc (95% CI)", f"step to {pct} {report['baseline']} peak", "step speedup",
+             f"min to {pct} {report['baseline']} peak", "time speedup", "steps", "s/step (generate, update)")]  # fmt: skip
+    has_target = report["target_accuracy"] is not None
+    for name, e in report["methods"].items():
+        m = f"{e['m']}->{e['m_final']}" if e["m_final"] else str(e["m"])
+        if e["peak_accuracy"] is None:
+            acc = "no finished run"
+        elif e["peak_ci95"]:
+            low, high = (100 * min(1.0, max(0.0, v)) for v in e["peak_ci95"])  # a t-interval can leave [0, 1]
+            acc = f"{100 * e['peak_accuracy']:.1f}% [{low:.1f}, {high:.1f}]"
+        else:
+            acc = f"{100 * e['peak_accuracy']:.1f}% (1 seed, no CI)"
+        steps = _reach(e["steps_to_target"], e["steps_to_target_ci95"], e["steps_to_target_per_seed"], has_target, lambda v: f"{v:.0f}")
+        minutes = _reach(e["time_to_target_seconds"], e["time_to_target_seconds_ci95"], e["time_to_target_seconds_per_seed"],
+                         has_target, lambda v: f"{v / 60:.1f}")  # fmt: skip
+        rows.append((
+            name, e["rule"], str(e["n"]), m, acc,
+            steps, "-" if e["step_speedup"] is None else f"{e['step_speedup']:.2f}x",
+            minutes, "-" if e["speedup"] is None else f"{e['speedup']:.2f}x",
+            ", ".join(map(str, e["steps"])) or "-",
+            _format_phases(e.get("median_seconds") or {}),
+        ))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    head = []
+    budget = " or ".join(
+        ([f"{report['budget_steps']} steps"] if report.get("budget_steps") else [])
+        + ([f"{report['budget_seconds'] / 60:.1f} min of training"] if report.get("budget_seconds") else [])
+    )
+    if has_target:
+        head.append(
+            f"target: {pct} of {report['baseline']}'s peak {100 * report['baseline_peak_accuracy']:.1f}% = "
+            f"{100 * report['target_accuracy']:.1f}% held-out accuracy; budget {budget} per run"
+        )
+    head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
+                "first evaluations at it]; speedup: the baseline's over the method's")  # fmt: skip
+    return "\n".join(head + lines + [f"note: {n}" for n in report["notes"]])

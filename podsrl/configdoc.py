@@ -1,0 +1,108 @@
+"""`podsrl config [SECTION]`: every configuration field with its default and a one-line description,
+written as a TOML file a user can start from.
+
+The descriptions are the trailing comments on the dataclass fields in `podsrl/config.py`
+(`name: type = default  # description`), read at run time with `ast` (where each field's statement
+ends) and `tokenize` (the comment on that line), so they are written in one place and cannot drift
+from the code; `tests/test_configdoc.py` fails when a field has none. The values are those of the
+resolved `Config`, so `--section.key=value` overrides show up, and `task.options` is the
+default task's merged options.
+
+The output parses with `tomllib` and `podsrl.config.load` reads it back to the same `Config`:
+TOML has no null, so a None is written as the string "none", which the loader reads as None.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import io
+import textwrap
+import tokenize
+import typing
+from functools import lru_cache
+
+from podsrl import config as config_mod
+from podsrl.errors import ConfigError
+
+HEADER = """\
+# podsrl configuration: every setting with its default value and what it does.
+# Save this (podsrl config > my.toml), edit it, and run `podsrl train my.toml`. Settings you delete
+# keep their defaults; any one can also be given on the command line as --section.key=value.
+# TOML has no null: "none" means None.
+"""
+
+
+def sections() -> dict[str, type]:
+    """Config section name -> its dataclass, in the order of `Config`'s fields."""
+    return typing.get_type_hints(config_mod.Config)
+
+
+@lru_cache(maxsize=None)
+def field_help() -> dict[str, dict[str, str]]:
+    """{section: {field: description}} from the trailing comments in podsrl/config.py.
+
+    A field without a trailing comment is absent from its section's dict.
+    """
+    source = inspect.getsource(config_mod)
+    comments = {
+        token.start[0]: token.string.lstrip("#").strip()
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    }
+    classes = {
+        node.name: node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)
+    }
+    result = {}
+    for section, cls in sections().items():
+        result[section] = {
+            node.target.id: comments[node.end_lineno]
+            for node in classes[cls.__name__].body
+            if isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.end_lineno in comments
+        }
+    return result
+
+
+def render(cfg: config_mod.Config | None = None, section: str | None = None) -> str:
+    """The TOML text of `cfg` (default: the defaults), one section or all, with descriptions."""
+    cfg = config_mod.Config() if cfg is None else cfg
+    names = list(sections())
+    if section is not None and section not in names:
+        raise ConfigError(f"unknown config section {section!r}; valid sections: {', '.join(names)}")
+    helps = field_help()
+    blocks = [HEADER]
+    for name in names if section is None else [section]:
+        values = getattr(cfg, name)
+        rows = [
+            (f"{f.name} = {_value(getattr(values, f.name))}", helps[name].get(f.name, ""))
+            for f in dataclasses.fields(values)
+        ]
+        width = min(max(len(setting) for setting, _ in rows), 44)
+        lines = [f"[{name}]"]
+        for setting, description in rows:
+            lines.append(f"{setting:<{width}}  # {description}" if description else setting)
+        if name == "task":
+            lines.append(_task_options_comment(cfg.task.name))
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
+
+
+def _value(value: object) -> str:
+    return '"none"' if value is None else config_mod._toml_value(value)
+
+
+def _task_options_comment(task: str) -> str:
+    """A comment listing the options the task's loader takes, with their defaults."""
+    from podsrl.tasks import TASKS
+
+    parameters = inspect.signature(TASKS[task]).parameters.values()
+    options = ", ".join(
+        f"{p.name} (required)" if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+        for p in parameters
+    )
+    module = TASKS[task].__module__.replace(".", "/")
+    text = f"options of task {task!r} (see {module}.py; another task takes its own): {options}"
+    return textwrap.fill(text, width=100, initial_indent="# ", subsequent_indent="#   ")

@@ -1,0 +1,132 @@
+"""Rewards both ways between podsrl and TRL (this module does not import TRL).
+
+podsrl's rewards are per completion, ``fn(completion: str, example: Example) -> float``; TRL's are
+batched, ``fn(prompts, completions, **columns) -> list[float | None]``, where ``columns`` are the
+dataset's other columns, one value per completion (TRL also passes ``completion_ids``,
+``trainer_state``, ``log_extra`` and ``log_metric``).
+
+- :func:`as_trl_reward` turns a podsrl reward (a name such as ``"correctness"``, a
+  ``"module:function"`` spec, or a function) into a TRL reward function. The reference answer
+  comes from the dataset column ``answer_column`` (default ``"answer"``), the question from the
+  prompt (the last user message of a conversational prompt). A conversational completion is scored
+  on its last message's content.
+- :func:`from_batched` turns a TRL-style batched function into a podsrl reward; ``podsrl train``
+  does this by itself for a ``"module:function"`` reward whose function has a parameter named
+  ``completions`` (:func:`is_batched`). It is called with ``prompts=[question]``,
+  ``completions=[completion]`` (plain strings, TRL's "standard" format), ``answer=[answer]``,
+  ``id=[id]`` and ``question=[question]``, only the names the function accepts unless it takes
+  ``**kwargs``; it must return one number. One call per completion: correct, not batched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from podsrl.errors import ConfigError
+from podsrl.tasks import Example
+
+__all__ = ["as_trl_reward", "from_batched", "is_batched"]
+
+
+def _text(message: Any) -> str:
+    """The text of a completion or prompt: a string as is, a conversation's last message's content."""
+    if isinstance(message, str):
+        return message
+    if isinstance(message, (list, tuple)) and message and isinstance(message[-1], dict):
+        content = message[-1].get("content", "")
+        if isinstance(content, list):  # content blocks [{"type": "text", "text": ...}]
+            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return str(content)
+    return str(message)
+
+
+def _question(prompt: Any) -> str:
+    if isinstance(prompt, (list, tuple)):
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        return _text(users[-1:]) if users else _text(prompt)
+    return _text(prompt)
+
+
+def as_trl_reward(
+    reward: str | Callable[[str, Example], float], *, answer_column: str = "answer"
+) -> Callable[..., list[float]]:
+    """A TRL reward function ``fn(prompts, completions, **columns) -> list[float]`` from a podsrl reward.
+
+    ``reward`` is a built-in name (``"correctness"``, ``"format"``), a ``"module:function"`` spec,
+    or a function ``fn(completion, example) -> float``. The returned function is named after the
+    reward (TRL logs it as ``rewards/<name>/mean``).
+    """
+    from podsrl.rewards import get_reward
+
+    if isinstance(reward, str):
+        fn, name = get_reward(reward), reward.rpartition(":")[2]
+    elif callable(reward):
+        fn, name = reward, getattr(reward, "__name__", "reward")
+    else:
+        raise ConfigError(f"reward must be a name or a function fn(completion, example), got {type(reward).__name__}")
+
+    def trl_reward(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+        answers = columns.get(answer_column)
+        if answers is None:
+            raise ValueError(
+                f"podsrl reward {name!r} needs the reference answer in a dataset column {answer_column!r}; "
+                f"the columns passed were {sorted(k for k in columns if not k.startswith(('trainer_', 'log_')))}; "
+                "add the column or pass answer_column=... to as_trl_reward"
+            )
+        ids = columns.get("id") or [str(i) for i in range(len(completions))]
+        return [
+            float(fn(_text(completion), Example(str(id_), _question(prompt), str(answer))))
+            for prompt, completion, answer, id_ in zip(prompts, completions, answers, ids, strict=True)
+        ]
+
+    trl_reward.__name__ = trl_reward.__qualname__ = name
+    trl_reward.__doc__ = f"podsrl reward {name!r} as a TRL reward function."
+    return trl_reward
+
+
+def is_batched(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` looks like a TRL-style batched reward: it has a parameter named ``completions``."""
+    try:
+        return "completions" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def from_batched(fn: Callable[..., Sequence[float | None]], spec: str = "") -> Callable[[str, Example], float]:
+    """A podsrl reward ``fn(completion, example) -> float`` calling a TRL-style batched reward on one completion.
+
+    Raises ConfigError at once if ``fn`` needs an argument podsrl cannot give (e.g. ``completion_ids``
+    without a default, or a dataset column other than answer/id/question).
+    """
+    label = spec or getattr(fn, "__name__", "reward")
+    params = inspect.signature(fn).parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    def arguments(completion: str, example: Example) -> dict[str, list[str]]:
+        offered = {
+            "prompts": [example.question],
+            "completions": [completion],
+            "answer": [example.answer],
+            "id": [example.id],
+            "question": [example.question],
+        }
+        return offered if takes_kwargs else {k: v for k, v in offered.items() if k in params}
+
+    try:
+        inspect.signature(fn).bind(**arguments("", Example("", "", "")))
+    except TypeError as exc:
+        raise ConfigError(
+            f"reward {label!r} is a TRL-style batched function but cannot be called with the columns podsrl "
+            f"has (prompts, completions, answer, id, question): {exc}; give its other parameters defaults"
+        ) from None
+
+    def reward(completion: str, example: Example) -> float:
+        values = fn(**arguments(completion, example))
+        if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != 1:
+            raise TypeError(f"a batched reward must return a list with one value per completion, got {values!r}")
+        return values[0]  # podsrl checks it is a finite number (RewardError otherwise)
+
+    reward.__name__ = getattr(fn, "__name__", "reward")
+    return reward

