@@ -27,7 +27,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -107,7 +107,6 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     task = build_task(cfg)
     rewards = resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights)))
     policy = load_policy(cfg.model, device=rank_device(cfg.model.device, dist.local_rank, dist.world) if dist.active else None)
-    rollout = cfg.rollout
     if dist.active:
         if dist.sharded:
             on_gpu = next(policy.model.parameters()).device.type == "cuda"
@@ -115,10 +114,8 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
             fsdp_wrap(policy.model, mixed_precision=mp == "bf16" or (mp == "auto" and on_gpu))
         else:
             dist.broadcast_params(policy.model)  # identical start on every rank (LoRA's random A)
-        if dist.world > 1 and rollout.engine == "auto":  # vLLM per rank: not yet (docs/distributed.md)
-            rollout = replace(rollout, engine="transformers")
     threads = torch.get_num_threads()
-    engine = make_engine(rollout, policy)
+    engine = make_engine(cfg.rollout, policy)
     torch.set_num_threads(threads)  # an in-process engine (vLLM) may lower it for itself
     if dist.sharded:
         engine.synced_gpus = True
@@ -407,7 +404,7 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
     device = next(model.parameters()).device
     log(
         f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
-        + f", rollout engine {resolve_engine(s.cfg.rollout.engine) if dist.world == 1 else 'transformers'}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
+        + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
         + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
     )  # fmt: skip
     logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()

@@ -105,10 +105,12 @@ def test_two_ranks_step_equals_one(step_results, case):
 # ------------------------------------------------------------------------------ end to end
 
 
-def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file, parallel):
     from podsrl.config import to_toml
 
-    cfg = from_dict(tiny_config_dict(tiny_model_dir, reward_file, **{**BASE, "train.checkpoint_every": 2}))
+    overrides = {**BASE, "train.checkpoint_every": 2, "distributed.parallel": parallel}
+    cfg = from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))
     config = tmp_path / "run.toml"
     config.write_text(to_toml(cfg))
     run = tmp_path / "run"
@@ -127,6 +129,11 @@ def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert (run / "checkpoints" / "step-000003").is_dir()
+    if parallel == "fsdp":  # the gathered checkpoint holds every weight, full size
+        from transformers import AutoConfig
+
+        weights = load_file(str(run / "checkpoints" / "step-000003" / "weights.safetensors"))
+        assert weights["model.embed_tokens.weight"].shape[1] == AutoConfig.from_pretrained(tiny_model_dir).hidden_size
 
     ev = subprocess.run([sys.executable, "-m", "podsrl", "eval", "--run", str(run)], env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert ev.returncode == 0, ev.stderr[-3000:]
@@ -187,8 +194,6 @@ def test_missing_backend_is_a_config_error(make_config, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     with pytest.raises(ConfigError, match="distributed.backend: 'nccl' needs CUDA GPUs"):
         distributed.init(make_config(**{"distributed.backend": "nccl", "model.device": "cpu", "train.prompts_per_step": 2}))
-    with pytest.raises(ConfigError, match="rollout.engine: vLLM per rank"):
-        distributed.init(make_config(**{"rollout.engine": "vllm", "train.prompts_per_step": 2}))
     with pytest.raises(ConfigError, match="model.device: 'cuda:1' pins one GPU"):
         distributed.rank_device("cuda:1", 0, 2)
 
@@ -200,3 +205,25 @@ def test_single_process_is_untouched(make_config, monkeypatch):
     t = torch.arange(6.0).view(3, 2)
     assert d.gather_rows(t) is t and d.sum(t) is t and d.local_rows(t).shape == (3, 2)
     assert distributed.Dist(rank=1, world=2).pad_shard(list(range(5))) == ([3, 4, 0], 2)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_per_rank_with_fsdp(tmp_path):
+    """The embedded model, vLLM on each rank ("external_launcher" in the trainer's group), FSDP's
+    shards gathered into it tensor by tensor after every step; then resumed."""
+    pytest.importorskip("vllm")
+    run = tmp_path / "run"
+    args = [
+        "-m", "podsrl", "train", "--out", str(run), "--no-plot", "--rollout.engine=vllm", "--distributed.parallel=fsdp",
+        "--train.max_steps=2", "--train.max_seconds=none", "--train.prompts_per_step=2", "--rollout.n=4", "--select.m=2",
+        "--eval.max_problems=4", "--eval.samples=1", "--eval.temperature=0", "--rollout.kv_cache_gib=0.25",
+    ]  # fmt: skip
+    first = _torchrun(*args, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "rollout engine vllm" in first.stdout and "2 processes (gloo, fsdp)" in first.stdout
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["time/sync"] > 0 for r in rows)
+    again = _torchrun("-m", "podsrl", "train", "--resume", str(run), "--no-plot", "--train.max_steps=3", timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3

@@ -303,13 +303,21 @@ if trainer.accelerator.is_main_process:
 '''
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_two_processes_uneven_kept_counts(tiny_model_dir, tmp_path):
     script = tmp_path / "ddp_pods.py"
     script.write_text(DDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": "1"}
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
         str(script), str(tiny_model_dir), str(Path(__file__).parent), str(tmp_path / "out"),
     ]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
