@@ -182,7 +182,6 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     selection_gen = torch.Generator().manual_seed(_step_seed(cfg.train.seed, state.step, 1))
     torch.manual_seed(_step_seed(cfg.train.seed, state.step, 2))  # dropout, HF sampling
     timer = _Timer()
-
     dist.reset_counters()
 
     # 1. Rollouts: B prompts x n samples, group-major; this rank samples its block of whole groups.
@@ -206,8 +205,8 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
         local = torch.tensor(
             [scored.total, [len(c) for c in ro.completion_ids], ro.truncated, *scored.per_reward.values()],
             dtype=torch.float32,
-        ).T.reshape(len(idx), n, -1)  # [b, n, 2 + rewards]
-        table = dist.gather_rows(local)  # [B, n, 2 + rewards]
+        ).T.reshape(len(idx), n, -1)  # [b, n, 3 + rewards]: total, length, truncated, each reward
+        table = dist.gather_rows(local)  # [B, n, 3 + rewards]
         rewards = table[..., 0]  # [B, n]
     # 3-4. Selection and advantages, on the global batch (identical on every rank).
     with timer("select"):
