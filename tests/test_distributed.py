@@ -227,3 +227,22 @@ def test_vllm_per_rank_with_fsdp(tmp_path):
     again = _torchrun("-m", "podsrl", "train", "--resume", str(run), "--no-plot", "--train.max_steps=3", timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_accelerate_launch_fsdp_with_gradient_checkpointing(tmp_path, tiny_model_dir, reward_file):
+    """``accelerate launch`` sets torchrun's environment, so podsrl runs under it unchanged; here
+    with FSDP and gradient checkpointing (on this CPU accelerate's ``--multi_gpu`` starts gloo ranks)."""
+    pytest.importorskip("accelerate")
+    from podsrl.config import to_toml
+
+    overrides = {**BASE, "distributed.parallel": "fsdp", "model.gradient_checkpointing": True}
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=2", "--num_machines=1",
+           "--main_process_port=0", "-m", "podsrl", "train", str(config), "--out", str(run), "--no-plot"]  # fmt: skip
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 processes (gloo, fsdp)" in done.stdout
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["world_size"] == 2 for r in rows)
