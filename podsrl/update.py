@@ -121,15 +121,9 @@ def run_update(
         )  # fmt: skip
         for j, mask in zip(real, picked):
             token_masks[j] = mask
-    counts = torch.tensor(
-        [
-            K,
-            sum(int((packs[j].completion_mask if token_masks[j] is None else token_masks[j] & packs[j].completion_mask).sum()) for j in real),
-            sum(int(packs[j].completion_mask.sum()) for j in real),
-        ],
-        dtype=torch.float64,
-    )  # fmt: skip
-    total_sequences, total_tokens, tokens_total = (int(x) for x in dist.sum(counts).tolist())
+    counted = [packs[j].completion_mask if token_masks[j] is None else token_masks[j] & packs[j].completion_mask for j in real]
+    counts = torch.tensor([K, sum(int(c.sum()) for c in counted), sum(int(packs[j].completion_mask.sum()) for j in real)])
+    total_sequences, total_tokens, tokens_total = dist.sum(counts).tolist()  # the whole batch's
 
     sums = dict(loss=0.0, clip_low=0.0, clip_high=0.0, ratio=0.0, entropy=0.0, kl=0.0, grad_norm=0.0)
     for _ in range(policy_iterations):
@@ -179,16 +173,13 @@ def run_update(
     keys = ("loss", "clip_low", "clip_high", "ratio", "kl", "entropy")
     reduced = dist.sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()
     sums.update(zip(keys, reduced))
-    if dist.active and total_tokens == 0:
-        sums["ratio"] = float(policy_iterations)  # no counted token anywhere: the single-process 1.0
-    ent_sum = sums["entropy"]
     return UpdateStats(
         loss=sums["loss"] / policy_iterations,
         grad_norm=sums["grad_norm"],
         clip_frac_low=sums["clip_low"] / policy_iterations,
         clip_frac_high=sums["clip_high"] / policy_iterations,
         ratio_mean=sums["ratio"] / policy_iterations,
-        entropy=ent_sum / max(tokens_total, 1),
+        entropy=sums["entropy"] / max(tokens_total, 1),
         kl=sums["kl"] / policy_iterations if beta > 0 else None,
         tokens_total=tokens_total,
         tokens_kept=total_tokens,
