@@ -39,14 +39,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _isolated import run_isolated  # bench/_isolated.py (this script's directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = {
@@ -199,24 +199,8 @@ def _tiny_model(path: Path) -> str:
 
 
 def run_worker(name: str, spec: dict, log_dir: Path, round_: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"trl_pods-{name}-") as tmp:
-        result = Path(tmp) / "result.json"
-        spec = {**spec, **WORKERS[name], "tmp": tmp}
-        log = log_dir / f"{name}-round{round_ + 1}.log"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": str(ROOT)}  # fmt: skip
-        start = time.perf_counter()
-        with open(log, "w") as f:
-            proc = subprocess.run(
-                [sys.executable, __file__, "--worker", json.dumps(spec), "--result", str(result)],
-                stdout=f, stderr=subprocess.STDOUT, env=env, check=False,
-            )  # fmt: skip
-        if proc.returncode != 0 or not result.exists():
-            tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
-            return {"error": f"exit code {proc.returncode}; log {log}:\n{tail}"}
-        out = json.loads(result.read_text())
-        out["wall"] = time.perf_counter() - start
-        return out
+    return run_isolated(__file__, ["--worker"], {**spec, **WORKERS[name]}, log=log_dir / f"{name}-round{round_ + 1}.log",
+                        prefix=f"trl_pods-{name}-")  # fmt: skip
 
 
 def main() -> None:
@@ -266,7 +250,7 @@ def main() -> None:
             info[name] = out
             print(f"[round {r + 1}] {name:<7} step {', '.join(f'{t:.2f}' for t in out['step'])} s; update "
                   f"{', '.join(f'{t:.2f}' for t in out['update'])} s (first dropped); trained rows "
-                  f"{out['trained_rows']}; peak +{out['peak_mib']:.0f} MiB; process {out['wall']:.0f} s", flush=True)  # fmt: skip
+                  f"{out['trained_rows']}; peak +{out['peak_mib']:.0f} MiB; process {out['wall_seconds']:.0f} s", flush=True)  # fmt: skip
 
     print(f"\n{'worker':<8} {'n':>3} {'trained':>8} {'micro-batches':>14} {'step s':>8} {'sampling s':>11} {'update s':>9} {'peak MiB':>9}")
     med: dict[str, float] = {}

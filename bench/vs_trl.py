@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _isolated import run_isolated  # bench/_isolated.py (this script's directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 PODSRL_VENV = ROOT / ".venv"
@@ -217,24 +218,8 @@ def best_engine() -> tuple[str, str]:
 
 def run_worker(label: str, name: str, spec: dict, python: Path, log_dir: Path, round_: int) -> dict:
     """Run worker ``name`` ("trl" or "podsrl") with ``python``; its output goes to a log file."""
-    with tempfile.TemporaryDirectory(prefix=f"vs_trl-{label}-") as tmp:
-        spec = {**spec, "tmp": tmp}
-        result = Path(tmp) / "result.json"
-        log = log_dir / f"{label}-round{round_ + 1}.log"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": str(ROOT)}  # fmt: skip
-        start = time.perf_counter()
-        with open(log, "w") as f:
-            proc = subprocess.run(
-                [str(python), __file__, "--worker", name, "--spec", json.dumps(spec), "--result", str(result)],
-                stdout=f, stderr=subprocess.STDOUT, env=env, check=False,
-            )  # fmt: skip
-        if proc.returncode != 0 or not result.exists():
-            tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
-            return {"error": f"exit code {proc.returncode}; log {log}:\n{tail}"}
-        out = json.loads(result.read_text())
-        out["wall_seconds"] = time.perf_counter() - start
-        return out
+    return run_isolated(__file__, ["--worker", name, "--spec"], spec, python=python,
+                        log=log_dir / f"{label}-round{round_ + 1}.log", prefix=f"vs_trl-{label}-")  # fmt: skip
 
 
 def main() -> None:

@@ -57,7 +57,12 @@ def cmd_train(args, overrides: list[str]) -> int:
                 f"one); start it again with `podsrl train --out {run_dir} --overwrite`, or checkpoint more often with "
                 "--train.checkpoint_every"
             )
-        cfg = config_mod.load(args.config or run_dir / "config.toml", overrides)
+        try:
+            cfg = config_mod.load(args.config or run_dir / "config.toml", overrides)
+        except ConfigError as err:
+            if args.config or str(run_dir / "config.toml") in str(err):
+                raise
+            raise ConfigError(f"--resume {run_dir}: {run_dir / 'config.toml'} does not load: {err}") from None
     else:
         cfg = config_mod.load(args.config, overrides)
         run_dir = Path(args.out) if args.out else None

@@ -323,12 +323,13 @@ def test_default_comparison_matches_configs_compare_toml():
 # ----------------------------------------------------------------------------------- end to end
 
 
-@pytest.mark.usefixtures("one_thread")
-def test_tiny_comparison_end_to_end_and_rerun_skips(tmp_path, tiny_model_dir, reward_file, capsys):
+def _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file, *, max_seconds):
+    """A [compare] TOML on the tiny model: GRPO (n = m = 2) and PODS max-variance (n = 4, m = 2), one
+    seed, 2 steps, evaluated after each."""
     from conftest import tiny_config_dict
 
     base = tiny_config_dict(tiny_model_dir, reward_file)
-    base["train"].update(max_steps=2, max_seconds=600.0, checkpoint_every=0)
+    base["train"].update(max_steps=2, max_seconds=max_seconds, checkpoint_every=0)
     base["eval"].update(every_steps=1)
     data = {**base, "compare": {"seeds": 1, "methods": {
         "grpo": {"select.rule": "all", "rollout.n": 2, "select.m": 2},
@@ -336,6 +337,12 @@ def test_tiny_comparison_end_to_end_and_rerun_skips(tmp_path, tiny_model_dir, re
     }}}  # fmt: skip
     path = tmp_path / "tiny.toml"
     path.write_text(_toml(data))
+    return path
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_tiny_comparison_end_to_end_and_rerun_skips(tmp_path, tiny_model_dir, reward_file, capsys):
+    path = _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file, max_seconds=600.0)
     out = tmp_path / "cmp"
     args = argparse.Namespace(config=str(path), out=str(out), seeds=None, methods=None, report_only=False)
     assert compare.main(args, []) == 0
@@ -532,17 +539,7 @@ def test_concurrency_settings_are_checked(tmp_path):
 
 @pytest.mark.usefixtures("one_thread")
 def test_tiny_comparison_in_parallel(tmp_path, tiny_model_dir, reward_file):
-    from conftest import tiny_config_dict
-
-    base = tiny_config_dict(tiny_model_dir, reward_file)
-    base["train"].update(max_steps=2, max_seconds=None, checkpoint_every=0)
-    base["eval"].update(every_steps=1)
-    data = {**base, "compare": {"seeds": 1, "methods": {
-        "grpo": {"select.rule": "all", "rollout.n": 2, "select.m": 2},
-        "pods_max_variance": {"select.rule": "max_variance", "rollout.n": 4, "select.m": 2},
-    }}}  # fmt: skip
-    path = tmp_path / "tiny.toml"
-    path.write_text(_toml(data))
+    path = _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file, max_seconds=None)
     out = tmp_path / "cmp"
     args = argparse.Namespace(config=str(path), out=str(out), seeds=None, methods=None, report_only=False, parallel=2, devices=None)
     assert compare.main(args, []) == 0

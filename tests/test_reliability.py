@@ -248,6 +248,22 @@ def test_resume_through_the_cli_without_the_latest_pointer(run_copy):
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
 
 
+def test_resume_names_a_run_config_that_no_longer_loads(run_copy):
+    run, _ = run_copy
+    cfg = run / "config.toml"
+    cfg.write_text(cfg.read_text().replace("[select]", "[select]\nm_typo = 3", 1))
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot"])
+    assert_user_error(code, err, str(cfg), "m_typo")
+
+
+def test_compare_out_that_is_a_file_is_refused(tmp_path):
+    out = tmp_path / "results.txt"
+    out.write_text("mine")
+    code, _, err = run_cli(["compare", "--out", str(out), "--report-only"])
+    assert_user_error(code, err, str(out), "is a file")
+    assert out.read_text() == "mine"
+
+
 @pytest.mark.parametrize("damaged", ["weights.safetensors", "state.pt"])
 def test_a_truncated_checkpoint_file_falls_back_or_is_named(tmp_path, damaged):
     root = _two_checkpoints(tmp_path)

@@ -124,6 +124,8 @@ def parse_devices(text: str | None) -> list[str] | None:
 def main(args, overrides: list[str]) -> int:
     plan = load_plan(getattr(args, "config", None), overrides, seeds=getattr(args, "seeds", None), methods=getattr(args, "methods", None))
     out = Path(getattr(args, "out", None) or "runs/compare")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; podsrl compare writes a directory of runs, give a directory path")
     devices = parse_devices(getattr(args, "devices", None))
     parallel = getattr(args, "parallel", None)
     if parallel is None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from podsrl.errors import ConfigError
 from podsrl.tasks import Example, Task, check_count
-from podsrl.tasks.jsonl import hold_out, read_rows, subsample
+from podsrl.tasks.jsonl import hold_out, load_dataset, read_rows, subsample
 
 INSTRUCTION = "Think step by step, then put the final answer in \\boxed{}."
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
@@ -163,21 +163,7 @@ def _load_directory(directory: Path, fields: _Fields) -> tuple[list[Example], li
 def _load_dataset(
     name: str, config: str | None, train_split: str, eval_split: str | None, fields: _Fields
 ) -> tuple[list[Example], list[Example]]:
-    try:
-        import datasets  # optional, heavy: imported only for dataset ids
-    except ImportError:
-        raise ConfigError(
-            f"task 'math': {name!r} is not a local file or directory, and loading it as a "
-            "dataset needs the datasets package: pip install 'podsrl[datasets]' (or pass path= "
-            "a JSON-lines file)"
-        ) from None
-    try:
-        dataset = datasets.load_dataset(name, config)
-    except Exception as exc:  # network, missing dataset, bad config: all fixed by the user
-        raise ConfigError(
-            f"task 'math': {name!r} is not a local file or directory, and loading it as a "
-            f"dataset failed ({type(exc).__name__}: {exc}); pass path= a JSON-lines file"
-        ) from exc
+    dataset = load_dataset("math", name, config, what="a local file or directory", instead="pass path= a JSON-lines file")
     wanted = [("train_split", train_split)] + ([("eval_split", eval_split)] if eval_split else [])
     for option, split in wanted:
         if split not in dataset:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from podsrl.errors import ConfigError
 from podsrl.tasks import Example, Task, check_count
-from podsrl.tasks.jsonl import read_examples, reference_answer, subsample
+from podsrl.tasks.jsonl import load_dataset, read_examples, reference_answer, subsample
 
 INSTRUCTION = "Think step by step, then end with the final number."
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
@@ -63,22 +63,8 @@ def _load_directory(directory: Path) -> tuple[list[Example], list[Example]]:
 
 
 def _load_hub(hub_id: str, hub_config: str) -> tuple[list[Example], list[Example]]:
-    try:
-        import datasets  # optional, heavy: imported only for hub ids
-    except ImportError:
-        raise ConfigError(
-            f"task 'gsm8k': {hub_id!r} is not a local directory, and loading it from the "
-            "Hugging Face hub needs the datasets package: pip install 'podsrl[datasets]' "
-            "(or pass path= a directory containing train.jsonl and test.jsonl)"
-        ) from None
-    try:
-        dataset = datasets.load_dataset(hub_id, hub_config)
-    except Exception as exc:  # network, missing dataset, bad config: all fixed by the user
-        raise ConfigError(
-            f"task 'gsm8k': {hub_id!r} is not a local directory, and loading it from the hub "
-            f"failed ({type(exc).__name__}: {exc}); pass path= a directory containing "
-            "train.jsonl and test.jsonl"
-        ) from exc
+    dataset = load_dataset("gsm8k", hub_id, hub_config, what="a local directory",
+                           instead="pass path= a directory containing train.jsonl and test.jsonl")  # fmt: skip
 
     def examples(split: str) -> list[Example]:
         # Same ids as the local files ("train.jsonl:1"), so runs on either source line up.

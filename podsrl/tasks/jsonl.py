@@ -145,6 +145,25 @@ def subsample(
     return [examples[i] for i in keep]
 
 
+def load_dataset(task: str, name: str, config: str | None, *, what: str, instead: str):
+    """``datasets.load_dataset(name, config)`` for task ``task``, every failure a ConfigError that
+    says ``name`` is not ``what`` (a local file, a directory) and how to pass one ``instead``."""
+    try:
+        import datasets  # optional, heavy: imported only for dataset ids
+    except ImportError:
+        raise ConfigError(
+            f"task {task!r}: {name!r} is not {what}, and loading it as a dataset needs the datasets "
+            f"package: pip install 'podsrl[datasets]' (or {instead})"
+        ) from None
+    try:
+        return datasets.load_dataset(name, config)
+    except Exception as exc:  # network, missing dataset, bad config: all fixed by the user
+        raise ConfigError(
+            f"task {task!r}: {name!r} is not {what}, and loading it as a dataset failed "
+            f"({type(exc).__name__}: {exc}); {instead}"
+        ) from exc
+
+
 def _existing_file(path: str, option: str) -> Path:
     file = Path(path).expanduser()
     if not file.is_file():
