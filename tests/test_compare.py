@@ -550,3 +550,15 @@ def test_tiny_comparison_in_parallel(tmp_path, tiny_model_dir, reward_file):
         assert entry["steps"] == [2] and entry["runs"][0]["step"] == [0, 1, 2]
         assert entry["curves"]["step"]["x"] == [0, 1, 2] and entry["steps_to_target"] is not None
         assert (out / "runs" / name / "seed0" / "train.log").stat().st_size > 0
+
+
+def test_a_method_with_unfinished_seeds_is_noted_under_the_table(tmp_path):
+    plan = _plan(tmp_path, seeds=2)
+    out = tmp_path / "out"
+    for seed in (0, 1):
+        _write_run(out, plan, "grpo", seed, [(0, 0.2), (100, 0.5), (200, 0.6)])
+    _write_run(out, plan, "pods", 0, [(0, 0.2), (100, 0.6), (200, 0.7)])
+    report = compare.build_report(plan, out)
+    assert report["methods"]["pods"]["seeds_missing"] == [1]
+    assert "note: pods: 1 of 2 seeds finished (not seed 1)" in compare.format_table(report)
+    assert not any(n.startswith("grpo") for n in report["notes"])

@@ -78,6 +78,9 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
             entry[_SPEEDUP[axis]] = speedup(base_at[axis], at)
         if entry["steps_to_target"] == 0:
             entry["note"] = "the target is met at step 0 (before training): no speedup"
+        if entry["seeds_missing"] and entry["runs"]:
+            notes.append(f"{name}: {len(entry['runs'])} of {plan.seeds} seeds finished (not seed "
+                         f"{', '.join(map(str, entry['seeds_missing']))}); its row is over those")  # fmt: skip
     sharing = _device_sharing(entries)
     if sharing["runs_per_device"] > 1:
         notes.append(
