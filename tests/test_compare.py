@@ -415,7 +415,8 @@ def test_two_digit_preset_has_headroom_settings():
     assert shapes == {"grpo": ("all", 4, 4), "pods_max_variance": ("max_variance", 16, 4), "pods_random": ("random", 16, 4),
                       "d3s_intra": ("d3s_intra", 16, 4)}  # fmt: skip
     cfg = plan.config("grpo", 2)
-    assert (cfg.train.max_steps, cfg.train.max_seconds, cfg.eval.every_steps, cfg.eval.every_seconds) == (80, None, 5, 0.0)
+    assert (cfg.train.max_steps, cfg.train.max_seconds, cfg.eval.every_steps, cfg.eval.every_seconds) == (80, None, 10, 0.0)
+    assert cfg.eval.max_problems == 100  # the README's published run: 100 of the 200 held-out problems
     from podsrl.tasks import load_task
 
     task = load_task(cfg.task.name, **cfg.task.options)
