@@ -410,10 +410,12 @@ def test_step_budget_and_step_based_evaluation_read_the_peak_on_steps(tmp_path):
 
 def test_two_digit_preset_has_headroom_settings():
     plan = compare.load_plan(ROOT / "configs" / "compare-2digit.toml")
-    assert list(plan.all_methods) == ["grpo", "pods_max_variance", "pods_random", "d3s_intra"] and plan.seeds >= 3
+    assert list(plan.all_methods) == ["grpo", "pods_max_variance", "pods_random", "pods_max_reward", "d3s_intra", "d3s_cross"]
+    assert plan.seeds >= 3
     shapes = {name: (plan.config(name, 0).select.rule, plan.config(name, 0).rollout.n, plan.config(name, 0).select.m) for name in plan.all_methods}
     assert shapes == {"grpo": ("all", 4, 4), "pods_max_variance": ("max_variance", 16, 4), "pods_random": ("random", 16, 4),
-                      "d3s_intra": ("d3s_intra", 16, 4)}  # fmt: skip
+                      "pods_max_reward": ("max_reward", 16, 4), "d3s_intra": ("d3s_intra", 16, 4),
+                      "d3s_cross": ("d3s_cross", 16, 4)}  # fmt: skip
     cfg = plan.config("grpo", 2)
     assert (cfg.train.max_steps, cfg.train.max_seconds, cfg.eval.every_steps, cfg.eval.every_seconds) == (80, None, 10, 0.0)
     assert cfg.eval.max_problems == 100  # the README's published run: 100 of the 200 held-out problems

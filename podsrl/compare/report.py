@@ -32,6 +32,8 @@ DEFINITIONS = {
     "step_speedup": "baseline steps_to_target / method steps_to_target",
     "alignment": "seeds aligned by evaluation index when their evaluations are the same points of training (time-based "
                  "evaluation with equal counts, or the same steps), else linearly interpolated onto the union of their x",
+    "commits": "the podsrl source commits the reported runs were trained with (from their launch.jsonl; '+dirty': "
+               "with uncommitted changes)",
     "device_sharing": "runs_per_device: the most runs that trained at once on one device (--parallel, --devices); above 1 "
                       "they shared its time, so wall-clock times are inflated by the sharing and the step axis is the fair one",
 }  # fmt: skip
@@ -100,6 +102,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         "eval_problems": _eval_problems(entries),
         "seeds": plan.seeds,
         "device_sharing": sharing,
+        "commits": sorted({c for entry in entries.values() for run in entry["runs"] for c in run["commits"]}),
         "definitions": DEFINITIONS,
         "notes": notes,
         "methods": entries,
@@ -136,6 +139,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
             "median_seconds": _median_phase_seconds(metrics),
             "device": launches[-1].get("device") if launches else None,
             "runs_per_device": max((int(r.get("runs_on_device", 1)) for r in launches), default=None),
+            "commits": sorted({r["commit"] for r in launches if r.get("commit")}),
         })  # fmt: skip
     e = cfg0.eval
     time_based = bool(e.every_seconds) and not e.every_steps

@@ -28,12 +28,13 @@ from podsrl import checkpoint as ckpt
 from podsrl import config as config_mod
 from podsrl.compare.plan import _MAY_DIFFER, Plan
 from podsrl.config import Config
+from podsrl.envinfo import source_commit
 from podsrl.errors import ConfigError
 from podsrl.logging import read_jsonl
 from podsrl.rundir import write_text_atomic
 
 DONE_FILE = "done.json"
-LAUNCH_FILE = "launch.jsonl"  # one line per launch of the run: device, parallel, runs_on_device, exit_code
+LAUNCH_FILE = "launch.jsonl"  # one line per launch of the run: device, parallel, runs_on_device, exit_code, commit
 LOG_FILE = "train.log"  # a child's output when runs go in parallel (one run at a time: passed through)
 _POLL_SECONDS = 0.5
 
@@ -296,6 +297,7 @@ def _check_pinnable(todo: list[_Job], devices: list[str]) -> None:
 
 def _write_launch(path: Path, **record: Any) -> None:
     path.mkdir(parents=True, exist_ok=True)
+    record["commit"] = source_commit()  # the podsrl source that trained it (None outside a git checkout)
     with open(path / LAUNCH_FILE, "a") as f:
         f.write(json.dumps(record) + "\n")
 
