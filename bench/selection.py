@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from podsrl.selection import max_variance  # noqa: E402
+from podsrl.core.selection import max_variance  # noqa: E402
 
 
 def loop_max_variance(rewards: torch.Tensor, m: int) -> torch.Tensor:

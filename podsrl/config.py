@@ -99,7 +99,7 @@ class RewardConfig:
             "reward.weights",
             f"has {len(self.weights)} entries but reward.names has {len(self.names)}; give one weight per name",
         )
-        from podsrl.rewards import REWARDS
+        from podsrl.grading.rewards import REWARDS
 
         for name in self.names:  # user functions ("module:function") are imported when the run starts
             _check(
@@ -140,10 +140,10 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class SelectConfig:
-    rule: str = "max_variance"  # all (GRPO) | random | max_reward | max_variance | d3s_intra | d3s_cross (podsrl.selection)
+    rule: str = "max_variance"  # all (GRPO) | random | max_reward | max_variance | d3s_intra | d3s_cross (podsrl.core.selection)
     m: int = 4  # rollouts per prompt kept for the update (at the start of training)
     m_final: int | None = None  # None: same as m
-    m_schedule: str = "constant"  # how m moves from m to m_final with progress (podsrl.schedules)
+    m_schedule: str = "constant"  # how m moves from m to m_final with progress (podsrl.core.schedules)
     filter_zero_variance: bool = False  # DAPO dynamic-sampling filter: drop groups with equal rewards
     # Advantages over the kept rollouts ("kept": PODS) or the full group ("group": GRPO, D3S).
     # "auto": "group" for the d3s rules, "kept" otherwise.
@@ -156,8 +156,8 @@ class SelectConfig:
     token_score: str = "adv_entropy"  # "adv_entropy" (D3S |A| x H) | "entropy" (the 80/20 rule)
 
     def __post_init__(self) -> None:
-        from podsrl.schedules import SCHEDULES
-        from podsrl.selection import RULES
+        from podsrl.core.schedules import SCHEDULES
+        from podsrl.core.selection import RULES
 
         _one_of(self.rule, RULES, "select.rule")
         _check(self.m >= 1, "select.m", "must be >= 1")
@@ -190,7 +190,7 @@ class LossConfig:
     policy_iterations: int = 1  # optimizer steps per batch of rollouts
 
     def __post_init__(self) -> None:
-        from podsrl.loss import AGGREGATIONS
+        from podsrl.core.loss import AGGREGATIONS
 
         _check(self.eps_low >= 0, "loss.eps_low", "must be >= 0")
         _check(self.eps_high is None or self.eps_high >= 0, "loss.eps_high", "must be >= 0")
@@ -210,7 +210,7 @@ class OptimConfig:
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     micro_batch_size: int = 16  # sequences per forward/backward; gradients are accumulated
     # Run each distinct prompt of a micro-batch once and the completions on its repeated KV cache
-    # (exact; see podsrl/sequences.py). Off: every rollout runs its whole [prompt; completion].
+    # (exact; see podsrl/train/sequences.py). Off: every rollout runs its whole [prompt; completion].
     share_prompts: bool = True  # forward each prompt once per micro-batch (exact); false: every rollout runs its prompt
 
     def __post_init__(self) -> None:
@@ -294,7 +294,7 @@ class DistributedConfig:
     timeout_minutes: float = 30.0  # how long a collective waits for the other ranks before failing
 
     def __post_init__(self) -> None:
-        from podsrl.distributed import BACKENDS, PARALLEL
+        from podsrl.train.distributed import BACKENDS, PARALLEL
 
         _one_of(self.parallel, PARALLEL, "distributed.parallel")
         _one_of(self.backend, BACKENDS, "distributed.backend")

@@ -1,8 +1,8 @@
 """`podsrl config [SECTION]`: every configuration field with its default and a one-line description,
 written as a TOML file a user can start from.
 
-The descriptions are the trailing comments on the dataclass fields in `podsrl/config.py`
-(`name: type = default  # description`), read at run time with `ast` (where each field's statement
+The descriptions are the trailing comments on the dataclass fields in `podsrl/config.py` (and, for
+`[select]`, in `podsrl/core/downsample.py`: `name: type = default  # description`), read at run time with `ast` (where each field's statement
 ends) and `tokenize` (the comment on that line), so they are written in one place and cannot drift
 from the code; `tests/test_configdoc.py` fails when a field has none. The values are those of the
 resolved `Config`, so `--section.key=value` overrides show up, and `task.options` is the
@@ -39,31 +39,36 @@ def sections() -> dict[str, type]:
     return typing.get_type_hints(config_mod.Config)
 
 
-@lru_cache(maxsize=None)
 def field_help() -> dict[str, dict[str, str]]:
-    """{section: {field: description}} from the trailing comments in podsrl/config.py.
+    """{section: {field: description}} from the trailing comments on the config dataclasses.
 
     A field without a trailing comment is absent from its section's dict.
     """
-    source = inspect.getsource(config_mod)
-    comments = {
-        token.start[0]: token.string.lstrip("#").strip()
-        for token in tokenize.generate_tokens(io.StringIO(source).readline)
-        if token.type == tokenize.COMMENT
-    }
-    classes = {
-        node.name: node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)
-    }
-    result = {}
-    for section, cls in sections().items():
-        result[section] = {
-            node.target.id: comments[node.end_lineno]
-            for node in classes[cls.__name__].body
-            if isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and node.end_lineno in comments
+    return {section: field_comments(cls) for section, cls in sections().items()}
+
+
+@lru_cache(maxsize=None)
+def field_comments(cls: type) -> dict[str, str]:
+    """{field: the trailing comment on its line} for a dataclass, read from the source of the
+    classes that declare its fields (a subclass such as SelectConfig inherits its base's)."""
+    result: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass) or klass.__module__ == "builtins":
+            continue
+        source = inspect.getsource(inspect.getmodule(klass))
+        comments = {
+            token.start[0]: token.string.lstrip("#").strip()
+            for token in tokenize.generate_tokens(io.StringIO(source).readline)
+            if token.type == tokenize.COMMENT
         }
-    return result
+        node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == klass.__name__)
+        result.update({
+            item.target.id: comments[item.end_lineno]
+            for item in node.body
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.end_lineno in comments
+        })  # fmt: skip
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return {name: text for name, text in result.items() if name in fields}
 
 
 def render(cfg: config_mod.Config | None = None, section: str | None = None) -> str:

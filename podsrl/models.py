@@ -129,7 +129,7 @@ def resolve_device(name: str) -> torch.device:
 
 def load_policy(cfg, device: torch.device | None = None) -> Policy:
     """``cfg`` is a :class:`podsrl.config.ModelConfig`; ``device`` overrides ``cfg.device`` (each
-    rank of a distributed run takes its own, see :func:`podsrl.distributed.rank_device`)."""
+    rank of a distributed run takes its own, see :func:`podsrl.train.distributed.rank_device`)."""
     from transformers import AutoModelForCausalLM
 
     device = resolve_device(cfg.device) if device is None else device

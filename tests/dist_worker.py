@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import tiny_config_dict  # noqa: E402
 
-from podsrl import checkpoint as ckpt  # noqa: E402
-from podsrl import distributed, trainer  # noqa: E402
+from podsrl.run import checkpoint as ckpt  # noqa: E402
+from podsrl.train import distributed  # noqa: E402
+from podsrl.train import loop as trainer
 from podsrl.config import from_dict  # noqa: E402
 from podsrl.engines import Rollouts, Sampling  # noqa: E402
 

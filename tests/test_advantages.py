@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podsrl.advantages import group_advantages
+from podsrl.core.advantages import group_advantages
 
 S3 = math.sqrt(3.0)
 

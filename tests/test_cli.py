@@ -11,10 +11,10 @@ import shutil
 
 import pytest
 
-from podsrl import trainer
+from podsrl.train import loop as trainer
 from podsrl.cli import main
 from podsrl.config import load, to_toml
-from podsrl.logging import read_jsonl
+from podsrl.run.metrics import read_jsonl
 
 from test_config import BAD_OVERRIDES
 

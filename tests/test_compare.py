@@ -222,7 +222,7 @@ def test_run_status_new_done_resume_restart(tmp_path):
 
 
 def test_run_all_skips_finished_runs_and_adds_only_new_seeds(tmp_path, monkeypatch):
-    import podsrl.trainer
+    import podsrl.train.loop
 
     plan = _plan(tmp_path, seeds=2, table={k: METHODS[k] for k in ("grpo", "pods")})
     out = tmp_path / "out"
@@ -239,7 +239,7 @@ def test_run_all_skips_finished_runs_and_adds_only_new_seeds(tmp_path, monkeypat
         (run_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return run_dir
 
-    monkeypatch.setattr(podsrl.trainer, "train", fake_train)
+    monkeypatch.setattr(podsrl.train.loop, "train", fake_train)
     compare.run_all(plan, out, log=lambda *_: None, isolate=False)
     assert calls == [("grpo", "seed1", 1, False), ("pods", "seed1", 1, False)]
     assert (out / "compare.json").is_file()  # refreshed after each run
@@ -480,6 +480,8 @@ def test_devices_pin_one_run_per_gpu(tmp_path, capsys):
     for method in ("grpo", "pods"):
         for seed in (0, 1):
             (launch,) = compare.read_launches(compare.run_dir(out, method, seed))
+            commit = launch.pop("commit")  # the podsrl source that trained it: this checkout's
+            assert commit is None or len(commit.removesuffix("+dirty")) == 40
             assert launch == {"device": _device_of(out, method, seed), "parallel": 2, "runs_on_device": 1, "exit_code": 0}
             assert "progress = false" in (compare.run_dir(out, method, seed) / "config.toml").read_text()
     report = json.loads((out / "compare.json").read_text())

@@ -14,12 +14,12 @@ import copy
 import pytest
 import torch
 
-from podsrl import trainer
+from podsrl.train import loop as trainer
 from podsrl.config import ModelConfig
 from podsrl.errors import ConfigError
-from podsrl.logging import read_jsonl
+from podsrl.run.metrics import read_jsonl
 from podsrl.models import load_policy, resolve_device
-from podsrl.update import UpdateBatch, run_update
+from podsrl.train.update import UpdateBatch, run_update
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU that torch can see")
 

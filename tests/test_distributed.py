@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from podsrl import distributed
+from podsrl.train import distributed
 from podsrl.config import from_dict
 from podsrl.errors import ConfigError
 
@@ -147,8 +147,8 @@ def test_sharded_greedy_eval_equals_one_process(tmp_path, tiny_model_dir, reward
         "import json, sys, torch\n"
         "sys.path.insert(0, %r)\n"
         "from conftest import tiny_config_dict\n"
-        "from podsrl import distributed, trainer\n"
-        "from podsrl.checkpoint import TrainState\n"
+        "from podsrl.train import distributed, loop as trainer\n"
+        "from podsrl.run.checkpoint import TrainState\n"
         "from podsrl.config import from_dict\n"
         "torch.set_num_threads(1)\n"
         "cfg = from_dict(tiny_config_dict(%r, %r, **{'eval.max_problems': 5}))\n"

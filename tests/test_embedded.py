@@ -11,8 +11,8 @@ import math
 import pytest
 
 from podsrl.config import Config, load
-from podsrl.logging import read_jsonl
-from podsrl.trainer import train
+from podsrl.run.metrics import read_jsonl
+from podsrl.train.loop import train
 
 
 @pytest.mark.slow

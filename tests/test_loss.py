@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from podsrl.loss import AGGREGATIONS, LossMetrics, policy_loss
+from podsrl.core.loss import AGGREGATIONS, LossMetrics, policy_loss
 
 # Ratios rho (old log-probs 0), advantages and mask of a tiny hand-computed example.
 RATIOS = [[1.0, 1.5, 0.5], [1.1, 0.7, 1.0]]

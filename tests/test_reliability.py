@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from podsrl import checkpoint as ckpt
-from podsrl import logging as run_logging
-from podsrl import rundir, trainer
+from podsrl.run import checkpoint as ckpt
+from podsrl.run import metrics as run_logging
+from podsrl.run import rundir
+from podsrl.train import loop as trainer
 from podsrl.config import load, to_toml
 from podsrl.errors import ConfigError
-from podsrl.logging import read_jsonl
+from podsrl.run.metrics import read_jsonl
 
 from test_cli import assert_user_error, run_cli
 
@@ -93,7 +94,7 @@ def test_resume_and_overwrite_or_out_conflict(run_copy, tmp_path):
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from podsrl import rundir
+from podsrl.run import rundir
 rundir.prepare(Path(sys.argv[1])).open()
 print("locked", flush=True)
 time.sleep(600)

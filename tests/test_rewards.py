@@ -9,19 +9,8 @@ from pathlib import Path
 import pytest
 
 from podsrl.errors import ConfigError, RewardError
-from podsrl.rewards import (
-    REWARDS,
-    RewardSpec,
-    answers_match,
-    compute_rewards,
-    correctness,
-    extract_answer,
-    format_reward,
-    get_reward,
-    last_boxed,
-    parse_number,
-    resolve_specs,
-)
+from podsrl.grading.answers import answers_match, extract_answer, last_boxed, parse_number
+from podsrl.grading.rewards import REWARDS, RewardSpec, compute_rewards, correctness, format_reward, get_reward, resolve_specs
 from podsrl.tasks import Example
 from podsrl.tasks.jsonl import reference_answer
 

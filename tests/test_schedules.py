@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from podsrl.schedules import SCHEDULES, schedule_value, scheduled_m
+from podsrl.core.schedules import SCHEDULES, schedule_value, scheduled_m
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podsrl.advantages import group_advantages
-from podsrl.selection import (
+from podsrl.core.advantages import group_advantages
+from podsrl.core.selection import (
     RULES,
     d3s_cross,
     d3s_intra,
@@ -93,7 +93,7 @@ def test_d3s_intra_matches_brute_force_on_advantages(kind):
         for scale_std in (True, False):
             adv = group_advantages(rewards, scale_std=scale_std)
             for m in range(1, n + 1):
-                keep = d3s_intra(rewards, m, generator=gen, advantage_scale_std=scale_std)
+                keep = d3s_intra(rewards, m, generator=gen, scale_std=scale_std)
                 assert (keep.sum(dim=1) == m).all()
                 torch.testing.assert_close(kept_var(adv, keep), brute_max_var(adv, m), rtol=1e-6, atol=1e-9)
 

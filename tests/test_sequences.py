@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from podsrl.sequences import can_share_prompts, forward_logprobs, pack, token_logprobs
+from podsrl.train.sequences import can_share_prompts, forward_logprobs, pack, token_logprobs
 
 
 def reference_logprobs(model, packed, temperature):

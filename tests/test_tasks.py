@@ -268,7 +268,7 @@ def test_math_reads_answers_from_the_answer_field_or_the_last_box(tmp_path):
 
 def test_math_is_graded_with_math_verify(tmp_path):
     pytest.importorskip("math_verify")
-    from podsrl.rewards import correctness
+    from podsrl.grading.rewards import correctness
 
     task = load_task("math", path=_write_jsonl(tmp_path / "m.jsonl", MATH_ROWS), num_eval=1)
     answers = {ex.question: ex for ex in task.train + task.eval}

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from podsrl import checkpoint as ckpt
-from podsrl import trainer
+from podsrl.run import checkpoint as ckpt
+from podsrl.train import loop as trainer
 from podsrl.errors import RewardError
-from podsrl.logging import read_jsonl
-from podsrl.update import UpdateBatch, micro_batch_order, run_update
+from podsrl.run.metrics import read_jsonl
+from podsrl.train.update import UpdateBatch, micro_batch_order, run_update
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -24,7 +24,7 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from podsrl.integrations.trl import PODSConfig, PODSTrainer, SUPPORTED_TRL, _check_trl  # noqa: E402
-from podsrl.selection import get_rule  # noqa: E402
+from podsrl.core.selection import get_rule  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -159,7 +159,7 @@ def test_max_variance_forwards_only_kept_rows(tiny_model_dir, tmp_path):
     texts = trainer.processing_class.batch_decode(calls[0], skip_special_tokens=True)
     expected = torch.tensor([len(t) / 40.0 for t in texts], dtype=torch.float64).view(N_PROMPTS, n)
     torch.testing.assert_close(selection.rewards, expected, rtol=1e-6, atol=1e-6)
-    # The kept subset is podsrl.selection's on the same rewards and seed.
+    # The kept subset is podsrl.core.selection's on the same rewards and seed.
     generator = torch.Generator().manual_seed(args.seed * 1_000_003 + 0)
     assert torch.equal(selection.keep, get_rule("max_variance")(selection.rewards, m, generator=generator))
     assert selection.keep.sum(dim=1).tolist() == [m] * N_PROMPTS
@@ -225,7 +225,7 @@ def test_trl_version_errors(monkeypatch):
 
 def test_rewards_both_ways(tmp_path):
     from podsrl.integrations.rewards import as_trl_reward
-    from podsrl.rewards import compute_rewards, get_reward
+    from podsrl.grading.rewards import compute_rewards, get_reward
     from podsrl.tasks import Example
 
     correctness = as_trl_reward("correctness")

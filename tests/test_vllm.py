@@ -55,7 +55,7 @@ def _hf_model(path):
 
 def _gap(model, engine, prompts, tokenizer, seed) -> tuple[float, object]:
     """Sample with vLLM; mean |vLLM log-prob - forward_logprobs| over the completion tokens."""
-    from podsrl.sequences import forward_logprobs, pack
+    from podsrl.train.sequences import forward_logprobs, pack
 
     n = 4
     ro = engine.generate(prompts[:2], Sampling(n=n, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=24, seed=seed))
@@ -74,7 +74,7 @@ def _gap(model, engine, prompts, tokenizer, seed) -> tuple[float, object]:
 
 def _train_step(model, optimizer, prompts, ro, tokenizer) -> None:
     """One AdamW step up the log-likelihood of the sampled completions."""
-    from podsrl.sequences import forward_logprobs, pack
+    from podsrl.train.sequences import forward_logprobs, pack
 
     model.train()
     n = ro.n

@@ -13,8 +13,8 @@ from podsrl.compare.plots import plot_report
 from podsrl.compare.runs import _check_same_config, is_finished, read_launches, run_dir
 from podsrl.compare.stats import AXES, Curve, first_reach, mean_curve, peak, seed_first_reach, speedup, t_interval
 from podsrl.config import Config
-from podsrl.logging import read_jsonl
-from podsrl.rundir import write_text_atomic
+from podsrl.run.metrics import read_jsonl
+from podsrl.run.rundir import write_text_atomic
 
 # Per axis, the report's key prefix: steps_to_target, time_to_target_seconds, ...
 _TO_TARGET = {"step": "steps_to_target", "train_seconds": "time_to_target_seconds"}

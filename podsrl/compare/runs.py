@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podsrl import checkpoint as ckpt
+from podsrl.run import checkpoint as ckpt
 from podsrl import config as config_mod
 from podsrl.compare.plan import _MAY_DIFFER, Plan
 from podsrl.config import Config
 from podsrl.envinfo import source_commit
 from podsrl.errors import ConfigError
-from podsrl.logging import read_jsonl
-from podsrl.rundir import write_text_atomic
+from podsrl.run.metrics import read_jsonl
+from podsrl.run.rundir import write_text_atomic
 
 DONE_FILE = "done.json"
 LAUNCH_FILE = "launch.jsonl"  # one line per launch of the run: device, parallel, runs_on_device, exit_code, commit
@@ -142,7 +142,7 @@ def run_all(
         write_report(build_report(plan, out), out)
 
     if not isolate:
-        from podsrl.trainer import train
+        from podsrl.train.loop import train
 
         for job in todo:
             log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}, budget {budget_text(job.cfg)} -> {job.path}")

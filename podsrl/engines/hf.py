@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from podsrl.engines import Rollouts, Sampling
+from podsrl.engines.base import Rollouts, Sampling
 
 
 class TransformersEngine:
@@ -18,7 +18,7 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         # FSDP: every forward is a collective, so all ranks keep stepping until the last one has
-        # finished (transformers' ``synced_gpus``); podsrl.distributed sets it.
+        # finished (transformers' ``synced_gpus``); podsrl.train.distributed sets it.
         self.synced_gpus = False
 
     @torch.no_grad()

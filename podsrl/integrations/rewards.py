@@ -10,8 +10,8 @@ dataset's other columns, one value per completion (TRL also passes ``completion_
   comes from the dataset column ``answer_column`` (default ``"answer"``), the question from the
   prompt (the last user message of a conversational prompt). A conversational completion is scored
   on its last message's content.
-- :func:`from_batched` turns a TRL-style batched function into a podsrl reward; ``podsrl train``
-  does this by itself for a ``"module:function"`` reward whose function has a parameter named
+- :func:`from_batched` (:mod:`podsrl.grading.user`, re-exported here) turns a TRL-style batched
+  function into a podsrl reward; ``podsrl train`` does this by itself for a ``"module:function"`` reward whose function has a parameter named
   ``completions`` (:func:`is_batched`). It is called with ``prompts=[question]``,
   ``completions=[completion]`` (plain strings, TRL's "standard" format), ``answer=[answer]``,
   ``id=[id]`` and ``question=[question]``, only the names the function accepts unless it takes
@@ -25,7 +25,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from podsrl.errors import ConfigError
-from podsrl.tasks import Example
+from podsrl.grading.rewards import get_reward
+from podsrl.grading.user import from_batched, is_batched
+from podsrl.tasks.types import Example
 
 __all__ = ["as_trl_reward", "from_batched", "is_batched"]
 
@@ -58,8 +60,6 @@ def as_trl_reward(
     or a function ``fn(completion, example) -> float``. The returned function is named after the
     reward (TRL logs it as ``rewards/<name>/mean``).
     """
-    from podsrl.rewards import get_reward
-
     if isinstance(reward, str):
         fn, name = get_reward(reward), reward.rpartition(":")[2]
     elif callable(reward):
@@ -84,49 +84,3 @@ def as_trl_reward(
     trl_reward.__name__ = trl_reward.__qualname__ = name
     trl_reward.__doc__ = f"podsrl reward {name!r} as a TRL reward function."
     return trl_reward
-
-
-def is_batched(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` looks like a TRL-style batched reward: it has a parameter named ``completions``."""
-    try:
-        return "completions" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def from_batched(fn: Callable[..., Sequence[float | None]], spec: str = "") -> Callable[[str, Example], float]:
-    """A podsrl reward ``fn(completion, example) -> float`` calling a TRL-style batched reward on one completion.
-
-    Raises ConfigError at once if ``fn`` needs an argument podsrl cannot give (e.g. ``completion_ids``
-    without a default, or a dataset column other than answer/id/question).
-    """
-    label = spec or getattr(fn, "__name__", "reward")
-    params = inspect.signature(fn).parameters
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-    def arguments(completion: str, example: Example) -> dict[str, list[str]]:
-        offered = {
-            "prompts": [example.question],
-            "completions": [completion],
-            "answer": [example.answer],
-            "id": [example.id],
-            "question": [example.question],
-        }
-        return offered if takes_kwargs else {k: v for k, v in offered.items() if k in params}
-
-    try:
-        inspect.signature(fn).bind(**arguments("", Example("", "", "")))
-    except TypeError as exc:
-        raise ConfigError(
-            f"reward {label!r} is a TRL-style batched function but cannot be called with the columns podsrl "
-            f"has (prompts, completions, answer, id, question): {exc}; give its other parameters defaults"
-        ) from None
-
-    def reward(completion: str, example: Example) -> float:
-        values = fn(**arguments(completion, example))
-        if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != 1:
-            raise TypeError(f"a batched reward must return a list with one value per completion, got {values!r}")
-        return values[0]  # podsrl checks it is a finite number (RewardError otherwise)
-
-    reward.__name__ = getattr(fn, "__name__", "reward")
-    return reward

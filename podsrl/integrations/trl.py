@@ -13,13 +13,13 @@ What one generation round does (TRL's ``num_generations`` is n, ``pods_m`` is m)
 2. TRL's reward functions score them (``GRPOTrainer._calculate_rewards``, which gathers the
    rewards of every process): weighted sum per completion, rewards [B, n] for the B prompts of the
    whole generation batch, identical on every process.
-3. The podsrl rule (:data:`podsrl.selection.RULES`) picks the kept rollouts, optionally followed by
+3. The podsrl rule (:data:`podsrl.core.selection.RULES`) picks the kept rollouts, optionally followed by
    the DAPO filter (``pods_drop_zero_variance``). Every process runs it on the same rewards with
    the same seeded generator, so every process computes the same mask without communicating.
 4. The kept rows are dealt out so that every process gets the same number K_local (see
    "Multi-process" below), and only then does TRL compute the old-policy and reference log-probs
    (when it needs them) and, later, the loss: on the kept rows only.
-5. Advantages follow podsrl (:func:`podsrl.advantages.group_advantages`): over the kept subset for
+5. Advantages follow podsrl (:func:`podsrl.core.advantages.group_advantages`): over the kept subset for
    PODS rules, over the full group of n for the D3S rules (``pods_advantages="auto"``).
 6. D3S token selection (``pods_token_fraction`` < 1): TRL's entropy mask
    (``top_entropy_quantile``) on the score |A_i| x H_{i,t} instead of H_{i,t} alone
@@ -70,7 +70,7 @@ Choices and limits:
   scored None cannot be selected on: it is an error.
 - ``scale_rewards="group"`` divides by the sample std of the advantage set, ``"none"`` only centres
   (Dr. GRPO); ``"batch"`` is rejected. Unlike TRL there is no +1e-4 in the denominator, and a
-  constant set gets advantage 0 (podsrl's convention, :mod:`podsrl.advantages`).
+  constant set gets advantage 0 (podsrl's convention, :mod:`podsrl.core.advantages`).
 - The selection seed is ``pods_seed`` (default: ``seed``) combined with the global step, so a
   resumed run selects as the original would.
 - Logged: ``pods/kept`` (rows kept in the round, all processes), ``pods/m``, ``pods/padding_rows``,
@@ -94,9 +94,9 @@ from typing import Any
 
 import torch
 
-from podsrl.advantages import group_advantages
-from podsrl.schedules import SCHEDULES, schedule_value, scheduled_m
-from podsrl.selection import RULES, drop_zero_variance_groups, get_rule
+from podsrl.core.advantages import group_advantages
+from podsrl.core.schedules import SCHEDULES, schedule_value, scheduled_m
+from podsrl.core.selection import RULES, drop_zero_variance_groups, get_rule
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 _TRL_MIN, _TRL_BELOW = (1, 16), (1, 17)
@@ -149,7 +149,7 @@ class PODSConfig(GRPOConfig):
 
     Parameters:
         pods_rule (`str`, defaults to `"max_variance"`): the selection rule, a name in
-            `podsrl.selection.RULES`: `all`, `random`, `max_reward`, `max_variance` (PODS),
+            `podsrl.core.selection.RULES`: `all`, `random`, `max_reward`, `max_variance` (PODS),
             `d3s_intra`, `d3s_cross` (D3S).
         pods_m (`int` or `None`): rollouts kept per prompt (at the start of training when
             `pods_m_end` is set). Required, except for rule `all` where it defaults to n.

@@ -20,7 +20,7 @@ train needs) is a ConfigError saying how many exist. The eval set depends only o
 import random
 
 from podsrl.errors import ConfigError
-from podsrl.tasks import Example, Task, check_count
+from podsrl.tasks.types import Example, Task, check_count
 
 OPS = ("+", "-", "*")  # canonical order: ("*", "+") and ("+", "*") give the same problems
 INSTRUCTION = "Give only the final number."

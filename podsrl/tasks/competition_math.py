@@ -17,7 +17,7 @@ The reference of a row is its `answer_field` when the row has one (MATH-500, Dee
 content of the last `\\boxed{...}` in its `solution_field` (the original MATH files), stripped of
 "$" around it. `correctness` compares it with the completion's final answer by value with
 math-verify ("\\frac{\\sqrt{3}}{2}", intervals, sets, expressions), and exactly when both are plain
-numbers (see `podsrl.rewards`). Example ids are "<file name>:<line>", or "<split>:<row>" for a
+numbers (see `podsrl.grading.rewards`). Example ids are "<file name>:<line>", or "<split>:<row>" for a
 dataset. `num_train`/`num_eval` of None mean all rows; a number picks that many with the seed,
 kept in order.
 
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podsrl.errors import ConfigError
-from podsrl.tasks import Example, Task, check_count
+from podsrl.grading.answers import last_boxed
+from podsrl.tasks.types import Example, Task, check_count
 from podsrl.tasks.jsonl import hold_out, load_dataset, read_rows, subsample
 
 INSTRUCTION = "Think step by step, then put the final answer in \\boxed{}."
@@ -120,8 +121,6 @@ class _Fields:
         return Example(example_id, question, self._reference(row, where))
 
     def _reference(self, row: dict, where: str) -> str:
-        from podsrl.rewards import last_boxed  # podsrl.rewards imports podsrl.tasks
-
         answer = row.get(self.answer)
         if answer is not None and not isinstance(answer, bool) and str(answer).strip():
             if not isinstance(answer, (str, int, float)):

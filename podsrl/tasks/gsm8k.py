@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from podsrl.errors import ConfigError
-from podsrl.tasks import Example, Task, check_count
+from podsrl.tasks.types import Example, Task, check_count
 from podsrl.tasks.jsonl import load_dataset, read_examples, reference_answer, subsample
 
 INSTRUCTION = "Think step by step, then end with the final number."

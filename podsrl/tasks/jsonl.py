@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 
 from podsrl.errors import ConfigError
-from podsrl.tasks import Example, Task, check_count
+from podsrl.tasks.types import Example, Task, check_count
 
 INSTRUCTION = "Think step by step, then end with the final answer."
 

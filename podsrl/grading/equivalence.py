@@ -1,7 +1,7 @@
 """Symbolic answer checking with math-verify (the checker TRL and open-r1 use), for LaTeX answers.
 
 `rewards.correctness` sends a completion here only when its answer is not a plain number compared
-with a plain number (that exact path never imports sympy; see the `podsrl.rewards` docstring).
+with a plain number (that exact path never imports sympy; see the `podsrl.grading.rewards` docstring).
 Here both sides are parsed by math-verify into SymPy objects and compared by value:
 "\\frac{1}{2}" and "\\boxed{\\frac12}", "10\\sqrt{2}" and "\\sqrt{200}", "x^2+2x+1" and
 "(x+1)^2", "[2,5)" and "[2, 5)" (but not "[2,5]"), "\\{1,2\\}" and "\\{2,1\\}", "5" and
@@ -32,6 +32,8 @@ import threading
 import warnings
 from functools import lru_cache
 
+from podsrl.grading.answers import last_boxed
+
 TIMEOUT_SECONDS = 3  # per parse and per comparison; signal.alarm takes whole seconds
 MAX_CHARS = 2000  # the longest text parsed: the end of a completion without "####" or a box
 
@@ -57,8 +59,6 @@ def available() -> bool:
 
 def answer_region(completion: str) -> str:
     """The part of a completion that holds its final answer, in podsrl's priority order."""
-    from podsrl.rewards import last_boxed
-
     if "####" in completion:
         tail = completion.rsplit("####", 1)[1].strip()
         if tail:

@@ -18,7 +18,7 @@ What each rank does in a step (the trainer calls these helpers; see docs/distrib
   kept set, tie-breaking included, is exactly one process's (``d3s_cross`` pools the global batch).
   Each rank then keeps its own rows (:meth:`Dist.local_rows`).
 - The update normalises by the global sequence and token counts and takes D3S's top-fraction token
-  threshold over the whole batch (:mod:`podsrl.update`), so the ranks' gradients *sum* to the
+  threshold over the whole batch (:mod:`podsrl.train.update`), so the ranks' gradients *sum* to the
   single-process gradient. Parallelism (``distributed.parallel``):
 
   - ``"ddp"``: every rank holds the whole model; after the backward passes one summed all-reduce of

@@ -37,7 +37,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from podsrl.errors import ConfigError
-from podsrl.rundir import write_text_atomic
+from podsrl.run.rundir import write_text_atomic
 
 
 class DamagedCheckpoint(ConfigError):

@@ -9,7 +9,7 @@ per-token objective (maximised) is the PPO/GRPO clipped surrogate
 the counted tokens, plus beta times the k3 estimator of KL(pi_theta || pi_ref),
 exp(ref - logp) - (ref - logp) - 1, aggregated the same way. PODS (arXiv 2504.13818, Sec. 3)
 uses the GRPO objective over the m selected rollouts (1/m in front); D3S (arXiv 2509.22115)
-additionally masks tokens (``token_mask``, from :mod:`podsrl.tokens`).
+additionally masks tokens (``token_mask``, from :mod:`podsrl.core.token_selection`).
 
 Aggregations (:data:`AGGREGATIONS`), with counted tokens c_{i,t} = mask AND token_mask:
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from podsrl.errors import ConfigError
-from podsrl.logging import read_jsonl
+from podsrl.run.metrics import read_jsonl
 
 
 def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) -> Path:

@@ -17,12 +17,7 @@ Choices made where the papers are silent:
 - Ties at the threshold are broken by :func:`torch.topk`, which is deterministic for a given
   input on a given device but otherwise unspecified; the count is always exact.
 - K = 1.0 returns the valid mask itself (no sort).
-- :func:`entropy_from_logits` runs under ``torch.no_grad`` (the score is a selection weight, not
-  a training signal) and returns float32 whatever the logits' dtype. It is the update's own
-  chunked pass (:func:`podsrl.sequences.log_normaliser`, ``chunk_size`` positions at a time in
-  float32), so a bf16 [N, T, V] logits tensor never gets a full float32 copy. Logits that cannot be
-  viewed as [positions, V] (e.g. ``logits[:, :-1]``) are processed one leading index at a time
-  rather than copied.
+- The entropies come from :func:`podsrl.core.logits.entropy_from_logits` (detached, float32).
 """
 
 from __future__ import annotations
@@ -32,27 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-from podsrl.sequences import log_normaliser
-
-__all__ = ["entropy_from_logits", "token_scores", "top_fraction_mask", "entropy_top_fraction_mask"]
-
-
-@torch.no_grad()
-def entropy_from_logits(logits: Tensor, *, chunk_size: int = 1024) -> Tensor:
-    """Entropy of softmax(logits) over the last dim. logits [..., V] -> [...] float32, detached."""
-    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() < 1:
-        raise ValueError(f"logits must be a floating tensor [..., V], got {getattr(logits, 'dtype', type(logits))}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    vocab = logits.shape[-1]
-    try:
-        flat = logits.view(-1, vocab)  # [P, V]
-    except RuntimeError:
-        # Not viewable as [P, V] (e.g. logits[:, :-1]): recurse over the first dim rather than
-        # let reshape copy the whole tensor.
-        return torch.stack([entropy_from_logits(part, chunk_size=chunk_size) for part in logits.unbind(0)])
-    _, entropy = log_normaliser(flat, with_entropy=True, chunk_size=chunk_size)  # [P]
-    return entropy.reshape(logits.shape[:-1])
+__all__ = ["token_scores", "top_fraction_mask", "entropy_top_fraction_mask"]
 
 
 def token_scores(advantages: Tensor, entropy: Tensor) -> Tensor:

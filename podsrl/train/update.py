@@ -5,7 +5,7 @@ Only the m kept rollouts of each group enter this phase: that is where PODS save
 
 - Rollouts are ordered by prompt group, then length, and cut into micro-batches of
   ``micro_batch_size``, so that a micro-batch runs each prompt once (``share_prompts``, see
-  :mod:`podsrl.sequences`) and padding stays small. The loss of every micro-batch is normalised by
+  :mod:`podsrl.train.sequences`) and padding stays small. The loss of every micro-batch is normalised by
   the whole batch's sequence / token counts (``policy_loss(total_sequences=..., total_tokens=...)``),
   so the accumulated gradient equals the full-batch gradient whatever the micro-batch size.
 - With one policy iteration per batch, pi_old == pi_theta numerically, so the old log-probs are the
@@ -16,7 +16,7 @@ Only the m kept rollouts of each group enter this phase: that is where PODS save
   term (reference log-probs).
 - The reference policy for the KL is the initial one: the base model with the LoRA adapter disabled,
   or a frozen copy for full fine-tuning.
-- Several processes (``dist``, see :mod:`podsrl.distributed`): each rank passes its own kept rows.
+- Several processes (``dist``, see :mod:`podsrl.train.distributed`): each rank passes its own kept rows.
   The sequence and token normalisers and D3S's top-fraction threshold are global (the threshold is
   taken on every rank over the gathered [K, T] scores in batch order, so the kept tokens, ties
   included, are one process's), so the ranks' gradients sum to the single-process gradient; they
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from podsrl.distributed import Dist
-from podsrl.loss import policy_loss
-from podsrl.sequences import Packed, forward_logprobs, pack
-from podsrl.tokens import entropy_top_fraction_mask, token_scores, top_fraction_mask
+from podsrl.train.distributed import Dist
+from podsrl.core.loss import policy_loss
+from podsrl.train.sequences import Packed, forward_logprobs, pack
+from podsrl.core.token_selection import entropy_top_fraction_mask, token_scores, top_fraction_mask
 
 
 @dataclass

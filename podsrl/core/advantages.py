@@ -8,7 +8,7 @@ trained on, the advantage of rollout i in S is
 - GRPO and D3S: S is the full group (``keep=None``). D3S (arXiv 2509.22115) selects rollouts by
   these full-group advantages and does not re-normalise after selection.
 - PODS (arXiv 2504.13818, Sec. 3, "advantages are recomputed over the subset"): S is the
-  down-sampled subset chosen by a rule of :mod:`podsrl.selection` (``keep`` = its mask).
+  down-sampled subset chosen by a rule of :mod:`podsrl.core.selection` (``keep`` = its mask).
 - Dr. GRPO (``scale_std=False``): a_i = r_i - mean(r_S), no division by the standard deviation.
 
 Choices made where the papers are silent:

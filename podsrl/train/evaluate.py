@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from podsrl.distributed import Dist
+from podsrl.train.distributed import Dist
 from podsrl.engines import Engine, Sampling
-from podsrl.rewards import correctness
+from podsrl.grading.rewards import correctness
 from podsrl.tasks import Example
 
 

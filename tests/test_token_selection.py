@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podsrl.tokens import entropy_from_logits, entropy_top_fraction_mask, token_scores, top_fraction_mask
+from podsrl.core.logits import entropy_from_logits
+from podsrl.core.token_selection import entropy_top_fraction_mask, token_scores, top_fraction_mask
 
 
 def test_entropy_matches_categorical():

@@ -5,16 +5,18 @@ trains on m < n of them, chosen by a rule D(o, r; m). D3S (Wang et al.; arXiv 25
 by the GRPO advantages of the full group instead of the rewards, within each group or over the
 pooled batch. Every rule here has the signature
 
-    rule(rewards: [B, n] float, m: int, *, generator=None) -> keep: [B, n] bool
+    rule(rewards: [B, n] float, m: int, *, generator=None, scale_std=True) -> keep: [B, n] bool
 
-and keeps B*m rollouts in total. Rules are chosen by name from :data:`RULES` (:func:`get_rule`).
+and keeps B*m rollouts in total. ``scale_std`` is the advantage convention the run trains with
+(GRPO's division by the group's std, or Dr. GRPO's centring only); only the D3S rules, which select
+on advantages, read it. Rules are chosen by name from :data:`RULES` (:func:`get_rule`).
 
 - ``all``: every rollout (plain GRPO); requires m == n.
 - ``random``: m rollouts per group, uniformly without replacement.
 - ``max_reward``: the m highest rewards per group.
 - ``max_variance`` (PODS): per group, the m rollouts maximising Var(r_S).
 - ``d3s_intra`` (D3S-I): per group, the m rollouts maximising the variance of their full-group
-  advantages A (:func:`podsrl.advantages.group_advantages` with ``keep=None``).
+  advantages A (:func:`podsrl.core.advantages.group_advantages` with ``keep=None``).
 - ``d3s_cross`` (D3S cross-group): B*m rollouts of the pooled B*n maximising Var(A) over the pool;
   groups may keep unequal numbers, some none.
 
@@ -42,7 +44,7 @@ Choices made where the papers are silent:
 - ``d3s_intra`` gives the same subsets as ``max_variance`` when A is an affine function of r per
   group (it is), but it is computed on A so that it is exact for the advantages actually used.
   The std convention of A does not change the selection: all groups have the same n, so it
-  rescales every advantage by the same factor. ``advantage_scale_std=False`` selects on
+  rescales every advantage by the same factor. ``scale_std=False`` selects on
   Dr. GRPO advantages (r - mean), which matters for ``d3s_cross`` (groups are then compared on
   the reward scale instead of in units of their own std).
 - ``generator=None`` uses torch's global generator.
@@ -61,7 +63,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from podsrl.advantages import check_rewards, group_advantages
+from podsrl.core.advantages import check_rewards, group_advantages
 
 __all__ = [
     "Rule",
@@ -189,7 +191,7 @@ def _max_variance_keep(values: Tensor, k: int, generator: torch.Generator | None
 # ----------------------------------------------------------------------------- rules
 
 
-def keep_all(rewards: Tensor, m: int, *, generator: torch.Generator | None = None) -> Tensor:
+def keep_all(rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True) -> Tensor:
     """Plain GRPO: keep every rollout. rewards [B, n]; m must equal n. Returns [B, n] bool."""
     m = _check_m(rewards, m)
     if m != rewards.shape[1]:
@@ -197,14 +199,14 @@ def keep_all(rewards: Tensor, m: int, *, generator: torch.Generator | None = Non
     return torch.ones_like(rewards, dtype=torch.bool)
 
 
-def random_subset(rewards: Tensor, m: int, *, generator: torch.Generator | None = None) -> Tensor:
+def random_subset(rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True) -> Tensor:
     """m rollouts per group uniformly without replacement. rewards [B, n]. Returns [B, n] bool."""
     m = _check_m(rewards, m)
     chosen = _uniform(rewards.shape, rewards, generator).topk(m, dim=1).indices  # [B, m]
     return torch.zeros_like(rewards, dtype=torch.bool).scatter(1, chosen, True)
 
 
-def max_reward(rewards: Tensor, m: int, *, generator: torch.Generator | None = None) -> Tensor:
+def max_reward(rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True) -> Tensor:
     """The m highest rewards per group, ties at the cut at random. rewards [B, n] -> [B, n] bool."""
     m = _check_m(rewards, m)
     order = _random_tie_order(rewards, generator, descending=True)  # [B, n]
@@ -212,7 +214,7 @@ def max_reward(rewards: Tensor, m: int, *, generator: torch.Generator | None = N
     return _mask_from_order(order, keep_sorted.contiguous())
 
 
-def max_variance(rewards: Tensor, m: int, *, generator: torch.Generator | None = None) -> Tensor:
+def max_variance(rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True) -> Tensor:
     """PODS max-variance down-sampling: per group the m rollouts maximising Var(r_S).
 
     rewards [B, n] -> keep [B, n] bool, m True per row. O(n log n + m) per group, vectorised.
@@ -226,14 +228,14 @@ def d3s_intra(
     m: int,
     *,
     generator: torch.Generator | None = None,
-    advantage_scale_std: bool = True,
+    scale_std: bool = True,
 ) -> Tensor:
     """D3S intra-group: per group the m rollouts maximising Var of their full-group advantages.
 
     rewards [B, n] -> keep [B, n] bool, m True per row.
     """
     m = _check_m(rewards, m)
-    advantages = group_advantages(rewards, scale_std=advantage_scale_std)  # [B, n]
+    advantages = group_advantages(rewards, scale_std=scale_std)  # [B, n]
     return _max_variance_keep(advantages, m, generator)
 
 
@@ -242,7 +244,7 @@ def d3s_cross(
     m: int,
     *,
     generator: torch.Generator | None = None,
-    advantage_scale_std: bool = True,
+    scale_std: bool = True,
 ) -> Tensor:
     """D3S cross-group: B*m of the pooled B*n rollouts maximising Var of full-group advantages.
 
@@ -253,7 +255,7 @@ def d3s_cross(
         m = _check_m(rewards, m)
     except ValueError as err:
         raise ValueError(f"d3s_cross keeps B*m of the pooled B*n rollouts: {err}") from None
-    advantages = group_advantages(rewards, scale_std=advantage_scale_std)  # [B, n]
+    advantages = group_advantages(rewards, scale_std=scale_std)  # [B, n]
     pooled = advantages.reshape(1, B * n)  # [1, B*n]
     return _max_variance_keep(pooled, B * m, generator).reshape(B, n)
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from podsrl.core.logits import log_normaliser
+
 
 @dataclass
 class Packed:
@@ -189,33 +191,6 @@ def token_logprobs(
     lse, entropy = log_normaliser(logits.detach(), temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size)
     logprobs = _TokenLogProbs.apply(logits, lse, rows, targets, temperature, chunk_size)
     return logprobs, None if entropy is None else entropy[rows]
-
-
-@torch.no_grad()
-def log_normaliser(
-    logits: Tensor, *, temperature: float = 1.0, with_entropy: bool = False, chunk_size: int = 256
-) -> tuple[Tensor, Tensor | None]:
-    """logsumexp(logits / temperature) [R] and, optionally, the entropy [R] of softmax(logits /
-    temperature), both float32 and detached; logits [R, V] of any float dtype, ``chunk_size`` rows
-    at a time (two float32 [chunk, V] buffers)."""
-    R = logits.shape[0]
-    lse = torch.empty(R, dtype=torch.float32, device=logits.device)
-    entropy = torch.empty(R, dtype=torch.float32, device=logits.device) if with_entropy else None
-    for s in range(0, R, chunk_size):
-        x = logits[s : s + chunk_size].float()
-        d = x / temperature if temperature != 1.0 else x.clone()  # [c, V], owned: modified in place
-        m = d.amax(dim=-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # an all -inf row: no NaN from -inf - -inf
-        d.sub_(m)  # x - max <= 0
-        e = d.exp()
-        z = e.sum(dim=-1, keepdim=True)  # [c, 1]
-        lse[s : s + chunk_size] = (m + z.log()).squeeze(-1)
-        if entropy is not None:
-            # H = -sum p log p with p = e / z, log p = d - log z:  H = log z - sum(e * d) / z.
-            d.clamp_(min=torch.finfo(torch.float32).min)  # -inf where e == 0: 0 * finite = 0
-            dot = torch.bmm(e.unsqueeze(1), d.unsqueeze(2)).view(-1, 1)  # [c, 1]
-            entropy[s : s + chunk_size] = (z.log() - dot / z).clamp(min=0).squeeze(-1)
-    return lse, entropy
 
 
 class _TokenLogProbs(torch.autograd.Function):

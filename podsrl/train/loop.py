@@ -5,7 +5,7 @@ One step (``train_step``) of B prompts:
   2. score them with the reward functions -> rewards [B, n];
   3. keep B*m of them with the selection rule (PODS / D3S sample level), m from its schedule;
   4. advantages over the kept subset (PODS) or the full group (GRPO, D3S);
-  5. one optimizer step on the kept rollouts only (``podsrl.update``), D3S token selection inside;
+  5. one optimizer step on the kept rollouts only (``podsrl.train.update``), D3S token selection inside;
   6. push the new weights to the engine.
 Evaluation runs every k steps and/or every T seconds of *training* time; its own time is recorded
 but kept off the training clock, which is what budgets and wall-clock plots measure.
@@ -15,7 +15,7 @@ sampling seed, tie-breaking in selection, dropout. A resumed run therefore conti
 uninterrupted one would, given the checkpointed weights and optimizer state.
 
 Under torchrun every rank runs this same loop on its B / world prompts (``s.dist``, see
-:mod:`podsrl.distributed`): rewards are gathered so that selection, advantages and metrics are the
+:mod:`podsrl.train.distributed`): rewards are gathered so that selection, advantages and metrics are the
 global ones, the update sums the ranks' gradients, and only rank 0 writes files.
 """
 
@@ -32,20 +32,20 @@ from pathlib import Path
 
 import torch
 
-from podsrl import checkpoint as ckpt
-from podsrl import rundir
-from podsrl.advantages import group_advantages
+from podsrl.run import checkpoint as ckpt
+from podsrl.run import rundir
+from podsrl.core.advantages import group_advantages
 from podsrl.config import Config
-from podsrl.distributed import Dist, fsdp_wrap, rank_device
+from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.errors import ConfigError
 from podsrl.engines import Engine, Sampling, make_engine, resolve_engine
-from podsrl.evaluate import EvalResult, evaluate
+from podsrl.train.evaluate import EvalResult, evaluate
 from podsrl.models import Policy, load_policy
-from podsrl.rewards import RewardSpec, compute_rewards, resolve_specs
-from podsrl.schedules import schedule_value, scheduled_m
-from podsrl.selection import drop_zero_variance_groups, get_rule
+from podsrl.grading.rewards import RewardSpec, compute_rewards, resolve_specs
+from podsrl.core.schedules import schedule_value, scheduled_m
+from podsrl.core.selection import drop_zero_variance_groups, get_rule
 from podsrl.tasks import Example, Task, format_user_message, load_task
-from podsrl.update import UpdateBatch, run_update
+from podsrl.train.update import UpdateBatch, run_update
 
 
 @dataclass
@@ -336,8 +336,8 @@ def resolve_run_dir(cfg: Config) -> Path:
 def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, overwrite: bool = False, log=print) -> Path:
     """Train per ``cfg`` into ``run_dir`` (default: a new directory named by ``train.out_dir``);
     ``resume`` continues it from its newest complete checkpoint, ``overwrite`` replaces the run it
-    holds. A directory holding another run, or in use, is refused: see :mod:`podsrl.rundir`."""
-    from podsrl import distributed
+    holds. A directory holding another run, or in use, is refused: see :mod:`podsrl.run.rundir`."""
+    from podsrl.train import distributed
 
     dist = distributed.init(cfg)  # a process group under torchrun; otherwise world 1, no group
     try:
@@ -380,7 +380,7 @@ def _open_run_dir(claim: rundir.RunDir, dist: Dist) -> Path:
 
 
 def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckpt.TrainState, *, resume: bool, log) -> Path:
-    from podsrl.logging import NullLogger, RunLogger
+    from podsrl.run.metrics import NullLogger, RunLogger
 
     cfg, dist = s.cfg, s.dist
     run_dir = _open_run_dir(claim, dist)

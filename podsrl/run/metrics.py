@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from podsrl.errors import ConfigError
-from podsrl.rundir import write_text_atomic
+from podsrl.run.rundir import write_text_atomic
 
 
 def _truncate_jsonl(path: Path, max_step: int) -> None:

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from podsrl import symbolic
-from podsrl.rewards import answers_match, compute_rewards, extract_answer, is_correct
+from podsrl.grading import equivalence
+from podsrl.grading.answers import answers_match, extract_answer
+from podsrl.grading.rewards import compute_rewards, is_correct
 from podsrl.tasks import Example
 
 pytest.importorskip("math_verify")
@@ -75,7 +76,7 @@ def test_where_math_verify_and_the_numeric_path_differ(reference, completion, nu
     ],
 )
 def test_plain_numbers_take_the_numeric_path(reference, completion, verdict, monkeypatch):
-    monkeypatch.setattr(symbolic, "matches", _fail_if_called)
+    monkeypatch.setattr(equivalence, "matches", _fail_if_called)
     assert is_correct(completion, reference) is verdict
 
 
@@ -83,7 +84,7 @@ def test_plain_numbers_never_import_math_verify():
     # A fresh interpreter: the arithmetic demo must grade without sympy's start-up or parse costs.
     code = (
         "import sys\n"
-        "from podsrl.rewards import correctness\n"
+        "from podsrl.grading.rewards import correctness\n"
         "from podsrl.tasks import Example\n"
         "assert correctness('7 + 5 = 12', Example('1', 'What is 7 + 5?', '12')) == 1.0\n"
         "assert correctness('#### 3.5', Example('2', 'q', '7/2')) == 1.0\n"
@@ -109,7 +110,7 @@ def test_a_timeout_scores_wrong_and_does_not_raise(monkeypatch):
         time.sleep(5)
         return True
 
-    monkeypatch.setattr(symbolic, "TIMEOUT_SECONDS", 1)
+    monkeypatch.setattr(equivalence, "TIMEOUT_SECONDS", 1)
     assert is_correct("\\boxed{7^{1/2}}", "\\sqrt{7}") is True
     monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", slow)
     start = time.perf_counter()
@@ -127,9 +128,9 @@ def test_a_parse_exception_scores_wrong_and_is_counted(monkeypatch, error):
         raise error
 
     monkeypatch.setattr(math_verify, "parse", broken)
-    before = symbolic.failures
+    before = equivalence.failures
     assert is_correct(f"\\boxed{{\\sqrt{{{id(error)}}}}}", "\\sqrt{11}") is False
-    assert symbolic.failures > before
+    assert equivalence.failures > before
 
 
 def test_a_timeout_exception_from_math_verify_is_caught(monkeypatch):
@@ -140,7 +141,7 @@ def test_a_timeout_exception_from_math_verify_is_caught(monkeypatch):
         raise TimeoutException("alarm")  # a BaseException, not an Exception
 
     monkeypatch.setattr(math_verify, "verify", timing_out)
-    assert symbolic.matches("\\boxed{\\sqrt{13}}", "\\sqrt{13}") is False
+    assert equivalence.matches("\\boxed{\\sqrt{13}}", "\\sqrt{13}") is False
 
 
 def test_grading_off_the_main_thread_works_without_signals():
@@ -161,7 +162,7 @@ def test_grading_off_the_main_thread_works_without_signals():
 
 
 def test_without_math_verify_latex_falls_back_to_text(monkeypatch):
-    monkeypatch.setattr(symbolic, "available", lambda: False)
+    monkeypatch.setattr(equivalence, "available", lambda: False)
     assert is_correct("\\boxed{\\text{(C)}}", "\\text{(C)}") is True  # same text
     assert is_correct("\\boxed{C}", "\\text{(C)}") is False  # same choice, different text
 
@@ -174,11 +175,11 @@ def test_what_math_verify_cannot_parse_is_compared_as_written():
 
 
 def test_answer_region_follows_podsrl_priority():
-    assert symbolic.answer_region("x \\boxed{1} y \\boxed{2} z") == "\\boxed{2}"
-    assert symbolic.answer_region("\\boxed{1}\n#### 3/4\nmore") == "3/4"
+    assert equivalence.answer_region("x \\boxed{1} y \\boxed{2} z") == "\\boxed{2}"
+    assert equivalence.answer_region("\\boxed{1}\n#### 3/4\nmore") == "3/4"
     long = "a" * 5000 + " so $x=1$"
-    assert symbolic.answer_region(long).endswith("$x=1$")
-    assert len(symbolic.answer_region(long)) == symbolic.MAX_CHARS
+    assert equivalence.answer_region(long).endswith("$x=1$")
+    assert len(equivalence.answer_region(long)) == equivalence.MAX_CHARS
 
 
 def _fail_if_called(*args, **kwargs):

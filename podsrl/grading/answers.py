@@ -1,0 +1,135 @@
+"""Final answers in completions: extraction and exact matching (a leaf: imports nothing of podsrl).
+
+Answer extraction (`extract_answer`), in priority order:
+  1. the first number after the last "####" (GSM8K's own answer marker);
+  2. the content of the last `\\boxed{...}` (nested braces handled): the whole content if it is a
+     number, else its last number, else the content as text;
+  3. the last number anywhere in the text ("The answer is 7. Wait, 8" -> "8").
+Numbers may carry a sign, thousands commas ("1,234"), decimals (".5", "3.50"), a fraction ("3/4",
+"\\frac{3}{4}"), "$" or "%" around them, or a sentence's trailing period. A "-" right after a word
+character or closing bracket is read as subtraction, not a sign ("7-5" gives 7 and 5).
+Scientific notation and number words ("twelve") are not recognised.
+
+Matching (`answers_match`) is exact: both sides become `fractions.Fraction`, so "0.5", ".5" and
+"1/2" are equal and no float tolerance is needed; "%" is dropped without scaling ("5%" == "5"),
+because GSM8K-style references write percentages as plain numbers. A reference that is not a
+number is compared as text, ignoring case and runs of whitespace.
+"""
+
+import re
+from fractions import Fraction
+
+__all__ = ["answers_match", "ends_with_number", "extract_answer", "last_boxed", "parse_number"]
+
+_PLAIN = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"  # 1,234.5 | 1234 | .5
+_LATEX_FRAC = r"\\[dt]?frac\{\s*-?(?:\d+(?:\.\d+)?)\s*\}\{\s*-?(?:\d+(?:\.\d+)?)\s*\}"
+_NUMBER = re.compile(
+    r"(?:(?<![\w)\]}])[-\u2212]\$?)?"  # a sign, unless it follows an operand (then it is minus)
+    rf"(?:{_LATEX_FRAC}|(?:{_PLAIN})(?:/\d+(?:\.\d+)?)?)"
+)
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/|$)")
+_FRAC_PARTS = re.compile(r"^(-?)\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}$")
+_BOXED = re.compile(r"\\boxed\s*\{")
+# What may follow a final answer and still count as "the number ends the text" (`ends_with_number`).
+_TRAILING = " \t\r\n.!?*\"'`)$%"
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The exact value of a number written as text, or None if it is not one number.
+
+    Accepts "1,234" (commas only as thousands separators), "-3.50", ".5", "3/4", "\\frac{3}{4}",
+    "$5", "\\$5", "5%" (= 5, not 0.05), "5." (= 5), surrounding whitespace and a leading "+".
+    """
+    cleaned = _clean(text)
+    if "," in cleaned:
+        if not _THOUSANDS.match(cleaned):
+            return None
+        cleaned = cleaned.replace(",", "")
+    numerator, slash, denominator = cleaned.partition("/")
+    try:
+        value = Fraction(numerator)
+        if slash:
+            value /= Fraction(denominator)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer in a completion, normalised ("1,234." -> "1234"), or None if there is none.
+
+    See the module docstring for the priority order. Numbers come back without commas, "$", "%"
+    or trailing period, and "\\frac{a}{b}" as "a/b"; non-numeric answers (after "####" or in a
+    box) come back stripped.
+    """
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1]
+        first = _NUMBER.search(tail)
+        if first:
+            return _normalise(first.group())
+        if tail.strip():
+            return tail.strip().splitlines()[0].strip()
+    boxed = last_boxed(text)
+    if boxed is not None:
+        if parse_number(boxed) is not None:
+            return _normalise(boxed)
+        inside = _NUMBER.findall(boxed)
+        if inside:
+            return _normalise(inside[-1])
+        if boxed.strip():
+            return boxed.strip()
+    numbers_ = _NUMBER.findall(text)
+    return _normalise(numbers_[-1]) if numbers_ else None
+
+
+def answers_match(pred: str | None, ref: str) -> bool:
+    """Whether a predicted answer equals the reference: exact numeric equality when the reference
+    is a number, else text equality ignoring case, whitespace runs and a trailing period."""
+    if pred is None:
+        return False
+    ref_value = parse_number(ref)
+    if ref_value is not None:
+        return parse_number(pred) == ref_value
+    return _text_key(pred) == _text_key(ref)
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last complete `\\boxed{...}`, nested braces included, or None."""
+    for match in reversed(list(_BOXED.finditer(text))):
+        depth = 1
+        for i in range(match.end(), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[match.end() : i]
+    return None  # none, or every box is cut off (a truncated completion)
+
+
+def ends_with_number(text: str) -> bool:
+    """Whether a number is the last thing written, once trailing whitespace and
+    `. ! ? * " ' ` ) $ %` are stripped ("12", "The answer is $18.", "**7**"; not "12 apples.")."""
+    text = text.rstrip(_TRAILING)
+    numbers_ = list(_NUMBER.finditer(text))
+    return bool(numbers_) and numbers_[-1].end() == len(text)
+
+
+def _clean(text: str) -> str:
+    """Cosmetic wrapping off a number: whitespace, "$", "%", a trailing period, a leading "+",
+    the unicode minus, LaTeX `{,}` separators, and "\\frac{a}{b}" rewritten as "a/b"."""
+    text = text.strip().replace("\u2212", "-").replace("{,}", ",")
+    for wrapper in ("\\$", "$", "\\%", "%"):
+        text = text.replace(wrapper, "")
+    text = text.strip().rstrip(".").lstrip("+").strip()
+    frac = _FRAC_PARTS.match(text)
+    if frac:
+        sign, top, bottom = frac.groups()
+        text = f"{sign}{top.strip()}/{bottom.strip()}"
+    return re.sub(r"\s*/\s*", "/", text)
+
+
+def _normalise(number: str) -> str:
+    """An extracted number as returned by `extract_answer`: cleaned, without thousands commas."""
+    return _clean(number).replace(",", "")
+
+
+def _text_key(text: str) -> str:
+    return " ".join(text.split()).rstrip(".").casefold()

@@ -1,0 +1,213 @@
+"""Verifiable rewards: pure functions `fn(completion: str, example: Example) -> float`.
+
+A reward is chosen by name from `REWARDS` (built-ins) or given as a user function
+"module:function" / "path/to/file.py:function" (`get_reward`). `compute_rewards` scores N
+completions against their aligned examples with a weighted sum of reward functions.
+
+Answers are extracted and matched by :mod:`podsrl.grading.answers`.
+
+`correctness` (`is_correct`) decides with one of three comparisons, by what the two answers are:
+  - numeric (the above, exact, no sympy): the reference is a plain number and so is the
+    completion's answer ("12", "#### 1,234", "\\boxed{3/4}", "\\frac{3}{4}");
+  - text (the above): the reference is words ("Paris", "New York");
+  - symbolic, with math-verify (`podsrl.grading.equivalence`): everything else, i.e. a LaTeX or symbolic
+    reference ("\\sqrt{2}", "(-\\infty, 3]", "x^2+1"), or a plain-number reference answered in a
+    box that holds more than a number ("\\boxed{\\frac12}", "\\boxed{2^{10}}",
+    "\\boxed{5\\text{ cm}}"). A reference math-verify cannot parse, or a missing math-verify,
+    falls back to text.
+Where they differ: numeric equality is exact ("0.333333" is not 1/3) while math-verify rounds to
+6 places; math-verify reads LaTeX the numeric path misreads ("\\boxed{\\frac12}" is 1/2, not 12)
+and compares intervals, sets, roots and expressions by value.
+
+A reward function that raises, or returns NaN, inf or a non-number, stops the run with a
+RewardError showing the prompt and completion: silently scoring 0 would look like a model that
+does not learn.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from podsrl.errors import ConfigError, RewardError
+from podsrl.grading import equivalence
+from podsrl.grading.answers import answers_match, ends_with_number, extract_answer, last_boxed, parse_number
+from podsrl.grading.user import RewardFn, load_user_reward
+from podsrl.tasks.types import Example
+
+# A reference of words, compared as text: math-verify would read "Paris" as the product of the
+# symbols p*a*r*i*s (which "Pairs" equals).
+_WORDS = re.compile(r"[^\W\d_]{2,}(?:[\s'-]+[^\W\d_]+)*\.?")
+
+def correctness(completion: str, example: Example) -> float:
+    """1.0 if the completion's final answer equals the reference (`is_correct`), else 0.0."""
+    return 1.0 if is_correct(completion, example.answer) else 0.0
+
+
+def is_correct(completion: str, reference: str) -> bool:
+    """Whether the completion's final answer equals `reference`: numerically when both are plain
+    numbers, as text when the reference is words, else with math-verify (module docstring)."""
+    if not _numeric_decides(completion, reference) and not _WORDS.fullmatch(reference.strip()):
+        verdict = equivalence.matches(completion, reference)
+        if verdict is not None:  # None: math-verify cannot parse the reference, or is missing
+            return verdict
+    return answers_match(extract_answer(completion), reference)
+
+
+def _numeric_decides(completion: str, reference: str) -> bool:
+    """The reference is a plain number and the completion's answer is not a box of LaTeX."""
+    if parse_number(reference) is None:
+        return False
+    if "####" in completion and completion.rsplit("####", 1)[1].strip():
+        return True  # GSM8K's marker outranks any box (`extract_answer`)
+    boxed = last_boxed(completion)
+    return boxed is None or parse_number(boxed) is not None
+
+
+def format_reward(completion: str, example: Example) -> float:
+    """1.0 if the completion marks a final answer clearly, else 0.0 (the caller applies a weight).
+
+    Clearly marked means any of: an answer after "####"; a non-empty `\\boxed{}`; or, for the
+    short "Give only the final number." prompt style, the text ends with a number once trailing
+    whitespace and `. ! ? * " ' ` ) $ %` are stripped ("12", "The answer is $18.", "**7**").
+    "12 apples." does not count: the answer must be the last thing written. Correctness is not
+    checked here. (Named `format_reward` so as not to shadow the builtin; registered as "format".)
+    """
+    del example  # the rule depends on the completion only
+    if "####" in completion and completion.rsplit("####", 1)[1].strip():
+        return 1.0
+    boxed = last_boxed(completion)
+    if boxed is not None and boxed.strip():
+        return 1.0
+    return 1.0 if ends_with_number(completion) else 0.0
+
+
+REWARDS: dict[str, RewardFn] = {
+    "correctness": correctness,
+    "format": format_reward,
+}
+
+
+@lru_cache(maxsize=None)  # a user file is imported once, not once per training step
+def get_reward(name: str) -> RewardFn:
+    """A built-in reward by name, or a user function "module:function" / "file.py:function".
+
+    A user module is a dotted name importable from sys.path, or a path to a .py file. Every
+    failure (unknown name, module not found, import error, missing attribute, not callable, wrong
+    arguments) is a ConfigError naming the spec and the fix.
+    """
+    if ":" in name:
+        return load_user_reward(name)
+    if name not in REWARDS:
+        raise ConfigError(
+            f"unknown reward {name!r}; valid rewards: {', '.join(sorted(REWARDS))}, "
+            "or a user function as 'module:function' or 'path/to/file.py:function'"
+        )
+    return REWARDS[name]
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One reward function and its weight in the total (negative weights are penalties)."""
+
+    name: str
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """Scores for N completions.
+
+    `total` is the weighted sum, [N]; `per_reward` maps each reward name to its UNWEIGHTED
+    values, [N], so metrics read directly as accuracy or format rate.
+    """
+
+    total: list[float]
+    per_reward: dict[str, list[float]]
+
+
+def resolve_specs(specs: Sequence[RewardSpec | tuple[str, float]]) -> list[RewardSpec]:
+    """Validated RewardSpecs, every function already loaded, so a bad name or weight fails at
+    start-up rather than after the first rollouts. Duplicate names are an error."""
+    if not specs:
+        raise ConfigError("no reward functions given; add at least one, e.g. ('correctness', 1.0)")
+    resolved = [_as_spec(spec) for spec in specs]
+    seen: set[str] = set()
+    for spec in resolved:
+        weight = spec.weight
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+            raise ConfigError(f"reward {spec.name!r}: weight {weight!r} must be a finite number")
+        if not math.isfinite(weight):
+            raise ConfigError(f"reward {spec.name!r}: weight {weight!r} must be a finite number")
+        if spec.name in seen:
+            raise ConfigError(f"reward {spec.name!r} is listed twice; give it once with one weight")
+        seen.add(spec.name)
+        get_reward(spec.name)
+    return resolved
+
+
+def compute_rewards(
+    completions: Sequence[str],
+    examples: Sequence[Example],
+    specs: Sequence[RewardSpec | tuple[str, float]],
+) -> RewardResult:
+    """Score completions[i] against examples[i] (the caller repeats each example per rollout).
+
+    Raises RewardError if any reward function raises or returns a non-finite or non-number
+    value; nothing is silently scored 0.
+    """
+    if len(completions) != len(examples):
+        raise ValueError(
+            f"{len(completions)} completions but {len(examples)} examples; "
+            "repeat each example once per completion"
+        )
+    resolved = resolve_specs(specs)
+    per_reward = {
+        spec.name: [
+            _score(spec.name, get_reward(spec.name), completion, example)
+            for completion, example in zip(completions, examples)
+        ]
+        for spec in resolved
+    }
+    total = [
+        math.fsum(spec.weight * per_reward[spec.name][i] for spec in resolved)
+        for i in range(len(completions))
+    ]
+    return RewardResult(total=total, per_reward=per_reward)
+
+
+def _as_spec(spec: RewardSpec | tuple[str, float]) -> RewardSpec:
+    if isinstance(spec, RewardSpec):
+        return spec
+    if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], str):
+        return RewardSpec(spec[0], spec[1])
+    raise ConfigError(f"reward {spec!r} must be a (name, weight) pair, e.g. ('correctness', 1.0)")
+
+
+def _score(name: str, fn: RewardFn, completion: str, example: Example) -> float:
+    try:
+        value = fn(completion, example)
+    except Exception as exc:
+        problem = f"raised {type(exc).__name__}: {exc}"
+        raise RewardError(_describe_failure(name, problem, completion, example)) from exc
+    if isinstance(value, numbers.Real) and math.isfinite(value):
+        return float(value)
+    problem = f"returned {value!r} ({type(value).__name__}); a reward must be a finite number"
+    raise RewardError(_describe_failure(name, problem, completion, example))
+
+
+def _describe_failure(name: str, problem: str, completion: str, example: Example) -> str:
+    return (
+        f"reward function {name!r} {problem}\n"
+        f"  example id: {example.id}\n"
+        f"  prompt: {_truncate(example.question)!r}\n"
+        f"  completion: {_truncate(completion)!r}"
+    )
+
+
+def _truncate(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... [{len(text)} chars]"
