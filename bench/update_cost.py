@@ -122,7 +122,8 @@ def worker(spec: dict) -> dict:
 
     from podsrl.core.advantages import group_advantages
     from podsrl.core.selection import get_rule
-    from podsrl.train.update import UpdateBatch, run_update
+    from podsrl.core.loss import LossSettings
+    from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
 
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
@@ -137,9 +138,9 @@ def worker(spec: dict) -> dict:
     prompts = [torch.randint(0, vocab, (PROMPT_LEN,), generator=gen).tolist() for _ in range(B)]
 
     def update(b: UpdateBatch, micro_batch_size: int):
-        return run_update(model, optimizer, scheduler, b, pad_id=pad_id, micro_batch_size=micro_batch_size,
-                          temperature=1.0, eps_low=0.2, eps_high=None, aggregation="sequence",
-                          max_completion_len=COMPLETION_LEN, grad_clip=1.0)  # fmt: skip
+        loss = LossSettings(eps_low=0.2, aggregation="sequence", max_completion_len=COMPLETION_LEN)
+        settings = UpdateSettings(loss=loss, pad_id=pad_id, micro_batch_size=micro_batch_size, temperature=1.0, grad_clip=1.0)
+        return run_update(model, optimizer, scheduler, b, settings)
 
     jobs = []
     for rule_name, n, m in spec["configs"]:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from podsrl.errors import ConfigError, RewardError
-from podsrl.run.rundir import RunInterrupted, check_weight_settings
+from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_settings
 
 
 def _is_override(arg: str) -> bool:
@@ -47,22 +47,7 @@ def cmd_train(args, overrides: list[str]) -> int:
             raise ConfigError("--resume continues a run and --overwrite replaces one; give only one of them")
         if args.out and Path(args.out) != run_dir:
             raise ConfigError(f"--resume {run_dir} continues the run in its own directory; drop --out {args.out}")
-        if not (run_dir / "config.toml").is_file():
-            raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml); give the directory a `podsrl train` made")
-        from podsrl.run.checkpoint import latest
-
-        if latest(run_dir) is None:
-            raise ConfigError(
-                f"--resume {run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first "
-                f"one); start it again with `podsrl train --out {run_dir} --overwrite`, or checkpoint more often with "
-                "--train.checkpoint_every"
-            )
-        try:
-            cfg = config_mod.load(args.config or run_dir / "config.toml", overrides)
-        except ConfigError as err:
-            if args.config or str(run_dir / "config.toml") in str(err):
-                raise
-            raise ConfigError(f"--resume {run_dir}: {run_dir / 'config.toml'} does not load: {err}") from None
+        cfg = _checkpointed_run_config(run_dir, "--resume", overrides, args.config)
     else:
         cfg = config_mod.load(args.config, overrides)
         run_dir = Path(args.out) if args.out else None
@@ -75,6 +60,27 @@ def cmd_train(args, overrides: list[str]) -> int:
 
         print(f"podsrl: plot written to {plot_runs([run_dir], run_dir / 'curves.png')}")
     return 0
+
+
+def _checkpointed_run_config(run_dir: Path, option: str, overrides: list[str], config: str | None = None):
+    """The config of the run ``option`` names (its config.toml, or ``config``, with the overrides);
+    ConfigError unless the directory holds a run with a checkpoint."""
+    from podsrl import config as config_mod
+    from podsrl.run.checkpoint import latest
+
+    check_is_run(run_dir, option)
+    if latest(run_dir) is None:
+        raise ConfigError(
+            f"{option} {run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first "
+            f"one); start it again with `podsrl train --out {run_dir} --overwrite`, or checkpoint more often with "
+            "--train.checkpoint_every"
+        )
+    try:
+        return config_mod.load(config or run_dir / "config.toml", overrides)
+    except ConfigError as err:
+        if config or str(run_dir / "config.toml") in str(err):
+            raise
+        raise ConfigError(f"{option} {run_dir}: {run_dir / 'config.toml'} does not load: {err}") from None
 
 
 def _print_summary(run_dir: Path) -> None:
@@ -101,12 +107,10 @@ def cmd_eval(args, overrides: list[str]) -> int:
 
     if args.run:
         run_dir = Path(args.run)
-        if not (run_dir / "config.toml").is_file():
-            raise ConfigError(f"--run {run_dir}: not a run directory (no config.toml)")
-        cfg = config_mod.load(run_dir / "config.toml", overrides)
+        if args.config:
+            raise ConfigError(f"--run {run_dir} evaluates with the run's own config.toml; drop {args.config} (change settings with --section.key=value)")
+        cfg = _checkpointed_run_config(run_dir, "--run", overrides)
         check_weight_settings(run_dir, cfg)
-        if ckpt.latest(run_dir) is None:
-            raise ConfigError(f"--run {args.run}: no checkpoint found under checkpoints/")
     else:
         cfg = config_mod.load(args.config, overrides)
     if args.json:  # before the evaluation, not after it

@@ -21,8 +21,9 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from podsrl.core.downsample import DownsampleSpec
 from podsrl.errors import ConfigError
 
 
@@ -139,46 +140,11 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class SelectConfig:
-    rule: str = "max_variance"  # all (GRPO) | random | max_reward | max_variance | d3s_intra | d3s_cross (podsrl.core.selection)
-    m: int = 4  # rollouts per prompt kept for the update (at the start of training)
-    m_final: int | None = None  # None: same as m
-    m_schedule: str = "constant"  # how m moves from m to m_final with progress (podsrl.core.schedules)
-    filter_zero_variance: bool = False  # DAPO dynamic-sampling filter: drop groups with equal rewards
-    # Advantages over the kept rollouts ("kept": PODS) or the full group ("group": GRPO, D3S).
-    # "auto": "group" for the d3s rules, "kept" otherwise.
-    advantage_over: str = "auto"  # "kept" (PODS) | "group" (GRPO, D3S) | "auto" (group for the d3s rules, else kept)
-    scale_std: bool = True  # False: Dr. GRPO (no division by the group's std)
-    # Token level (D3S): keep this fraction of the kept rollouts' tokens in the loss.
-    token_fraction: float = 1.0  # fraction of the kept rollouts' tokens in the loss (D3S); 1: all
-    token_fraction_final: float | None = None  # None: same as token_fraction
-    token_schedule: str = "constant"  # how token_fraction moves to token_fraction_final with progress
-    token_score: str = "adv_entropy"  # "adv_entropy" (D3S |A| x H) | "entropy" (the 80/20 rule)
+class SelectConfig(DownsampleSpec):
+    """``[select]``: the down-sampling spec (:class:`podsrl.core.downsample.DownsampleSpec`, where the
+    fields, their defaults and their validation live, shared with the TRL integration's PODSConfig)."""
 
-    def __post_init__(self) -> None:
-        from podsrl.core.schedules import SCHEDULES
-        from podsrl.core.selection import RULES
-
-        _one_of(self.rule, RULES, "select.rule")
-        _check(self.m >= 1, "select.m", "must be >= 1")
-        _check(self.m_final is None or self.m_final >= 1, "select.m_final", "must be >= 1")
-        _one_of(self.m_schedule, SCHEDULES, "select.m_schedule")
-        _one_of(self.token_schedule, SCHEDULES, "select.token_schedule")
-        _one_of(self.advantage_over, ("auto", "kept", "group"), "select.advantage_over")
-        _one_of(self.token_score, ("adv_entropy", "entropy"), "select.token_score")
-        for name in ("token_fraction", "token_fraction_final"):
-            value = getattr(self, name)
-            _check(value is None or 0 < value <= 1, f"select.{name}", "must be in (0, 1]")
-
-    @property
-    def advantages_over_group(self) -> bool:
-        if self.advantage_over == "auto":
-            return self.rule.startswith("d3s")
-        return self.advantage_over == "group"
-
-    @property
-    def uses_token_selection(self) -> bool:
-        return self.token_fraction < 1 or (self.token_fraction_final or 1.0) < 1
+    FIELD_PREFIX: ClassVar[str] = "select."
 
 
 @dataclass(frozen=True)
@@ -316,19 +282,7 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def __post_init__(self) -> None:
-        sel, n = self.select, self.rollout.n
-        for name, m in (("select.m", sel.m), ("select.m_final", sel.m_final)):
-            _check(
-                m is None or m <= n,
-                name,
-                f"= {m} exceeds rollout.n = {n}: PODS keeps m of the n rollouts sampled per prompt; lower {name} or raise rollout.n",
-            )
-        if sel.rule == "all":
-            _check(
-                sel.m == n and sel.m_final in (None, n),
-                "select.m",
-                f"rule 'all' (plain GRPO) keeps every rollout: set select.m = rollout.n = {n}",
-            )
+        self.select.check_n(self.rollout.n, "rollout.n")
         if self.distributed.parallel == "fsdp":
             _check(
                 not self.model.lora,
@@ -384,12 +338,18 @@ def from_dict(data: dict[str, Any]) -> Config:
 
 
 def _build(cls: type, values: dict[str, Any], section: str):
-    hints = typing.get_type_hints(cls)
+    hints = _field_hints(cls)
     for key, value in values.items():
         if key not in hints:
             raise ConfigError(f"unknown setting {section}.{key}; valid settings in [{section}]: {', '.join(hints)}")
         values[key] = _coerce(value, hints[key], f"{section}.{key}", from_text=False)
     return cls(**values)
+
+
+def _field_hints(cls: type) -> dict[str, Any]:
+    """A config dataclass's settings and their types (class variables such as FIELD_PREFIX are not settings)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {name: hint for name, hint in typing.get_type_hints(cls).items() if name in names}
 
 
 def parse_overrides(items: typing.Sequence[str]) -> list[tuple[str, str]]:
@@ -418,7 +378,7 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any, *, from_text: bool
     table = data.setdefault(section, {})
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [{section}] is not a table of settings")
-    field_hints = typing.get_type_hints(hints[section])
+    field_hints = _field_hints(hints[section])
     if key not in field_hints:
         raise ConfigError(f"{where}: unknown setting {section}.{key}; valid settings in [{section}]: {', '.join(field_hints)}")
     if sub:  # a dict-valued field such as task.options.max_digits (defaults are merged in later)

@@ -120,3 +120,15 @@ def make_config(tiny_model_dir, reward_file):
 def reward_spec(reward_file):
     """``reward_spec("nan_reward")`` -> the "path.py:function" name of a test reward."""
     return lambda name: f"{reward_file}:{name}"
+
+
+_LOSS_FIELDS = {"eps_low", "eps_high", "aggregation", "beta", "max_completion_len"}
+
+
+def update_settings(**options: Any):
+    """podsrl.train.update.UpdateSettings from flat keyword arguments (the loss's go to its LossSettings)."""
+    from podsrl.core.loss import LossSettings
+    from podsrl.train.update import UpdateSettings
+
+    loss = LossSettings(**{k: v for k, v in options.items() if k in _LOSS_FIELDS})
+    return UpdateSettings(loss=loss, **{k: v for k, v in options.items() if k not in _LOSS_FIELDS})

@@ -75,7 +75,7 @@ def main(spec_path: str) -> None:
         model.train()
         optimizer, scheduler = trainer.make_optimizer(cfg, model)
         metrics = trainer.train_step(s, model, optimizer, scheduler, ckpt.TrainState())
-        weights = distributed.full_state_dict(model, dist)
+        weights = ckpt.full_weights(model, dist)
         if dist.is_main:
             tag = f"{name}-w{world}"
             save_file({k: v.detach().float().contiguous().cpu().clone() for k, v in weights.items()}, str(out / f"{tag}.safetensors"))

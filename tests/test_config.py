@@ -19,7 +19,10 @@ from podsrl.errors import ConfigError
 # (overrides, fragments the message must contain). Shared with tests/test_cli.py.
 BAD_OVERRIDES = [
     pytest.param(["rollout.n=16", "select.m=20"], ["select.m", "rollout.n", "20", "16"], id="m-exceeds-n"),
-    pytest.param(["rollout.n=16", "select.m_final=17"], ["select.m_final", "rollout.n"], id="m_final-exceeds-n"),
+    pytest.param(["rollout.n=16", "select.m_final=17", "select.m_schedule=linear"], ["select.m_final", "rollout.n"], id="m_final-exceeds-n"),
+    pytest.param(["select.m_final=8"], ["select.m_schedule", "'constant'", "select.m_final = 8", "linear"], id="m_final-never-reached"),
+    pytest.param(["select.token_fraction=0.5", "select.token_fraction_final=1.0"], ["select.token_schedule", "never be reached"], id="token-fraction-final-never-reached"),
+    pytest.param(["select.schedule_steps=1"], ["select.schedule_steps", ">= 2"], id="schedule-steps"),
     pytest.param(["select.m=0"], ["select.m", ">= 1"], id="m-below-1"),
     pytest.param(["select.rule=best"], ["select.rule", "'best'", "max_variance", "d3s_intra", "all"], id="unknown-rule"),
     pytest.param(["task.name=mmlu"], ["task.name", "'mmlu'", "arithmetic", "gsm8k", "jsonl"], id="unknown-task"),
@@ -62,7 +65,7 @@ def test_bad_override_raises_config_error_naming_the_field(overrides, fragments)
 def test_defaults_are_valid_and_load_without_arguments():
     cfg = load()
     assert cfg == Config()
-    assert cfg.select.m <= cfg.rollout.n
+    assert cfg.select.m is None and cfg.select.m_start(cfg.rollout.n) == 4  # n // 4 of the default n = 16
 
 
 def test_toml_file_then_overrides(tmp_path):

@@ -28,7 +28,7 @@ def test_every_config_field_has_a_one_line_description():
 def test_descriptions_are_the_trailing_comments():
     helps = field_help()
     assert helps["rollout"]["n"] == "rollouts sampled per prompt"
-    assert helps["select"]["m_final"] == "None: same as m"
+    assert helps["select"]["m_final"] == "m at the end of training, reached along m_schedule; None: m throughout"  # from DownsampleSpec
     assert set(helps) == set(sections()) and "model" in helps and "train" in helps
 
 
@@ -74,7 +74,7 @@ def test_cli_config_prints_toml(capsys, tmp_path):
     assert main(["config", "select", "--select.m=2"]) == 0
     out = capsys.readouterr().out
     assert tomllib.loads(out)["select"]["m"] == 2
-    assert "m = 2" in out and "# rollouts per prompt kept for the update" in out
+    assert "m = 2" in out and "# rollouts kept per prompt at the start of training" in out
     assert main(["config", "nope"]) == 2
     assert "unknown config section 'nope'" in capsys.readouterr().err
 

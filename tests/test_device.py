@@ -20,6 +20,7 @@ from podsrl.errors import ConfigError
 from podsrl.run.metrics import read_jsonl
 from podsrl.models import load_policy, resolve_device
 from podsrl.train.update import UpdateBatch, run_update
+from conftest import update_settings
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU that torch can see")
 
@@ -79,7 +80,7 @@ def test_the_update_on_the_gpu_equals_the_update_on_the_cpu(tiny_model_dir, extr
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
         options = dict(pad_id=0, temperature=1.0, eps_low=0.2, eps_high=None, aggregation="sequence",
                        max_completion_len=8, grad_clip=1.0) | extra  # fmt: skip
-        stats[device] = run_update(model, opt, sched, batch, micro_batch_size=4, **options)
+        stats[device] = run_update(model, opt, sched, batch, update_settings(micro_batch_size=4, **options))
         grads[device] = {n: opt.recorded[id(p)].cpu() for n, p in model.named_parameters()}
     for name, want in grads["cpu"].items():
         err = (grads["cuda"][name] - want).norm() / want.norm().clamp(min=1e-12)

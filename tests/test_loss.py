@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from podsrl.core.loss import AGGREGATIONS, LossMetrics, policy_loss
+from podsrl.core.loss import AGGREGATIONS, BatchCounts, LossMetrics, LossSettings, policy_loss
+
+
+def loss_of(logprobs, old, adv, mask, *, token_mask=None, ref_logprobs=None, total_sequences=None, total_tokens=None, **settings):
+    """policy_loss with the settings and the batch counts as flat keywords."""
+    batch = None if total_sequences is None and total_tokens is None else BatchCounts(
+        sequences=logprobs.shape[0] if total_sequences is None else total_sequences,
+        tokens=int(mask.sum()) if total_tokens is None else total_tokens,
+    )
+    return policy_loss(logprobs, old, adv, mask, LossSettings(**settings), token_mask=token_mask, ref_logprobs=ref_logprobs, batch=batch)
 
 # Ratios rho (old log-probs 0), advantages and mask of a tiny hand-computed example.
 RATIOS = [[1.0, 1.5, 0.5], [1.1, 0.7, 1.0]]
@@ -33,7 +42,7 @@ def _example(requires_grad: bool = False):
     ],
 )
 def test_hand_computed_aggregations(aggregation, kwargs, expected):
-    loss, metrics = policy_loss(*_example(), aggregation=aggregation, **kwargs)
+    loss, metrics = loss_of(*_example(), aggregation=aggregation, **kwargs)
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     assert metrics.pg_loss == pytest.approx(expected, rel=1e-6)
     assert metrics.clip_frac_low == pytest.approx(0.2)
@@ -45,7 +54,7 @@ def test_hand_computed_aggregations(aggregation, kwargs, expected):
 
 def test_asymmetric_clipping():
     # eps_high = 0.6: rho 1.5 is no longer clipped -> seq 0 sums 3.0
-    loss, metrics = policy_loss(*_example(), eps_high=0.6, aggregation="token")
+    loss, metrics = loss_of(*_example(), eps_high=0.6, aggregation="token")
     assert loss.item() == pytest.approx(-(3.0 - 3.8) / 5, rel=1e-6)
     assert metrics.clip_frac_high == 0.0
     assert metrics.clip_frac_low == pytest.approx(0.2)
@@ -54,14 +63,14 @@ def test_asymmetric_clipping():
 def test_token_mask_changes_sequence_lengths():
     token_mask = torch.tensor([[True, False, True], [False, True, True]])
     # counted: seq 0 tokens 0, 2 (1 + 0.5 = 1.5 over 2); seq 1 token 1 (-1.6 over 1)
-    loss, metrics = policy_loss(*_example(), token_mask=token_mask)
+    loss, metrics = loss_of(*_example(), token_mask=token_mask)
     assert loss.item() == pytest.approx(-(1.5 / 2 - 1.6) / 2, rel=1e-6)
     assert metrics.tokens == 3
 
 
 def test_sequence_without_counted_tokens_still_counts_in_total():
     token_mask = torch.tensor([[True, True, True], [False, False, False]])
-    loss, _ = policy_loss(*_example(), token_mask=token_mask)
+    loss, _ = loss_of(*_example(), token_mask=token_mask)
     assert loss.item() == pytest.approx(-(2.7 / 3) / 2, rel=1e-6)
 
 
@@ -69,17 +78,17 @@ def test_kl_term_hand_value():
     logprobs, old, adv, mask = _example()
     ref = logprobs.detach() + 0.1  # ref - logp = 0.1 everywhere: k3 = e^0.1 - 0.1 - 1
     k3 = math.exp(0.1) - 1.1
-    loss, metrics = policy_loss(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5, aggregation="token")
+    loss, metrics = loss_of(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5, aggregation="token")
     assert metrics.kl == pytest.approx(k3, rel=1e-5)  # mean per counted token
     assert loss.item() == pytest.approx(0.22 + 0.5 * k3, rel=1e-5)
-    loss, metrics = policy_loss(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5)
+    loss, metrics = loss_of(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5)
     assert loss.item() == pytest.approx(0.5 + 0.5 * k3, rel=1e-5)  # sequence means of a constant
-    loss, metrics = policy_loss(
+    loss, metrics = loss_of(
         logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5, aggregation="constant", max_completion_len=4
     )
     assert loss.item() == pytest.approx(0.1375 + 0.5 * k3 * 5 / 8, rel=1e-5)
     assert metrics.kl == pytest.approx(k3, rel=1e-5)
-    _, metrics = policy_loss(logprobs, old, adv, mask, ref_logprobs=ref)
+    _, metrics = loss_of(logprobs, old, adv, mask, ref_logprobs=ref)
     assert metrics.kl == pytest.approx(k3, rel=1e-5)  # reported with beta = 0
     assert metrics.loss == pytest.approx(0.5, rel=1e-6)  # but not added
 
@@ -132,7 +141,7 @@ def test_value_and_gradient_match_loop_reference(aggregation, seed):
     logprobs, old, adv, mask, token_mask, ref = _random_batch(seed)
     kwargs = dict(eps_low=0.2, eps_high=0.28)
     max_len = 9 if aggregation == "constant" else None
-    loss, _ = policy_loss(
+    loss, _ = loss_of(
         logprobs, old, adv, mask, token_mask=token_mask, ref_logprobs=ref, beta=0.1,
         aggregation=aggregation, max_completion_len=max_len, **kwargs,
     )
@@ -149,7 +158,7 @@ def test_value_and_gradient_match_loop_reference(aggregation, seed):
 def test_micro_batches_sum_to_full_batch(aggregation):
     logprobs, old, adv, mask, token_mask, ref = _random_batch(3, N=8)
     common = dict(aggregation=aggregation, max_completion_len=10, ref_logprobs=ref, beta=0.05, eps_high=0.3)
-    full, full_metrics = policy_loss(logprobs, old, adv, mask, token_mask=token_mask, **common)
+    full, full_metrics = loss_of(logprobs, old, adv, mask, token_mask=token_mask, **common)
     (full_grad,) = torch.autograd.grad(full, logprobs)
 
     totals = dict(total_sequences=8, total_tokens=full_metrics.tokens)
@@ -158,7 +167,7 @@ def test_micro_batches_sum_to_full_batch(aggregation):
         start = 0
         for size in splits:
             part = slice(start, start + size)
-            loss, _ = policy_loss(
+            loss, _ = loss_of(
                 logprobs[part], old[part], adv[part], mask[part], token_mask=token_mask[part],
                 **common | {"ref_logprobs": ref[part]}, **totals,
             )
@@ -173,7 +182,7 @@ def test_empty_mask_gives_zero_loss_with_backward():
     logprobs = torch.full((2, 3), -torch.inf).requires_grad_(True)  # padding garbage
     mask = torch.zeros(2, 3, dtype=torch.bool)
     for aggregation in AGGREGATIONS:
-        loss, metrics = policy_loss(
+        loss, metrics = loss_of(
             logprobs, torch.zeros(2, 3), torch.ones(2), mask, aggregation=aggregation, max_completion_len=3,
             ref_logprobs=torch.zeros(2, 3), beta=0.1,
         )
@@ -187,7 +196,7 @@ def test_empty_mask_gives_zero_loss_with_backward():
 def test_masked_inf_logprobs_do_not_poison_gradients():
     logprobs = torch.tensor([[-1.0, -torch.inf], [-0.5, float("nan")]], requires_grad=True)
     mask = torch.tensor([[True, False], [True, False]])
-    loss, _ = policy_loss(logprobs, torch.tensor([[-1.2, 0.0], [-0.4, 0.0]]), torch.tensor([1.0, -1.0]), mask)
+    loss, _ = loss_of(logprobs, torch.tensor([[-1.2, 0.0], [-0.4, 0.0]]), torch.tensor([1.0, -1.0]), mask)
     loss.backward()
     assert torch.isfinite(loss)
     assert torch.isfinite(logprobs.grad).all()
@@ -196,20 +205,20 @@ def test_masked_inf_logprobs_do_not_poison_gradients():
 
 def test_zero_advantages_give_zero_gradient():
     logprobs, old, _, mask, _, _ = _random_batch(4)
-    loss, _ = policy_loss(logprobs, old, torch.zeros(6), mask)
+    loss, _ = loss_of(logprobs, old, torch.zeros(6), mask)
     (grad,) = torch.autograd.grad(loss, logprobs)
     assert loss.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
 
 
 def test_bf16_logprobs():
     logprobs, old, adv, mask = _example()
-    loss, _ = policy_loss(logprobs.to(torch.bfloat16), old, adv, mask)
+    loss, _ = loss_of(logprobs.to(torch.bfloat16), old, adv, mask)
     assert loss.dtype == torch.float32
     assert loss.item() == pytest.approx(0.5, rel=1e-2)
 
 
 def test_metrics_to_dict():
-    _, metrics = policy_loss(*_example())
+    _, metrics = loss_of(*_example())
     d = metrics.to_dict()
     assert isinstance(metrics, LossMetrics)
     assert {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "tokens"} <= set(d)
@@ -218,26 +227,26 @@ def test_metrics_to_dict():
 def test_validation():
     logprobs, old, adv, mask = _example()
     with pytest.raises(ValueError, match="old_logprobs"):
-        policy_loss(logprobs, old[:, :2], adv, mask)
+        loss_of(logprobs, old[:, :2], adv, mask)
     with pytest.raises(ValueError, match="advantages"):
-        policy_loss(logprobs, old, adv[:1], mask)
+        loss_of(logprobs, old, adv[:1], mask)
     with pytest.raises(ValueError, match="mask must be a bool"):
-        policy_loss(logprobs, old, adv, mask.float())
+        loss_of(logprobs, old, adv, mask.float())
     with pytest.raises(ValueError, match="token_mask"):
-        policy_loss(logprobs, old, adv, mask, token_mask=mask[:, :2])
+        loss_of(logprobs, old, adv, mask, token_mask=mask[:, :2])
     with pytest.raises(ValueError, match="sequence, token, constant"):
-        policy_loss(logprobs, old, adv, mask, aggregation="mean")
+        loss_of(logprobs, old, adv, mask, aggregation="mean")
     with pytest.raises(ValueError, match="eps_low"):
-        policy_loss(logprobs, old, adv, mask, eps_low=-0.1)
+        loss_of(logprobs, old, adv, mask, eps_low=-0.1)
     with pytest.raises(ValueError, match="eps_high"):
-        policy_loss(logprobs, old, adv, mask, eps_high=-0.1)
+        loss_of(logprobs, old, adv, mask, eps_high=-0.1)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(logprobs, old, adv, mask, beta=0.1)
+        loss_of(logprobs, old, adv, mask, beta=0.1)
     with pytest.raises(ValueError, match="max_completion_len"):
-        policy_loss(logprobs, old, adv, mask, aggregation="constant")
-    with pytest.raises(ValueError, match="total_tokens"):
-        policy_loss(logprobs, old, adv, mask, total_tokens=2)
-    with pytest.raises(ValueError, match="total_sequences"):
-        policy_loss(logprobs, old, adv, mask, total_sequences=1)
+        loss_of(logprobs, old, adv, mask, aggregation="constant")
+    with pytest.raises(ValueError, match="batch.tokens"):
+        loss_of(logprobs, old, adv, mask, total_tokens=2)
+    with pytest.raises(ValueError, match="batch.sequences"):
+        loss_of(logprobs, old, adv, mask, total_sequences=1)
     with pytest.raises(ValueError, match="logprobs"):
-        policy_loss(logprobs[0], old, adv, mask)
+        loss_of(logprobs[0], old, adv, mask)

@@ -95,7 +95,8 @@ _HOLDER = """
 import sys, time
 from pathlib import Path
 from podsrl.run import rundir
-rundir.prepare(Path(sys.argv[1])).open()
+claim = rundir.prepare(Path(sys.argv[1]))  # held while the claim lives (released when it is collected)
+claim.open()
 print("locked", flush=True)
 time.sleep(600)
 """

@@ -20,6 +20,7 @@ from podsrl.run import checkpoint as ckpt
 from podsrl.train import loop as trainer
 from podsrl.errors import RewardError
 from podsrl.run.metrics import read_jsonl
+from conftest import update_settings
 from podsrl.train.update import UpdateBatch, micro_batch_order, run_update
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -106,8 +107,9 @@ def _update(model, batch, micro_batch_size, optimizer_name, **kwargs):
         grad_clip=0.0,
     )
     options.update(kwargs)
-    stats = run_update(model, optimizer, scheduler, batch, micro_batch_size=micro_batch_size, **options)
+    stats = run_update(model, optimizer, scheduler, batch, update_settings(micro_batch_size=micro_batch_size, **options))
     return model, stats
+
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +174,8 @@ def test_micro_batch_gradient_equals_full_batch_gradient(tiny_policy):
             m = copy.deepcopy(model)
             opt = _GradientRecorder(m.parameters(), lr=1.0)
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
-            run_update(m, opt, sched, batch, pad_id=0, micro_batch_size=mb, temperature=1.0, eps_low=0.2,
-                       eps_high=None, aggregation=aggregation, max_completion_len=16, grad_clip=0.0)
+            run_update(m, opt, sched, batch, update_settings(pad_id=0, micro_batch_size=mb, temperature=1.0, eps_low=0.2,
+                       eps_high=None, aggregation=aggregation, max_completion_len=16, grad_clip=0.0))
             grads.append({n: opt.recorded[id(p)] for n, p in m.named_parameters()})
         for name, want in grads[1].items():
             # Relative to the gradient's norm: the summation order differs between micro-batch
@@ -202,7 +204,7 @@ def test_shared_prompts_do_not_change_the_update(tiny_policy, extra):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
         options = dict(pad_id=0, temperature=1.0, eps_low=0.2, eps_high=None, aggregation="sequence",
                        max_completion_len=16, grad_clip=0.0) | extra  # fmt: skip
-        stats = run_update(m, opt, sched, batch, micro_batch_size=3, share_prompts=share, **options)
+        stats = run_update(m, opt, sched, batch, update_settings(micro_batch_size=3, share_prompts=share, **options))
         results.append(({n: opt.recorded[id(p)] for n, p in m.named_parameters()}, stats))
     (plain, plain_stats), (shared, shared_stats) = results
     for name, want in plain.items():

@@ -24,6 +24,7 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from podsrl.integrations.trl import PODSConfig, PODSTrainer, SUPPORTED_TRL, _check_trl  # noqa: E402
+from podsrl.core.downsample import selection_generator  # noqa: E402
 from podsrl.core.selection import get_rule  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -157,10 +158,10 @@ def test_max_variance_forwards_only_kept_rows(tiny_model_dir, tmp_path):
     selection = trainer.last_selection
     # The rewards selected on are the reward function's on all n completions of the round.
     texts = trainer.processing_class.batch_decode(calls[0], skip_special_tokens=True)
-    expected = torch.tensor([len(t) / 40.0 for t in texts], dtype=torch.float64).view(N_PROMPTS, n)
+    expected = torch.tensor([len(t) / 40.0 for t in texts], dtype=torch.float32).view(N_PROMPTS, n)
     torch.testing.assert_close(selection.rewards, expected, rtol=1e-6, atol=1e-6)
-    # The kept subset is podsrl.core.selection's on the same rewards and seed.
-    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + 0)
+    # The kept subset is the core's on the same rewards, seed and step (podsrl train's seed rule).
+    generator = selection_generator(args.seed, 0)
     assert torch.equal(selection.keep, get_rule("max_variance")(selection.rewards, m, generator=generator))
     assert selection.keep.sum(dim=1).tolist() == [m] * N_PROMPTS
     # The rows that entered the loss are exactly the kept completions, in order.
@@ -177,9 +178,12 @@ def test_train_d3s_with_token_selection_and_dapo_filter(tiny_model_dir, tmp_path
         **common_args(tmp_path, 4, max_steps=2, beta=0.0),
         pods_rule="d3s_cross",
         pods_m=2,
-        pods_m_end=3,
+        pods_m_final=3,
+        pods_m_schedule="linear",
         pods_token_fraction=0.5,
-        pods_drop_zero_variance=True,
+        pods_token_fraction_final=1.0,
+        pods_token_schedule="linear",
+        pods_filter_zero_variance=True,
     )
     trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], args=args, train_dataset=dataset())
     fake_generation(trainer)
@@ -188,27 +192,28 @@ def test_train_d3s_with_token_selection_and_dapo_filter(tiny_model_dir, tmp_path
     logged = [entry for entry in trainer.state.log_history if "pods/kept" in entry]
     assert len(logged) == 2
     assert all(0 <= entry["pods/kept"] <= 2 * N_PROMPTS + N_PROMPTS for entry in logged)
-    assert {"pods/reward_mean", "pods/kept_reward_mean", "pods/frac_zero_variance", "pods/token_fraction"} <= set(logged[0])
+    assert {"pods/reward_mean", "pods/reward_kept_mean", "pods/zero_variance_groups", "pods/token_fraction", "pods/kept_adv_var"} <= set(logged[0])
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
 
 
 def test_config_validation(tmp_path):
     base = dict(output_dir=str(tmp_path), num_generations=8, per_device_train_batch_size=8, use_cpu=True, report_to="none")
-    with pytest.raises(ValueError, match="pods_m is required"):
-        PODSConfig(**base, pods_rule="max_variance")
-    with pytest.raises(ValueError, match=r"pods_m=16 must be an integer in \[1, num_generations=8\]"):
+    assert PODSConfig(**base, pods_rule="max_variance").pods_spec().m_start(8) == 2  # n // 4, as podsrl train
+    with pytest.raises(ValueError, match=r"pods_m: = 16 exceeds num_generations = 8"):
         PODSConfig(**base, pods_m=16)
-    with pytest.raises(ValueError, match="not a selection rule"):
+    with pytest.raises(ValueError, match="pods_rule: unknown value 'maxvar'"):
         PODSConfig(**base, pods_rule="maxvar", pods_m=2)
+    with pytest.raises(ValueError, match="pods_m_schedule: is 'constant', so pods_m_final = 4 would never be reached"):
+        PODSConfig(**base, pods_m=2, pods_m_final=4)
     with pytest.raises(ValueError, match="keeps every rollout"):
         PODSConfig(**base, pods_rule="all", pods_m=4)
     with pytest.raises(ValueError, match="scale_rewards='batch'"):
         PODSConfig(**base, pods_m=2, scale_rewards="batch")
     with pytest.raises(ValueError, match="top_entropy_quantile and pods_token_fraction"):
         PODSConfig(**base, pods_m=2, pods_token_fraction=0.5, top_entropy_quantile=0.2)
-    assert PODSConfig(**base, pods_rule="all").pods_m == 8
-    assert PODSConfig(**base, pods_rule="d3s_intra", pods_m=2).pods_advantage_set == "group"
-    assert PODSConfig(**base, pods_m=2).pods_advantage_set == "kept"
+    assert PODSConfig(**base, pods_rule="all").pods_spec().m_start(8) == 8
+    assert PODSConfig(**base, pods_rule="d3s_intra", pods_m=2).pods_spec().advantages_over_group
+    assert not PODSConfig(**base, pods_m=2).pods_spec().advantages_over_group
 
 
 def test_trl_version_errors(monkeypatch):
@@ -281,7 +286,7 @@ def uneven_reward(completions, answer, trainer_state, **columns):
 # group and the DAPO filter drops groups, so the kept count differs between steps and between origins.
 args = PODSConfig(output_dir=sys.argv[3], num_generations=4, per_device_train_batch_size=6, max_completion_length=8,
                   max_steps=2, report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, beta=0.04,
-                  pods_rule="d3s_cross", pods_m=3, pods_drop_zero_variance=True, seed=3)
+                  pods_rule="d3s_cross", pods_m=3, pods_filter_zero_variance=True, seed=3)
 trainer = PODSTrainer(model=sys.argv[1], reward_funcs=[uneven_reward], args=args, train_dataset=dataset(12))
 fake_generation(trainer)
 local_rows = []

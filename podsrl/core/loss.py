@@ -20,9 +20,10 @@ Aggregations (:data:`AGGREGATIONS`), with counted tokens c_{i,t} = mask AND toke
 
 Choices made where the papers are silent:
 
-- ``total_sequences`` / ``total_tokens`` default to this call's N and counted-token count. A
-  trainer that splits a batch into micro-batches passes the whole batch's numbers, so that the
-  sum of the micro-batch losses (and gradients) equals the full-batch loss exactly.
+- ``total_sequences`` / ``total_tokens`` (``batch``, :class:`BatchCounts`) default to this call's N
+  and counted-token count. A trainer that splits a batch into micro-batches passes the whole
+  batch's numbers, so that the sum of the micro-batch losses (and gradients) equals the full-batch
+  loss exactly.
 - With a token mask, |o_i| in ``sequence`` is the number of *counted* tokens of sequence i; a
   sequence with none contributes 0 but still counts in ``total_sequences``.
 - Empty mask: loss 0, still attached to the graph (backward gives zero gradients), never NaN.
@@ -44,7 +45,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["LossMetrics", "Aggregation", "AGGREGATIONS", "policy_loss"]
+__all__ = ["AGGREGATIONS", "Aggregation", "BatchCounts", "LossMetrics", "LossSettings", "policy_loss"]
 
 
 @dataclass
@@ -102,21 +103,49 @@ def _check_like(name: str, tensor: Tensor, shape: torch.Size, *, bool_dtype: boo
         raise ValueError(f"{name} must be floating point, got {tensor.dtype}")
 
 
+@dataclass(frozen=True)
+class LossSettings:
+    """What shapes the loss, fixed for a run."""
+
+    eps_low: float = 0.2  # clip rho below at 1 - eps_low
+    eps_high: float | None = None  # clip rho above at 1 + eps_high; None: eps_low (DAPO clip-higher: larger)
+    aggregation: str = "sequence"  # a name in AGGREGATIONS
+    beta: float = 0.0  # weight of the k3 KL to the reference (needs ref_logprobs when > 0)
+    max_completion_len: int | None = None  # L of the 'constant' aggregation (Dr. GRPO)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eps_low < 1.0:
+            raise ValueError(f"eps_low must be in [0, 1), got {self.eps_low}")
+        if self.eps_high is not None and self.eps_high < 0.0:
+            raise ValueError(f"eps_high must be >= 0, got {self.eps_high}")
+        if self.beta < 0.0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r}; valid aggregations: {', '.join(AGGREGATIONS)}")
+        if self.max_completion_len is not None and self.max_completion_len < 1:
+            raise ValueError(f"max_completion_len must be >= 1, got {self.max_completion_len}")
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """The whole batch's sequences and counted tokens, when a :func:`policy_loss` call is one
+    micro-batch of it: each call is normalised by them, so the micro-batches' losses sum to the
+    full batch's."""
+
+    sequences: int
+    tokens: int
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    settings: LossSettings = LossSettings(),
     *,
-    eps_low: float = 0.2,
-    eps_high: float | None = None,
-    aggregation: str = "sequence",
     token_mask: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
-    beta: float = 0.0,
-    max_completion_len: int | None = None,
-    total_sequences: int | None = None,
-    total_tokens: int | None = None,
+    batch: BatchCounts | None = None,
 ) -> tuple[Tensor, LossMetrics]:
     """Clipped surrogate loss to minimise, and its metrics.
 
@@ -125,13 +154,10 @@ def policy_loss(
         old_logprobs: [N, T] log pi_old of the same tokens (treated as a constant).
         advantages: [N] one advantage per sequence.
         mask: [N, T] bool, the completion tokens (False on padding).
-        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]; eps_high None means eps_low.
-        aggregation: a name in :data:`AGGREGATIONS`.
+        settings: clip range, aggregation, KL weight (:class:`LossSettings`).
         token_mask: [N, T] bool, tokens selected for the loss (D3S / 80-20); None keeps all.
         ref_logprobs: [N, T] log pi_ref for the k3 KL; beta > 0 requires it.
-        beta: KL weight.
-        max_completion_len: L in the ``constant`` aggregation.
-        total_sequences, total_tokens: the whole batch's counts when this call is a micro-batch.
+        batch: the whole batch's counts when this call is a micro-batch (default: this call's).
 
     Returns:
         (scalar loss tensor, :class:`LossMetrics`).
@@ -147,30 +173,19 @@ def policy_loss(
         _check_like("ref_logprobs", ref_logprobs, logprobs.shape)
     if not isinstance(advantages, Tensor) or advantages.shape != (N,) or not advantages.is_floating_point():
         raise ValueError(f"advantages must be a floating tensor [N={N}], got {getattr(advantages, 'shape', type(advantages))}")
-    eps_high = eps_low if eps_high is None else eps_high
-    if not 0.0 <= eps_low < 1.0:
-        raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
-    if eps_high < 0.0:
-        raise ValueError(f"eps_high must be >= 0, got {eps_high}")
-    if beta < 0.0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
+    eps_low, beta, max_completion_len = settings.eps_low, settings.beta, settings.max_completion_len
+    eps_high = eps_low if settings.eps_high is None else settings.eps_high
     if beta > 0.0 and ref_logprobs is None:
         raise ValueError(f"beta={beta} > 0 needs ref_logprobs for the KL term")
-    try:
-        aggregate = AGGREGATIONS[aggregation]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown aggregation {aggregation!r}; valid aggregations: {', '.join(AGGREGATIONS)}") from None
-    if max_completion_len is not None and max_completion_len < 1:
-        raise ValueError(f"max_completion_len must be >= 1, got {max_completion_len}")
+    aggregate = AGGREGATIONS[settings.aggregation]
 
     counted = mask if token_mask is None else mask & token_mask  # [N, T]
     tokens = int(counted.sum())
-    total_sequences = N if total_sequences is None else total_sequences
-    total_tokens = tokens if total_tokens is None else total_tokens
+    total_sequences, total_tokens = (N, tokens) if batch is None else (batch.sequences, batch.tokens)
     if total_sequences < N:
-        raise ValueError(f"total_sequences={total_sequences} is smaller than this call's N={N}")
+        raise ValueError(f"batch.sequences={total_sequences} is smaller than this call's N={N}")
     if total_tokens < tokens:
-        raise ValueError(f"total_tokens={total_tokens} is smaller than this call's {tokens} counted tokens")
+        raise ValueError(f"batch.tokens={total_tokens} is smaller than this call's {tokens} counted tokens")
 
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     logp = logprobs.to(dtype)  # [N, T]

@@ -13,17 +13,17 @@ What one generation round does (TRL's ``num_generations`` is n, ``pods_m`` is m)
 2. TRL's reward functions score them (``GRPOTrainer._calculate_rewards``, which gathers the
    rewards of every process): weighted sum per completion, rewards [B, n] for the B prompts of the
    whole generation batch, identical on every process.
-3. The podsrl rule (:data:`podsrl.core.selection.RULES`) picks the kept rollouts, optionally followed by
-   the DAPO filter (``pods_drop_zero_variance``). Every process runs it on the same rewards with
-   the same seeded generator, so every process computes the same mask without communicating.
+3. :func:`podsrl.core.downsample.downsample`, the call ``podsrl train`` makes too, with the spec
+   ``PODSConfig.pods_spec()``: the rule keeps m rollouts per prompt (m from its schedule, over
+   ``global_step / max_steps``), the DAPO filter when asked, and the advantages over the kept subset
+   (PODS) or the full group (D3S), with the same seed rule as ``podsrl train``. Every process runs it
+   on the same rewards, so every process computes the same selection without communicating.
 4. The kept rows are dealt out so that every process gets the same number K_local (see
    "Multi-process" below), and only then does TRL compute the old-policy and reference log-probs
    (when it needs them) and, later, the loss: on the kept rows only.
-5. Advantages follow podsrl (:func:`podsrl.core.advantages.group_advantages`): over the kept subset for
-   PODS rules, over the full group of n for the D3S rules (``pods_advantages="auto"``).
-6. D3S token selection (``pods_token_fraction`` < 1): TRL's entropy mask
-   (``top_entropy_quantile``) on the score |A_i| x H_{i,t} instead of H_{i,t} alone
-   (``pods_token_score="adv_entropy"``; ``"entropy"`` is TRL's own 80/20 rule).
+5. D3S token selection (``pods_token_fraction`` < 1): TRL's entropy mask
+   (``top_entropy_quantile``, set to the scheduled fraction) on the score |A_i| x H_{i,t} instead of
+   H_{i,t} alone (``pods_token_score="adv_entropy"``; ``"entropy"`` is TRL's own 80/20 rule).
 
 How it hooks into TRL 1.16 (the narrowest methods that work; nothing of TRL's is copied):
 
@@ -71,14 +71,16 @@ Choices and limits:
 - ``scale_rewards="group"`` divides by the sample std of the advantage set, ``"none"`` only centres
   (Dr. GRPO); ``"batch"`` is rejected. Unlike TRL there is no +1e-4 in the denominator, and a
   constant set gets advantage 0 (podsrl's convention, :mod:`podsrl.core.advantages`).
-- The selection seed is ``pods_seed`` (default: ``seed``) combined with the global step, so a
-  resumed run selects as the original would.
-- Logged: ``pods/kept`` (rows kept in the round, all processes), ``pods/m``, ``pods/padding_rows``,
-  ``pods/reward_mean`` and ``pods/reward_std`` over all n and ``pods/kept_reward_mean`` /
-  ``pods/kept_reward_std`` over the kept, ``pods/frac_zero_variance`` (groups whose n rewards are
-  all equal), ``pods/token_fraction``. TRL's ``reward``, ``reward_std``, ``frac_reward_zero_std``
-  and ``rewards/<name>/*`` stay over all n completions, as in plain TRL; the completions table
-  shows the kept rows.
+- The selection seed is ``pods_seed`` (default: ``seed``) combined with the global step
+  (:func:`podsrl.core.downsample.selection_generator`), so a resumed run selects as the original
+  would, and ``podsrl train`` with the same seed keeps the same rows for the same rewards.
+- Logged: the core's selection metrics as ``pods/<name>`` (``pods/m``, ``pods/token_fraction``,
+  ``pods/kept`` (rows kept in the round, all processes), ``pods/reward_mean`` and
+  ``pods/reward_std`` over all n, ``pods/reward_kept_mean`` and ``pods/reward_kept_std`` over the
+  kept, ``pods/zero_variance_groups`` (groups whose n rewards are all equal), ``pods/kept_adv_var``),
+  and ``pods/padding_rows``. TRL's ``reward``, ``reward_std``, ``frac_reward_zero_std`` and
+  ``rewards/<name>/*`` stay over all n completions, as in plain TRL; the completions table shows
+  the kept rows.
 - Not supported (an error at construction): tools, environments, image inputs.
 - The D3S token mask is TRL's: per micro-batch (pooled over processes), a quantile threshold
   (ties kept), not podsrl's exact ceil(K * tokens) over the whole batch.
@@ -86,17 +88,17 @@ Choices and limits:
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from podsrl.core.advantages import group_advantages
-from podsrl.core.schedules import SCHEDULES, schedule_value, scheduled_m
-from podsrl.core.selection import RULES, drop_zero_variance_groups, get_rule
+from podsrl.configdoc import field_comments
+from podsrl.core.downsample import DownsampleSpec, Selection, downsample
+from podsrl.core.selection import RULES
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 _TRL_MIN, _TRL_BELOW = (1, 16), (1, 17)
@@ -136,8 +138,18 @@ __all__ = ["PODSConfig", "PODSTrainer", "SUPPORTED_TRL", "PODS_RULES", "D3S_RULE
 
 D3S_RULES = ("d3s_intra", "d3s_cross")
 PODS_RULES = tuple(name for name in RULES if name not in D3S_RULES)
-_ADVANTAGE_SETS = ("auto", "kept", "group")
-_TOKEN_SCORES = ("adv_entropy", "entropy")
+# The spec's settings a TRL user sets as pods_<name>; scale_std follows TRL's own scale_rewards.
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DownsampleSpec) if f.name != "scale_std")
+_HELP = field_comments(DownsampleSpec)
+
+
+def _pods_field(name: str) -> Any:
+    """A PODSConfig field for the spec's ``name``: its default and description are the spec's."""
+    return field(default=DownsampleSpec.__dataclass_fields__[name].default, metadata={"help": _HELP[name]})
+
+
+class _PODSSpec(DownsampleSpec):
+    FIELD_PREFIX: ClassVar[str] = "pods_"  # errors name PODSConfig's fields
 
 
 @dataclass
@@ -145,84 +157,30 @@ class PODSConfig(GRPOConfig):
     r"""TRL's ``GRPOConfig`` plus PODS / D3S down-sampling.
 
     ``num_generations`` is n, the rollouts sampled per prompt; ``pods_m`` is m, the rollouts kept
-    per prompt for the update.
-
-    Parameters:
-        pods_rule (`str`, defaults to `"max_variance"`): the selection rule, a name in
-            `podsrl.core.selection.RULES`: `all`, `random`, `max_reward`, `max_variance` (PODS),
-            `d3s_intra`, `d3s_cross` (D3S).
-        pods_m (`int` or `None`): rollouts kept per prompt (at the start of training when
-            `pods_m_end` is set). Required, except for rule `all` where it defaults to n.
-        pods_m_end (`int` or `None`): m at the end of training, reached along `pods_schedule`.
-        pods_schedule (`str`, defaults to `"linear"`): the shape of the m and token-fraction
-            schedules (`constant`, `linear`, `cosine`, `step`), over `global_step / max_steps`.
-        pods_schedule_steps (`int`, defaults to `4`): the number of pieces of the `step` schedule.
-        pods_advantages (`str`, defaults to `"auto"`): the set the advantages are normalised over:
-            `kept` (PODS), `group` (all n, D3S), or `auto` (`group` for the D3S rules, else `kept`).
-        pods_token_fraction (`float`, defaults to `1.0`): D3S token selection, the fraction of
-            completion tokens kept in the loss (1.0: all).
-        pods_token_fraction_end (`float` or `None`): the token fraction at the end of training.
-        pods_token_score (`str`, defaults to `"adv_entropy"`): the token score, |A| x entropy
-            (D3S) or `entropy` (the 80/20 rule, TRL's `top_entropy_quantile`).
-        pods_drop_zero_variance (`bool`, defaults to `False`): the DAPO filter, drop the groups
-            whose n rewards are all equal before the update.
-        pods_seed (`int` or `None`): the selection seed (default: `seed`).
+    per prompt for the update. Every ``pods_<name>`` field is the field ``<name>`` of
+    :class:`podsrl.core.downsample.DownsampleSpec`, with its default, description and validation
+    (``podsrl train``'s ``[select]`` section is the same spec): ``pods_rule``, ``pods_m``,
+    ``pods_m_final``, ``pods_m_schedule``, ``pods_schedule_steps``, ``pods_filter_zero_variance``
+    (DAPO), ``pods_advantage_over``, ``pods_token_fraction``, ``pods_token_fraction_final``,
+    ``pods_token_schedule``, ``pods_token_score``, ``pods_seed`` (default: ``seed``). The spec's
+    ``scale_std`` is TRL's ``scale_rewards`` (``"group"``: divide by the std, ``"none"``: Dr. GRPO).
     """
 
-    pods_rule: str = field(default="max_variance", metadata={"help": f"Selection rule: {', '.join(RULES)}."})
-    pods_m: int | None = field(default=None, metadata={"help": "Rollouts kept per prompt (m <= num_generations)."})
-    pods_m_end: int | None = field(default=None, metadata={"help": "m at the end of training (schedule)."})
-    pods_schedule: str = field(default="linear", metadata={"help": f"Schedule shape: {', '.join(SCHEDULES)}."})
-    pods_schedule_steps: int = field(default=4, metadata={"help": "Pieces of the `step` schedule."})
-    pods_advantages: str = field(default="auto", metadata={"help": "Advantage set: auto, kept or group."})
-    pods_token_fraction: float = field(default=1.0, metadata={"help": "D3S: fraction of tokens kept in the loss."})
-    pods_token_fraction_end: float | None = field(default=None, metadata={"help": "Token fraction at the end."})
-    pods_token_score: str = field(default="adv_entropy", metadata={"help": "Token score: adv_entropy or entropy."})
-    pods_drop_zero_variance: bool = field(default=False, metadata={"help": "DAPO filter: drop zero-variance groups."})
-    pods_seed: int | None = field(default=None, metadata={"help": "Selection seed (default: seed)."})
+    pods_rule: str = _pods_field("rule")
+    pods_m: int | None = _pods_field("m")
+    pods_m_final: int | None = _pods_field("m_final")
+    pods_m_schedule: str = _pods_field("m_schedule")
+    pods_schedule_steps: int = _pods_field("schedule_steps")
+    pods_filter_zero_variance: bool = _pods_field("filter_zero_variance")
+    pods_advantage_over: str = _pods_field("advantage_over")
+    pods_token_fraction: float = _pods_field("token_fraction")
+    pods_token_fraction_final: float | None = _pods_field("token_fraction_final")
+    pods_token_schedule: str = _pods_field("token_schedule")
+    pods_token_score: str = _pods_field("token_score")
+    pods_seed: int | None = _pods_field("seed")
 
     def __post_init__(self):
         super().__post_init__()
-        n = self.num_generations
-        if self.pods_rule not in RULES:
-            raise ValueError(f"pods_rule={self.pods_rule!r} is not a selection rule; use one of {', '.join(RULES)}.")
-        if self.pods_m is None:
-            if self.pods_rule != "all":
-                raise ValueError(
-                    f"pods_m is required with pods_rule={self.pods_rule!r}: set the number of the "
-                    f"num_generations={n} rollouts per prompt to keep, e.g. pods_m={max(1, n // 4)}."
-                )
-            self.pods_m = n
-        for name in ("pods_m", "pods_m_end"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= n):
-                raise ValueError(
-                    f"{name}={value!r} must be an integer in [1, num_generations={n}]: PODS keeps m of the n "
-                    f"rollouts sampled per prompt; lower {name} or raise num_generations."
-                )
-        if self.pods_rule == "all" and (self.pods_m != n or self.pods_m_end not in (None, n)):
-            raise ValueError(
-                f"pods_rule='all' keeps every rollout, so pods_m (and pods_m_end) must equal num_generations={n}; "
-                f"got pods_m={self.pods_m}, pods_m_end={self.pods_m_end}. Use another rule to down-sample."
-            )
-        if self.pods_schedule not in SCHEDULES:
-            raise ValueError(f"pods_schedule={self.pods_schedule!r} is not a schedule; use one of {', '.join(SCHEDULES)}.")
-        if self.pods_schedule == "step" and self.pods_schedule_steps < 2:
-            raise ValueError(f"pods_schedule='step' needs pods_schedule_steps >= 2, got {self.pods_schedule_steps}.")
-        if self.pods_advantages not in _ADVANTAGE_SETS:
-            raise ValueError(f"pods_advantages={self.pods_advantages!r}; use one of {', '.join(_ADVANTAGE_SETS)}.")
-        for name in ("pods_token_fraction", "pods_token_fraction_end"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 < value <= 1.0:
-                raise ValueError(f"{name}={value!r} must be in (0, 1]: the fraction of completion tokens kept.")
-        if self.pods_token_score not in _TOKEN_SCORES:
-            raise ValueError(f"pods_token_score={self.pods_token_score!r}; use one of {', '.join(_TOKEN_SCORES)}.")
-        token_selection = self.pods_token_fraction < 1.0 or (self.pods_token_fraction_end or 1.0) < 1.0
-        if token_selection and self.top_entropy_quantile < 1.0:
-            raise ValueError(
-                "top_entropy_quantile and pods_token_fraction both select tokens; set only pods_token_fraction "
-                "(with pods_token_score='entropy' for TRL's entropy-only rule)."
-            )
         if self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
                 "PODSTrainer selects on the weighted sum of the rewards: set "
@@ -233,13 +191,17 @@ class PODSConfig(GRPOConfig):
                 f"scale_rewards={self.scale_rewards!r} is not supported by PODSTrainer: use 'group' (divide by the "
                 "std of the advantage set) or 'none' (Dr. GRPO, centring only)."
             )
+        spec = self.pods_spec()  # validates every pods_ field (a ConfigError, which is a ValueError)
+        spec.check_n(self.num_generations, "num_generations")
+        if spec.uses_token_selection and self.top_entropy_quantile < 1.0:
+            raise ValueError(
+                "top_entropy_quantile and pods_token_fraction both select tokens; set only pods_token_fraction "
+                "(with pods_token_score='entropy' for TRL's entropy-only rule)."
+            )
 
-    @property
-    def pods_advantage_set(self) -> str:
-        """`kept` or `group`, with `auto` resolved by the rule."""
-        if self.pods_advantages != "auto":
-            return self.pods_advantages
-        return "group" if self.pods_rule in D3S_RULES else "kept"
+    def pods_spec(self) -> DownsampleSpec:
+        """The down-sampling spec these arguments describe."""
+        return _PODSSpec(scale_std=self.scale_rewards != "none", **{name: getattr(self, f"pods_{name}") for name in _SPEC_FIELDS})
 
 
 @dataclass
@@ -257,13 +219,21 @@ class _Round:
 
 
 @dataclass(frozen=True)
-class Selection:
-    """The last round's selection, for inspection and tests: rewards [B, n], keep [B, n] bool, m."""
+class LastSelection:
+    """The last training round's rewards [B, n] (the whole generation batch) and what
+    :func:`podsrl.core.downsample.downsample` made of them at ``step``, for inspection and tests."""
 
-    rewards: torch.Tensor
-    keep: torch.Tensor
-    m: int
     step: int
+    rewards: torch.Tensor  # [B, n]
+    selection: Selection
+
+    @property
+    def keep(self) -> torch.Tensor:  # [B, n] bool
+        return self.selection.keep
+
+    @property
+    def m(self) -> int:
+        return self.selection.m
 
 
 class PODSTrainer(GRPOTrainer):
@@ -285,33 +255,16 @@ class PODSTrainer(GRPOTrainer):
             _reload_weights_on_cpu(self.vllm_generation)
         self._pods_round: _Round | None = None
         self._pods_loss_advantages: torch.Tensor | None = None
-        self.last_selection: Selection | None = None
-        rule = get_rule(self.args.pods_rule)
-        self._pods_rule_kwargs = (
-            {"advantage_scale_std": self.scale_rewards != "none"}
-            if "advantage_scale_std" in inspect.signature(rule).parameters
-            else {}
-        )
+        self.last_selection: LastSelection | None = None
 
-    # ------------------------------------------------------------------ schedules
+    # ------------------------------------------------------------------ the core
 
-    def _pods_progress(self) -> float:
+    def _pods_downsample(self, rewards: torch.Tensor) -> Selection:
+        """podsrl's down-sampling of the generation batch's rewards [B, n]: the spec, the progress
+        (``global_step / max_steps``) and the seed rule are the core's, as in ``podsrl train``."""
         max_steps = getattr(self.state, "max_steps", 0) or 0
-        return min(max(self.state.global_step / max_steps, 0.0), 1.0) if max_steps > 0 else 0.0
-
-    def _pods_m(self) -> int:
-        a = self.args
-        end = a.pods_m if a.pods_m_end is None else a.pods_m_end
-        return scheduled_m(
-            self.num_generations, a.pods_m, end, a.pods_schedule, self._pods_progress(), num_steps=a.pods_schedule_steps
-        )
-
-    def _pods_token_fraction(self) -> float:
-        a = self.args
-        end = a.pods_token_fraction if a.pods_token_fraction_end is None else a.pods_token_fraction_end
-        return schedule_value(
-            a.pods_schedule, a.pods_token_fraction, end, self._pods_progress(), num_steps=a.pods_schedule_steps
-        )
+        progress = min(max(self.state.global_step / max_steps, 0.0), 1.0) if max_steps > 0 else 0.0
+        return downsample(rewards, self.args.pods_spec(), progress=progress, step=self.state.global_step, seed=self.args.seed)
 
     # ------------------------------------------------------------------ overrides
 
@@ -320,9 +273,6 @@ class PODSTrainer(GRPOTrainer):
             return super()._generate_and_score_completions(inputs)
         if any(key in inputs[0] for key in ("image", "images")):
             raise NotImplementedError("PODSTrainer does not support image inputs yet; use GRPOTrainer.")
-        if self.args.pods_token_fraction < 1.0 or (self.args.pods_token_fraction_end or 1.0) < 1.0:
-            self.top_entropy_quantile = self._pods_token_fraction()
-            self._metrics["train"]["pods/token_fraction"].append(self.top_entropy_quantile)
         self._pods_round = state = _Round(inputs=inputs, num_generations=self.num_generations)
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -362,16 +312,46 @@ class PODSTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ the round
 
     def _pods_select(self, state: _Round, prompts: list, results: tuple) -> tuple:
-        """Score all n, select, rebalance; shorten ``prompts`` and ``state.inputs`` in place."""
+        """Score all n, down-sample (the core), deal the kept rows out; shorten ``prompts`` and
+        ``state.inputs`` in place. Returns ``_generate``'s 8-tuple for this process's kept rows."""
         prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = results
-        inputs = state.inputs
+        rewards_per_func, rewards = self._pods_score(state, prompts, completions, completion_ids, extra_fields)
+        selection = self._pods_downsample(rewards)
+        self.last_selection = LastSelection(step=self.state.global_step, rewards=rewards.clone(), selection=selection)
+        if self.args.pods_spec().uses_token_selection:  # D3S token level: TRL's quantile mask, on |A| x H
+            self.top_entropy_quantile = selection.token_fraction
+        slots, is_padding, per_process = self._pods_slots(selection.keep)
+        rank = self.accelerator.process_index
+        picked = self._pods_gather_rows(slots[rank * per_process : (rank + 1) * per_process].tolist(), set(slots.tolist()),
+                                        state.inputs, prompts, results)  # fmt: skip
+
+        state.inputs[:] = [row["input"] for row in picked]
+        prompts[:] = [row["prompt"] for row in picked]
+        state.rewards_per_func = rewards_per_func[slots.to(rewards_per_func.device)]  # [W*K_local, F]
+        state.advantages = torch.where(is_padding, 0.0, selection.advantages.flatten()[slots]).to(torch.float32)
+        state.padding = is_padding[rank * per_process : (rank + 1) * per_process]
+        state.num_slots, state.num_kept = len(slots), int(selection.keep.sum())
+        self.num_generations = 1  # TRL's own advantage code then runs on the kept rows as n=1 groups; replaced
+        self._pods_log(state, selection, rewards, rewards_per_func)
+        return (
+            [row["prompt_ids"] for row in picked],
+            [row["completion_ids"] for row in picked],
+            None if tool_mask is None else [row["tool_mask"] for row in picked],
+            [row["completion"] for row in picked],
+            None if logprobs is None else [row["logprobs"] for row in picked],
+            {k: ([row["extra"][k] for row in picked] if isinstance(v, list) else v) for k, v in extra_fields.items()},
+            images,
+            tool_images,
+        )
+
+    def _pods_score(self, state: _Round, prompts: list, completions: list, completion_ids: list, extra_fields: dict):
+        """TRL's reward functions on all n completions of every process: (rewards per function
+        [W*L, F], the weighted sum [B, n] float32 on the CPU)."""
         # As TRL does before scoring: fields a rollout_func returned become reward-function columns.
-        for i, example in enumerate(inputs):
+        for i, example in enumerate(state.inputs):
             for key, values in extra_fields.items():
                 example[key] = values[i] if isinstance(values, list) else values
-        rewards_per_func = GRPOTrainer._calculate_rewards(self, inputs, prompts, completions, completion_ids)  # [W*L, F]
-
-        n = state.num_generations
+        rewards_per_func = GRPOTrainer._calculate_rewards(self, state.inputs, prompts, completions, completion_ids)  # [W*L, F]
         unscorable = torch.isnan(rewards_per_func).all(dim=1)  # [W*L]
         if bool(unscorable.any()):
             row = int(unscorable.nonzero()[0])
@@ -381,34 +361,28 @@ class PODSTrainer(GRPOTrainer):
             )
         weights = self.reward_weights.to(rewards_per_func.device)
         total = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # [W*L]
-        rewards = total.detach().to("cpu", torch.float64).view(-1, n)  # [B, n]
+        return rewards_per_func, total.detach().to("cpu", torch.float32).view(-1, state.num_generations)
 
-        m = self._pods_m()
-        seed = self.args.seed if self.args.pods_seed is None else self.args.pods_seed
-        generator = torch.Generator().manual_seed((seed * 1_000_003 + self.state.global_step) % (2**63))
-        keep = get_rule(self.args.pods_rule)(rewards, m, generator=generator, **self._pods_rule_kwargs)  # [B, n]
-        if self.args.pods_drop_zero_variance:
-            keep = drop_zero_variance_groups(keep, rewards)
-        over = keep if self.args.pods_advantage_set == "kept" else None
-        advantages = group_advantages(rewards, over, scale_std=self.scale_rewards != "none")  # [B, n]
-        self.last_selection = Selection(rewards=rewards.clone(), keep=keep.clone(), m=m, step=self.state.global_step)
-
-        # Deal the kept rows out: slot s of W * K_local holds global row kept[s] (padding: a copy).
-        world, rank, local = self.accelerator.num_processes, self.accelerator.process_index, len(prompts)
+    def _pods_slots(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Deal the kept rows out: slot s of W * K_local holds global row kept[s], the slots past the
+        K kept a copy of the first (padding). Returns (slots [W*K_local], is_padding, K_local)."""
+        world = self.accelerator.num_processes
         kept = keep.flatten().nonzero().squeeze(1)  # [K] global row indices, ascending
-        num_kept = kept.numel()
-        spg = self.args.steps_per_generation
+        num_kept, spg = kept.numel(), self.args.steps_per_generation
         per_process = math.ceil(math.ceil(max(num_kept, 1) / world) / spg) * spg  # K_local
-        num_slots = world * per_process
         filler = kept[:1] if num_kept else torch.zeros(1, dtype=torch.long)
-        slots = torch.cat([kept, filler.repeat(num_slots - num_kept)])  # [W*K_local]
-        is_padding = torch.arange(num_slots) >= num_kept  # [W*K_local]
-        mine = slots[rank * per_process : (rank + 1) * per_process].tolist()  # [K_local] global rows
+        slots = torch.cat([kept, filler.repeat(world * per_process - num_kept)])  # [W*K_local]
+        return slots, torch.arange(len(slots)) >= num_kept, per_process
 
+    def _pods_gather_rows(self, mine: list[int], needed: set[int], inputs: list, prompts: list, results: tuple) -> list[dict]:
+        """This process's kept rows (``mine``: global row indices), each a dict of what TRL carries
+        per completion. With several processes every process receives every needed row (token ids,
+        texts, columns) in one collective; the pending extra logs follow their rows."""
+        prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, _, _ = results
+        world, rank, local = self.accelerator.num_processes, self.accelerator.process_index, len(prompts)
         extra_columns = sorted(self._pending_extra_logs)
         if world > 1:
             extra_columns = sorted(set(gather_object(extra_columns)))
-        needed = set(slots.tolist())
         rows = {}
         for g in needed:
             if g // local != rank:
@@ -425,55 +399,30 @@ class PODSTrainer(GRPOTrainer):
                 "extra": {k: v[i] for k, v in extra_fields.items() if isinstance(v, list)},
                 "logs": {c: _at(self._pending_extra_logs.get(c), i) for c in extra_columns},
             }
-        if world > 1:  # every process receives every kept row (token ids, texts, columns): one collective
+        if world > 1:
             rows = dict(gather_object(list(rows.items())))
         picked = [rows[g] for g in mine]
-
-        inputs[:] = [row["input"] for row in picked]
-        prompts[:] = [row["prompt"] for row in picked]
         self._pending_extra_logs.clear()
         for column in extra_columns:
             self._pending_extra_logs[column].extend(row["logs"][column] for row in picked)
-        new_extra = {k: ([row["extra"][k] for row in picked] if isinstance(v, list) else v) for k, v in extra_fields.items()}
+        return picked
 
-        state.rewards_per_func = rewards_per_func[slots.to(rewards_per_func.device)]  # [W*K_local, F]
-        state.advantages = torch.where(is_padding, 0.0, advantages.flatten()[slots]).to(torch.float32)
-        state.padding = is_padding[rank * per_process : (rank + 1) * per_process]
-        state.num_slots, state.num_kept = num_slots, num_kept
-        self.num_generations = 1  # TRL's own advantage code then runs on the kept rows as n=1 groups; replaced
-
-        # Metrics over all n (what TRL logs for plain GRPO) and over the kept rows.
-        kept_rewards = rewards[keep]
-        zero_var = (rewards.amax(dim=1) == rewards.amin(dim=1)).double().mean().item()
+    def _pods_log(self, state: _Round, selection: Selection, rewards: torch.Tensor, rewards_per_func: torch.Tensor) -> None:
+        """The core's selection metrics as pods/<name>, and TRL's own reward metrics over all n
+        completions (as plain TRL logs them; :meth:`_pods_finish` puts them back after TRL's)."""
         metrics = self._metrics["train"]
-        metrics["pods/m"].append(float(m))
-        metrics["pods/kept"].append(float(num_kept))
-        metrics["pods/padding_rows"].append(float(num_slots - num_kept))
-        metrics["pods/reward_mean"].append(rewards.mean().item())
-        metrics["pods/reward_std"].append(rewards.flatten().std().item() if rewards.numel() > 1 else 0.0)
-        metrics["pods/kept_reward_mean"].append(kept_rewards.mean().item() if num_kept else float("nan"))
-        metrics["pods/kept_reward_std"].append(kept_rewards.std().item() if num_kept > 1 else 0.0)
-        metrics["pods/frac_zero_variance"].append(zero_var)
+        for name, value in selection.metrics.items():
+            metrics[f"pods/{name}"].append(float(value))
+        metrics["pods/padding_rows"].append(float(state.num_slots - state.num_kept))
         state.logged = {
-            "reward": rewards.mean().item(),
-            "reward_std": rewards.flatten().std().item() if rewards.numel() > 1 else 0.0,
-            "frac_reward_zero_std": zero_var,
+            "reward": selection.metrics["reward_mean"],
+            "reward_std": selection.metrics["reward_std"],
+            "frac_reward_zero_std": selection.metrics["zero_variance_groups"],
         }
         for j, name in enumerate(self.reward_func_names):
             column = rewards_per_func[:, j]
             state.logged[f"rewards/{name}/mean"] = torch.nanmean(column).item()
             state.logged[f"rewards/{name}/std"] = _nanstd(column)
-
-        return (
-            [row["prompt_ids"] for row in picked],
-            [row["completion_ids"] for row in picked],
-            None if tool_mask is None else [row["tool_mask"] for row in picked],
-            [row["completion"] for row in picked],
-            None if logprobs is None else [row["logprobs"] for row in picked],
-            new_extra,
-            images,
-            tool_images,
-        )
 
     def _pods_finish(self, output: dict[str, Any], state: _Round) -> dict[str, Any]:
         """Put podsrl's advantages in TRL's output, mask the padding slots, fix the logged values."""

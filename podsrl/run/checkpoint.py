@@ -105,16 +105,26 @@ def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep:
     return target
 
 
+def full_weights(model, dist) -> dict[str, torch.Tensor]:
+    """The trainable weights as full tensors (FSDP: gathered to the CPU, a collective every rank
+    calls; complete on rank 0)."""
+    if not dist.sharded:
+        return trainable_state(model)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {n: t for n, t in state.items() if n in trainable}
+
+
 def _gather_full(model, optimizer, dist) -> tuple[dict[str, torch.Tensor], dict]:
     """Trainable weights and optimizer state as full tensors (FSDP: gathered, a collective)."""
     if not dist.sharded:
         return trainable_state(model), optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    weights = {n: t for n, t in get_model_state_dict(model, options=options).items() if n in trainable}
-    return weights, get_optimizer_state_dict(model, optimizer, options=options)
+    return full_weights(model, dist), get_optimizer_state_dict(model, optimizer, options=options)
 
 
 def latest(run_dir: Path) -> Path | None:

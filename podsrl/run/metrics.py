@@ -58,7 +58,7 @@ def read_jsonl(path: Path) -> list[dict]:
 class RunLogger:
     def __init__(self, run_dir: Path, cfg, *, start_step: int = 0):
         self.run_dir = Path(run_dir)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / "metrics.jsonl"  # one line per step
         _truncate_jsonl(self.metrics_path, start_step)
         # An eval at the resumed step was already done before the interruption... or not: keep
         # those at earlier steps only, the trainer re-evaluates where due.
@@ -93,6 +93,9 @@ class RunLogger:
         self._scalars(metrics, state.step, prefix="train/")
 
     def log_eval(self, result, state) -> None:
+        row = {"step": state.step, "train_seconds": state.train_seconds, **result.to_dict()}
+        with open(self.run_dir / "eval.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
         self.last_eval = f"{100 * result.accuracy:.0f}%"
         self._scalars({"accuracy": result.accuracy, **result.pass_at_k}, state.step, prefix="eval/")
 

@@ -8,9 +8,10 @@ A run directory holds one run (``config.toml``, ``metrics.jsonl``, ``eval.jsonl`
   nothing else, so ``--out .`` never empties the working directory). Starting over silently
   would truncate its metrics, mix two runs' evaluations and leave ``checkpoints/latest`` naming
   the old run's weights.
-- **One process at a time.** The writer holds an exclusive ``fcntl.flock`` on ``DIR/.lock``; the
-  kernel drops it when the process exits, however it dies (a pid file alone would outlive a
-  ``kill -9``). A second process is refused with the holder's pid, before it loads a model when the
+- **One process at a time.** The writer holds an exclusive lock on ``DIR/.lock`` (``filelock``:
+  ``flock`` on POSIX, ``msvcrt`` on Windows); the operating system drops it when the process exits,
+  however it dies (a pid file alone would outlive a ``kill -9``). The holder writes its pid into the
+  file, for the message a second process gets. A second process is refused with the holder's pid, before it loads a model when the
   lock is already held, and again under the lock (another run may have finished meanwhile).
 - **Unique default names.** A name made from ``train.out_dir`` (``runs/{time}-{rule}``) never
   collides: it is claimed with an exclusive ``mkdir``, and a ``-2``, ``-3`` ... suffix is added
@@ -34,7 +35,6 @@ broadcasts ``RunDir.path`` (a default name's suffix is only chosen in ``open``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from filelock import FileLock, Timeout
 
 from podsrl.errors import ConfigError
 
@@ -104,7 +106,7 @@ class RunDir:
     overwrite: bool = False
     unique: bool = False  # a name from train.out_dir: add a suffix rather than refuse
     changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # resume: setting -> (run's, now)
-    _lock_fd: int | None = field(default=None, repr=False)
+    _lock: FileLock | None = field(default=None, repr=False)
 
     def open(self) -> Path:
         """Create the directory (parents too), take its lock, and (``overwrite``) delete the old
@@ -117,7 +119,7 @@ class RunDir:
                 self.path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise ConfigError(f"cannot create the run directory {self.path}: {err.strerror or err}; pick another --out") from None
-        self._lock_fd = _lock(self.path)
+        self._lock = _lock(self.path)
         try:
             if not self.resume and holds_run(self.path):  # again, under the lock
                 if not self.overwrite:
@@ -148,9 +150,9 @@ class RunDir:
     def close(self) -> None:
         """Release the lock (the lock file stays: deleting it would let two processes lock two
         different files of the same name)."""
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the flock
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> Path:
         return self.open()
@@ -174,8 +176,7 @@ def prepare(path: str | Path, cfg: Config | None = None, *, resume: bool = False
         raise ConfigError(f"run directory {path} is a file, not a directory; pick another --out")
     changes: dict[str, tuple[Any, Any]] = {}
     if resume:
-        if not (path / "config.toml").is_file():
-            raise ConfigError(f"--resume {path}: not a run directory (no config.toml); give the directory a `podsrl train` made")
+        check_is_run(path, "--resume")
         if cfg is not None:
             changes = resume_changes(path, cfg)
     elif path.is_dir() and holds_run(path) and not overwrite and not unique:
@@ -185,6 +186,12 @@ def prepare(path: str | Path, cfg: Config | None = None, *, resume: bool = False
     if path.is_dir():
         _probe_lock(path)
     return RunDir(path=path, resume=resume, overwrite=overwrite, unique=unique, changes=changes)
+
+
+def check_is_run(path: Path, option: str) -> None:
+    """ConfigError naming ``option`` unless ``path`` holds a run (its config.toml)."""
+    if not (Path(path) / "config.toml").is_file():
+        raise ConfigError(f"{option} {path}: not a run directory (no config.toml); give the directory a `podsrl train` made")
 
 
 def holds_run(path: Path) -> bool:
@@ -327,47 +334,41 @@ def _claim_unique(path: Path) -> Path:
     raise ConfigError(f"cannot find a free name for the run directory {path}-N; pick one with --out")
 
 
-def _lock(path: Path) -> int:
-    """Take ``path/.lock`` exclusively (non-blocking) and write our pid into it; returns its fd."""
-    try:
-        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise ConfigError(f"cannot create the run directory's lock {path / LOCK_FILE}: {err.strerror}; pick another --out") from None
+def _lock(path: Path) -> FileLock:
+    """Take ``path/.lock`` exclusively (non-blocking) and write our pid into it."""
+    lock = FileLock(path / LOCK_FILE)
     for attempt in range(5):  # another process's `_probe_lock` holds it for microseconds
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.acquire(blocking=False)
             break
-        except BlockingIOError:
+        except Timeout:
             if attempt == 4:
-                holder = _holder(fd)
-                os.close(fd)
-                raise ConfigError(_in_use(path, holder)) from None
+                raise ConfigError(_in_use(path, _holder(path))) from None
             time.sleep(0.05)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+        except OSError as err:
+            raise ConfigError(f"cannot create the run directory's lock {path / LOCK_FILE}: {err.strerror or err}; pick another --out") from None
+    with contextlib.suppress(OSError):  # informational (Windows locks the bytes against other handles)
+        (path / LOCK_FILE).write_text(f"{os.getpid()}\n")
+    return lock
 
 
 def _probe_lock(path: Path) -> None:
     """Refuse now, before a model is loaded, when a live process holds ``path``'s lock."""
-    lock = path / LOCK_FILE
-    if not lock.is_file():
+    if not (path / LOCK_FILE).is_file():
         return
+    lock = FileLock(path / LOCK_FILE)
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise ConfigError(_in_use(path, _holder(path))) from None
     except OSError:
         return  # open() will say what is wrong
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise ConfigError(_in_use(path, _holder(fd))) from None
-    finally:
-        os.close(fd)  # releases the probe's shared lock too
+    lock.release()
 
 
-def _holder(fd: int) -> str:
+def _holder(path: Path) -> str:
     try:
-        return os.pread(fd, 32, 0).decode().strip() or "unknown"
+        return (path / LOCK_FILE).read_text().strip() or "unknown"
     except (OSError, UnicodeDecodeError):
         return "unknown"
 

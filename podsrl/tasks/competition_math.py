@@ -27,17 +27,15 @@ none: pass `--task.system_prompt=none` for this task.
 """
 
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from podsrl.errors import ConfigError
 from podsrl.grading.answers import last_boxed
 from podsrl.tasks.types import Example, Task, check_count
-from podsrl.tasks.jsonl import hold_out, load_dataset, read_rows, subsample
+from podsrl.tasks.jsonl import HUB_ID, existing_file, hold_out, load_dataset, read_rows, subsample
 
 INSTRUCTION = "Think step by step, then put the final answer in \\boxed{}."
-_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 
 def load(
@@ -76,11 +74,11 @@ def load(
     elif local.is_file():
         train = _read_file(local, fields)
         if eval_path is not None:
-            eval_ = _read_file(_existing_file(eval_path, "eval_path"), fields)
+            eval_ = _read_file(existing_file(eval_path, "eval_path", task="math", holding="{problem, solution or answer} objects"), fields)
         else:
             train, eval_ = hold_out(train, num_eval, rng, task="math", source=path)
             num_eval = None  # already exactly num_eval rows
-    elif _HUB_ID.fullmatch(path):
+    elif HUB_ID.fullmatch(path):
         train, eval_ = _load_dataset(path, hub_config, train_split, eval_split, fields)
         if eval_split is None:
             train, eval_ = hold_out(train, num_eval, rng, task="math", source=path)
@@ -179,16 +177,6 @@ def _load_dataset(
         ]
 
     return examples(train_split), examples(eval_split) if eval_split else []
-
-
-def _existing_file(path: str, option: str) -> Path:
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(
-            f"task 'math': {option} {path!r} is not a file; expected a JSON-lines file of "
-            "{problem, solution or answer} objects"
-        )
-    return file
 
 
 def _unwrap(answer: str) -> str:

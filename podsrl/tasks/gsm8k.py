@@ -11,15 +11,13 @@ with thousands commas removed. Subsets are drawn with the seed and kept in file 
 """
 
 import random
-import re
 from pathlib import Path
 
 from podsrl.errors import ConfigError
 from podsrl.tasks.types import Example, Task, check_count
-from podsrl.tasks.jsonl import load_dataset, read_examples, reference_answer, subsample
+from podsrl.tasks.jsonl import HUB_ID, load_dataset, read_examples, reference_answer, subsample
 
 INSTRUCTION = "Think step by step, then end with the final number."
-_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 
 def load(
@@ -35,7 +33,7 @@ def load(
     check_count("gsm8k", "num_eval", num_eval, allow_none=True)
     check_count("gsm8k", "seed", seed)
     directory = Path(path).expanduser()
-    if directory.exists() or not _HUB_ID.fullmatch(path):
+    if directory.exists() or not HUB_ID.fullmatch(path):
         train, test = _load_directory(directory)
     else:
         train, test = _load_hub(path, hub_config)

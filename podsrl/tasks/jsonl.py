@@ -16,12 +16,14 @@ The reading helpers here are shared with the gsm8k and math tasks.
 
 import json
 import random
+import re
 from pathlib import Path
 
 from podsrl.errors import ConfigError
 from podsrl.tasks.types import Example, Task, check_count
 
 INSTRUCTION = "Think step by step, then end with the final answer."
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # a dataset id ("openai/gsm8k") rather than a local path
 
 
 def load(
@@ -39,10 +41,10 @@ def load(
     check_count("jsonl", "num_eval", num_eval, allow_none=True)
     check_count("jsonl", "seed", seed)
     fields = {"question_field": question_field, "answer_field": answer_field}
-    train = read_examples(_existing_file(train_path, "train_path"), **fields)
+    train = read_examples(existing_file(train_path, "train_path"), **fields)
     rng = random.Random(f"jsonl-{seed}")
     if eval_path is not None:
-        eval_ = read_examples(_existing_file(eval_path, "eval_path"), **fields)
+        eval_ = read_examples(existing_file(eval_path, "eval_path"), **fields)
     else:
         train, eval_ = hold_out(train, num_eval, rng, task="jsonl", source=train_path)
         num_eval = None  # already exactly num_eval rows
@@ -164,13 +166,12 @@ def load_dataset(task: str, name: str, config: str | None, *, what: str, instead
         ) from exc
 
 
-def _existing_file(path: str, option: str) -> Path:
+def existing_file(path: str, option: str, *, task: str = "jsonl", holding: str = "one {question, answer} object per line") -> Path:
+    """``path`` as a Path when it is a file; else a ConfigError naming the task's option and what
+    the file should hold."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ConfigError(
-            f"task 'jsonl': {option} {path!r} is not a file; expected a JSON-lines file "
-            "with one {question, answer} object per line"
-        )
+        raise ConfigError(f"task {task!r}: {option} {path!r} is not a file; expected a JSON-lines file with {holding}")
     return file
 
 

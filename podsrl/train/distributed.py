@@ -329,15 +329,3 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
             continue
         return list(obj)
     return []
-
-
-def full_state_dict(model: torch.nn.Module, dist: Dist) -> dict[str, Tensor]:
-    """The whole model's trainable weights on the CPU (an FSDP model is gathered: a collective,
-    every rank calls it; the result is complete on rank 0)."""
-    if not dist.sharded:
-        return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {n: t for n, t in state.items() if n in trainable}

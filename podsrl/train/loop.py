@@ -1,29 +1,31 @@
-"""The training loop: prompts -> rollouts -> rewards -> selection -> advantages -> update -> eval.
+"""The training loop: sample -> score -> downsample -> update -> log, one screen per step.
 
 One step (``train_step``) of B prompts:
   1. sample n rollouts per prompt with the engine (current weights);
-  2. score them with the reward functions -> rewards [B, n];
-  3. keep B*m of them with the selection rule (PODS / D3S sample level), m from its schedule;
-  4. advantages over the kept subset (PODS) or the full group (GRPO, D3S);
-  5. one optimizer step on the kept rollouts only (``podsrl.train.update``), D3S token selection inside;
-  6. push the new weights to the engine.
+  2. score them with the reward functions -> rewards [B, n] (``score``);
+  3. downsample (:func:`podsrl.core.downsample.downsample`, the call every trainer makes): keep
+     B*m rollouts by the selection rule, m from its schedule, and compute their advantages over the
+     kept subset (PODS) or the full group (GRPO, D3S);
+  4. one optimizer step on the kept rollouts only (:mod:`podsrl.train.update`), D3S token selection
+     inside, then push the new weights to the engine;
+  5. log the step's metrics.
 Evaluation runs every k steps and/or every T seconds of *training* time; its own time is recorded
 but kept off the training clock, which is what budgets and wall-clock plots measure.
 
-Every random number of step s comes from generators seeded by (seed, s): which prompts, the
-sampling seed, tie-breaking in selection, dropout. A resumed run therefore continues exactly as an
-uninterrupted one would, given the checkpointed weights and optimizer state.
+Every random number of step s comes from generators seeded by (seed, s)
+(:func:`podsrl.core.downsample.step_seed`): which prompts, the sampling seed, tie-breaking in
+selection, dropout. A resumed run therefore continues exactly as an uninterrupted one would, given
+the checkpointed weights and optimizer state.
 
 Under torchrun every rank runs this same loop on its B / world prompts (``s.dist``, see
-:mod:`podsrl.train.distributed`): rewards are gathered so that selection, advantages and metrics are the
-global ones, the update sums the ranks' gradients, and only rank 0 writes files.
+:mod:`podsrl.train.distributed`): rewards are gathered so that selection, advantages and metrics
+are the global ones, the update sums the ranks' gradients, and only rank 0 writes files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
 import random
 import time
@@ -31,21 +33,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
+from podsrl.config import Config
+from podsrl.core.downsample import Selection, downsample, step_seed
+from podsrl.engines import Engine, Rollouts, Sampling, make_engine, resolve_engine
+from podsrl.errors import ConfigError
+from podsrl.grading.rewards import RewardSpec, compute_rewards, resolve_specs
+from podsrl.models import Policy, load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import rundir
-from podsrl.core.advantages import group_advantages
-from podsrl.config import Config
-from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
-from podsrl.errors import ConfigError
-from podsrl.engines import Engine, Sampling, make_engine, resolve_engine
-from podsrl.train.evaluate import EvalResult, evaluate
-from podsrl.models import Policy, load_policy
-from podsrl.grading.rewards import RewardSpec, compute_rewards, resolve_specs
-from podsrl.core.schedules import schedule_value, scheduled_m
-from podsrl.core.selection import drop_zero_variance_groups, get_rule
 from podsrl.tasks import Example, Task, format_user_message, load_task
-from podsrl.train.update import UpdateBatch, run_update
+from podsrl.run.metrics import NullLogger, RunLogger
+from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
+from podsrl.train.distributed import init as init_distributed
+from podsrl.train.evaluate import EvalResult, evaluate
+from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
 
 
 @dataclass
@@ -165,126 +168,101 @@ def progress(cfg: Config, state: ckpt.TrainState) -> float:
     return min(1.0, max(parts))
 
 
-def _step_seed(seed: int, step: int, stream: int) -> int:
-    return (seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
+# The random streams of a step (podsrl.core.downsample.step_seed); selection draws from its own,
+# SELECTION_STREAM, inside downsample.
+_PROMPT_STREAM, _TORCH_STREAM, _SAMPLING_STREAM = 0, 2, 3
 
 
 def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) -> dict:
     """One step of B prompts (B / world on each rank); returns its metrics (one line of metrics.jsonl)."""
-    cfg, n, dist = s.cfg, s.cfg.rollout.n, s.dist
-    B = cfg.train.prompts_per_step  # global
-    p = progress(cfg, state)
-    m = scheduled_m(n, cfg.select.m, cfg.select.m_final or cfg.select.m, cfg.select.m_schedule, p)
-    token_fraction = schedule_value(
-        cfg.select.token_schedule, cfg.select.token_fraction, cfg.select.token_fraction_final or cfg.select.token_fraction, p
-    )
-    rng = random.Random(_step_seed(cfg.train.seed, state.step, 0))
-    selection_gen = torch.Generator().manual_seed(_step_seed(cfg.train.seed, state.step, 1))
-    torch.manual_seed(_step_seed(cfg.train.seed, state.step, 2))  # dropout, HF sampling
-    timer = _Timer()
+    cfg, dist, timer = s.cfg, s.dist, _Timer()
     dist.reset_counters()
-
-    # 1. Rollouts: B prompts x n samples, group-major; this rank samples its block of whole groups.
-    idx = rng.sample(range(len(s.task.train)), B) if B <= len(s.task.train) else rng.choices(range(len(s.task.train)), k=B)
-    idx = dist.shard(idx)
-    examples = [s.task.train[i] for i in idx]
+    torch.manual_seed(step_seed(cfg.train.seed, state.step, _TORCH_STREAM))  # dropout, HF sampling
+    idx = _step_prompts(s, state.step)  # this rank's block of the step's B prompts
     with timer("generate"):
-        ro = s.engine.generate(
-            [s.train_prompts[i] for i in idx],
-            Sampling(
-                n=n,
-                temperature=cfg.rollout.temperature,
-                top_p=cfg.rollout.top_p,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                seed=_step_seed(cfg.train.seed, state.step, 3 + 100 * dist.rank),
-            ),
-        )
-    # 2. Rewards [b, n] of this rank's groups; with them, what the metrics need, gathered to [B, n].
+        rollouts = s.engine.generate([s.train_prompts[i] for i in idx], _sampling(cfg, state.step, dist.rank))
     with timer("reward"):
-        scored = compute_rewards(ro.texts, [ex for ex in examples for _ in range(n)], s.rewards)
-        local = torch.tensor(
-            [scored.total, [len(c) for c in ro.completion_ids], ro.truncated, *scored.per_reward.values()],
-            dtype=torch.float32,
-        ).T.reshape(len(idx), n, -1)  # [b, n, 3 + rewards]: total, length, truncated, each reward
-        table = dist.gather_rows(local)  # [B, n, 3 + rewards]
-        rewards = table[..., 0]  # [B, n]
-    # 3-4. Selection and advantages, on the global batch (identical on every rank).
+        scored = score(s, rollouts, [s.task.train[i] for i in idx])
     with timer("select"):
-        keep = get_rule(cfg.select.rule)(rewards, m, generator=selection_gen)  # [B, n] bool
-        if cfg.select.filter_zero_variance:
-            keep = drop_zero_variance_groups(keep, rewards)
-        if cfg.select.advantages_over_group:
-            adv = group_advantages(rewards, None, scale_std=cfg.select.scale_std) * keep
-        else:
-            adv = group_advantages(rewards, keep, scale_std=cfg.select.scale_std)
-        kept = dist.local_rows(keep).flatten().nonzero().flatten().tolist()  # this rank's rows
-    # 5. Update on the kept rollouts only.
+        selection = select(cfg, state, scored.rewards)
     with timer("update"):
-        prompts_flat = [s.train_prompts[i] for i in idx for _ in range(n)]
-        stats = None
-        if keep.any():  # every rank joins, with its rows or with none
-            stats = run_update(
-                model,
-                optimizer,
-                scheduler,
-                UpdateBatch(
-                    prompt_ids=[prompts_flat[i] for i in kept],
-                    completion_ids=[ro.completion_ids[i] for i in kept],
-                    advantages=dist.local_rows(adv).flatten()[kept],
-                ),
-                pad_id=s.policy.tokenizer.pad_token_id,
-                micro_batch_size=cfg.optim.micro_batch_size,
-                temperature=cfg.rollout.temperature,
-                eps_low=cfg.loss.eps_low,
-                eps_high=cfg.loss.eps_high,
-                aggregation=cfg.loss.aggregation,
-                max_completion_len=cfg.rollout.max_new_tokens,
-                grad_clip=cfg.optim.grad_clip,
-                policy_iterations=cfg.loss.policy_iterations,
-                token_fraction=token_fraction if cfg.select.uses_token_selection else 1.0,
-                token_score=cfg.select.token_score,
-                beta=cfg.loss.beta,
-                share_prompts=cfg.optim.share_prompts,
-                reference=s.reference,
-                dist=dist,
-            )
-        # else: every group was filtered out; no signal, so no optimizer step this time.
-    # 6. The engine samples from the new weights next step.
+        stats = _update_on_kept(s, model, optimizer, scheduler, idx, rollouts, selection)
     with timer("sync"):
-        s.engine.sync_weights(model)
+        s.engine.sync_weights(model)  # the next step samples from the new weights
+    return _step_metrics(s, state, scheduler, scored, selection, stats, timer)
 
-    lengths = table[..., 1].flatten()  # [B*n]
-    kept_r = rewards[keep]
-    kept_adv = adv[keep]
+
+def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor) -> Selection:
+    """The step's down-sampling of rewards [B, n] (every rank passes the gathered batch): the core's
+    one call (:func:`podsrl.core.downsample.downsample`), as every other trainer makes it."""
+    return downsample(rewards, cfg.select, progress=progress(cfg, state), step=state.step, seed=cfg.train.seed)
+
+
+def _step_prompts(s: Setup, step: int) -> list[int]:
+    """This rank's block of the B training prompts of ``step`` (indices into task.train)."""
+    B, pool = s.cfg.train.prompts_per_step, range(len(s.task.train))  # B global
+    rng = random.Random(step_seed(s.cfg.train.seed, step, _PROMPT_STREAM))
+    idx = rng.sample(pool, B) if B <= len(pool) else rng.choices(pool, k=B)
+    return s.dist.shard(idx)
+
+
+def _sampling(cfg: Config, step: int, rank: int) -> Sampling:
+    r = cfg.rollout
+    seed = step_seed(cfg.train.seed, step, _SAMPLING_STREAM + 100 * rank)
+    return Sampling(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
+
+
+@dataclass
+class Scored:
+    """One step's rollouts scored, over the whole batch (every rank's groups, gathered): [B, n] each."""
+
+    rewards: Tensor  # the weighted sum of the reward functions
+    lengths: Tensor  # completion tokens
+    truncated: Tensor  # 1.0 where the completion hit rollout.max_new_tokens
+    per_reward: dict[str, Tensor]  # each reward function's unweighted values, by name
+
+
+def score(s: Setup, rollouts: Rollouts, examples: list[Example]) -> Scored:
+    """Score this rank's groups (group-major, n per example) and gather every rank's: [B, n] fields."""
+    n = s.cfg.rollout.n
+    result = compute_rewards(rollouts.texts, [ex for ex in examples for _ in range(n)], s.rewards)
+    columns = [result.total, [len(c) for c in rollouts.completion_ids], rollouts.truncated, *result.per_reward.values()]
+    local = torch.tensor(columns, dtype=torch.float32).T.reshape(len(examples), n, len(columns))  # [b, n, C]
+    table = s.dist.gather_rows(local)  # [B, n, C]: one collective for every field
+    rewards, lengths, truncated, *each = table.unbind(-1)
+    return Scored(rewards, lengths, truncated, dict(zip(result.per_reward, each)))
+
+
+def _update_on_kept(s: Setup, model, optimizer, scheduler, idx: list[int], rollouts: Rollouts, selection: Selection):
+    """The optimizer step on this rank's kept rollouts; None when every group was filtered out (no
+    signal, no step). Every rank joins the update, with its rows or with none."""
+    if not selection.keep.any():
+        return None
+    n, dist = s.cfg.rollout.n, s.dist
+    kept = dist.local_rows(selection.keep).flatten().nonzero().flatten().tolist()  # this rank's rows
+    batch = UpdateBatch(
+        prompt_ids=[s.train_prompts[idx[i // n]] for i in kept],
+        completion_ids=[rollouts.completion_ids[i] for i in kept],
+        advantages=dist.local_rows(selection.advantages).flatten()[kept],
+    )
+    settings = UpdateSettings.from_config(s.cfg, pad_id=s.policy.tokenizer.pad_token_id, token_fraction=selection.token_fraction)
+    return run_update(model, optimizer, scheduler, batch, settings, reference=s.reference, dist=dist)
+
+
+def _step_metrics(s: Setup, state: ckpt.TrainState, scheduler, scored: Scored, selection: Selection, stats, timer) -> dict:
+    """The step's line of metrics.jsonl: selection (podsrl.core.downsample), rollouts, update, times."""
+    keep, dist = selection.keep, s.dist
     metrics = {
         "step": state.step + 1,
-        "m": m,
-        "token_fraction": token_fraction,
+        **selection.metrics,
         "lr": scheduler.get_last_lr()[0],
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "reward_kept_mean": float(kept_r.mean()) if kept_r.numel() else float("nan"),
-        "reward_kept_std": float(kept_r.std()) if kept_r.numel() > 1 else 0.0,
-        "zero_variance_groups": float((rewards.amax(1) == rewards.amin(1)).float().mean()),
-        "kept_adv_var": float(kept_adv.var(unbiased=False)) if kept_adv.numel() else 0.0,
-        "kept": int(keep.sum()),
-        "completion_len": float(lengths.mean()),
-        "completion_len_kept": float(lengths[keep.flatten()].mean()) if keep.any() else 0.0,
-        "truncated": float(table[..., 2].mean()),
-        **{f"reward/{k}": float(table[..., 3 + j].mean()) for j, k in enumerate(scored.per_reward)},
+        "completion_len": float(scored.lengths.mean()),
+        "completion_len_kept": float(scored.lengths[keep].mean()) if keep.any() else 0.0,
+        "truncated": float(scored.truncated.mean()),
+        **{f"reward/{name}": float(values.mean()) for name, values in scored.per_reward.items()},
     }
     if stats is not None:
-        metrics.update(
-            loss=stats.loss,
-            grad_norm=stats.grad_norm,
-            clip_frac_low=stats.clip_frac_low,
-            clip_frac_high=stats.clip_frac_high,
-            ratio_mean=stats.ratio_mean,
-            entropy=stats.entropy,
-            tokens_total=stats.tokens_total,
-            tokens_kept=stats.tokens_kept,
-            **({"kl": stats.kl} if stats.kl is not None else {}),
-        )
+        metrics.update(stats.metrics())
     metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
     metrics["time/step"] = sum(timer.seconds.values())
     if dist.active:  # per-rank phases (the step waits for the slowest) and this module's traffic
@@ -297,7 +275,9 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     return metrics
 
 
-def run_eval(s: Setup, state: ckpt.TrainState, run_dir: Path | None = None) -> EvalResult:
+def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str | None = None) -> EvalResult:
+    """Score the held-out set with the current weights. Inside a run (``logger``): the result goes
+    to eval.jsonl and the loggers, its time is kept off the training clock, and ``log`` gets a line."""
     cfg = s.cfg
     result = evaluate(
         s.engine,
@@ -309,10 +289,12 @@ def run_eval(s: Setup, state: ckpt.TrainState, run_dir: Path | None = None) -> E
         seed=cfg.train.seed,
         dist=s.dist,
     )
-    if run_dir is not None and s.dist.is_main:
-        row = {"step": state.step, "train_seconds": state.train_seconds, **result.to_dict()}
-        with open(run_dir / "eval.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+    if logger is not None:
+        state.eval_seconds += result.seconds
+        state.last_eval_seconds = state.train_seconds
+        logger.log_eval(result, state)
+    if log is not None:
+        log(f"podsrl: eval at step {state.step}{f' ({label})' if label else ''}: {result.summary()} ({result.seconds:.0f} s)")
     return result
 
 
@@ -337,9 +319,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, ove
     """Train per ``cfg`` into ``run_dir`` (default: a new directory named by ``train.out_dir``);
     ``resume`` continues it from its newest complete checkpoint, ``overwrite`` replaces the run it
     holds. A directory holding another run, or in use, is refused: see :mod:`podsrl.run.rundir`."""
-    from podsrl.train import distributed
-
-    dist = distributed.init(cfg)  # a process group under torchrun; otherwise world 1, no group
+    dist = init_distributed(cfg)  # a process group under torchrun; otherwise world 1, no group
     try:
         return _train(cfg, dist, run_dir=run_dir, resume=resume, overwrite=overwrite, log=log if dist.is_main else _quiet)
     finally:
@@ -380,36 +360,22 @@ def _open_run_dir(claim: rundir.RunDir, dist: Dist) -> Path:
 
 
 def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckpt.TrainState, *, resume: bool, log) -> Path:
-    from podsrl.run.metrics import NullLogger, RunLogger
-
     cfg, dist = s.cfg, s.dist
     run_dir = _open_run_dir(claim, dist)
     log(f"podsrl: run directory {run_dir}")
     if resume:
-        _, state = ckpt.load_newest(run_dir, model, optimizer, scheduler, log=log, dist=dist)
-        s.engine.sync_weights(model)
-        log(f"podsrl: resumed {run_dir} at step {state.step} ({state.train_seconds:.0f} s of training)")
-        if state.world_size != dist.world:
-            log(
-                f"podsrl: the run was trained on {state.world_size} process(es), now {dist.world}: the global batch "
-                "and the weights carry over; the rollouts differ from an uninterrupted run's (seeds are per rank)"
-            )
-            state.world_size = dist.world
+        state = _resume(s, run_dir, model, optimizer, scheduler, log)
         if _done(cfg, state):  # nothing to add: no second final evaluation or checkpoint
             log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
             return run_dir
     if dist.is_main:
         claim.write_config(cfg, step=state.step, log=log)  # atomic; on resume, records what changed
-    device = next(model.parameters()).device
-    log(
-        f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
-        + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
-        + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
-    )  # fmt: skip
+    log(_describe(s, model))
     logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()
+    save = lambda: ckpt.save(run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints, dist=dist)  # noqa: E731
     try:
         if state.step == 0 and cfg.eval.at_start:
-            _timed_eval(s, state, run_dir, logger, log, label="base model")
+            run_eval(s, state, logger, log, label="base model")
         while not _done(cfg, state):
             start = time.perf_counter()
             metrics = train_step(s, model, optimizer, scheduler, state)
@@ -419,27 +385,43 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
             metrics["train_seconds"] = state.train_seconds
             logger.log_step(metrics, state)
             if _eval_due(cfg, state) and not _done(cfg, state):
-                _timed_eval(s, state, run_dir, logger, log)
+                run_eval(s, state, logger, log)
             if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-                ckpt.save(run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints, dist=dist)
+                save()
         if cfg.eval.at_end:
-            _timed_eval(s, state, run_dir, logger, log, label="trained policy")
-        ckpt.save(run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints, dist=dist)
+            run_eval(s, state, logger, log, label="trained policy")
+        save()
     finally:
         logger.close()
     return run_dir
 
 
+def _resume(s: Setup, run_dir: Path, model, optimizer, scheduler, log) -> ckpt.TrainState:
+    """Load the newest complete checkpoint into the model and optimizer; the engine follows."""
+    _, state = ckpt.load_newest(run_dir, model, optimizer, scheduler, log=log, dist=s.dist)
+    s.engine.sync_weights(model)
+    log(f"podsrl: resumed {run_dir} at step {state.step} ({state.train_seconds:.0f} s of training)")
+    if state.world_size != s.dist.world:
+        log(
+            f"podsrl: the run was trained on {state.world_size} process(es), now {s.dist.world}: the global batch "
+            "and the weights carry over; the rollouts differ from an uninterrupted run's (seeds are per rank)"
+        )
+        state.world_size = s.dist.world
+    return state
+
+
+def _describe(s: Setup, model) -> str:
+    cfg, dist = s.cfg, s.dist
+    device = next(model.parameters()).device
+    return (
+        f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
+        + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
+        + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
+    )  # fmt: skip
+
+
 def _quiet(*args, **kwargs) -> None:
     """``log`` on ranks other than 0."""
-
-
-def _timed_eval(s: Setup, state: ckpt.TrainState, run_dir: Path, logger, log, label: str | None = None) -> None:
-    result = run_eval(s, state, run_dir)
-    state.eval_seconds += result.seconds
-    state.last_eval_seconds = state.train_seconds
-    logger.log_eval(result, state)
-    log(f"podsrl: eval at step {state.step}{f' ({label})' if label else ''}: {result.summary()} ({result.seconds:.0f} s)")
 
 
 class _Timer:
