@@ -148,6 +148,8 @@ def test_one_seed_has_no_interval_over_seeds_and_says_so(tmp_path):
     assert "1 seed, no CI" in compare.format_table(report)
     assert report["methods"]["pods"]["peak_accuracy"] is None  # not run: reported as missing
     assert report["methods"]["pods"]["seeds_missing"] == [0]
+    assert report["methods"]["pods"]["paired_vs_baseline"]["auc"]["mean"] is None and report["paired_excluding_zero"] == []
+    assert compare.write_report(report, out)[1].stat().st_size > 0  # nothing to pair: the lower panels say so
 
 
 def test_unequal_evaluation_counts_are_interpolated_on_the_common_range():

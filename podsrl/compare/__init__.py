@@ -131,7 +131,9 @@ from podsrl.compare.plan import DEFAULT_COMPARE, DEFAULT_METHODS, Method, Plan, 
 from podsrl.compare.plots import plot_report
 from podsrl.compare.report import PHASES, build_report, primary_axis, write_report
 from podsrl.compare.runs import RunFailed, run_all
-from podsrl.compare.stats import AXES, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup
+from podsrl.compare.stats import (
+    AXES, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup,
+)  # fmt: skip
 from podsrl.compare.table import format_table
 from podsrl.errors import ConfigError
 from podsrl.intervals import paired_t_interval, t_interval

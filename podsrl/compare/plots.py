@@ -77,7 +77,8 @@ def _plot_differences(ax, report: dict[str, Any], key: str, colors: dict[str, st
     ax.set_xlabel(f"method - {report['baseline']}, accuracy points (line: 95% paired t-interval; o: seeds)")
     ax.grid(alpha=0.3, axis="x")
     if not rows:
-        ax.text(0.5, 0.5, f"no paired runs of {report['baseline']} and another method", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, f"no paired runs of {report['baseline']} and another method", ha="center", va="center",
+                transform=ax.transAxes)  # fmt: skip
         ax.set_yticks([])
         return
     labels = []

@@ -118,8 +118,9 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         "eval_every": {"steps": cfg.eval.every_steps or None, "seconds": cfg.eval.every_seconds or None},
         "eval_problems": _eval_problems(entries),
         "seeds": {name: plan.n_seeds(name) for name in entries},
-        "paired_excluding_zero": [f"{name} {key}" for name, e in entries.items() for key, d in (e["paired_vs_baseline"] or {}).items()
-                                  if d["excludes_zero"]],  # fmt: skip
+        "paired_excluding_zero": [
+            f"{name} {key}" for name, e in entries.items() for key, d in (e["paired_vs_baseline"] or {}).items() if d["excludes_zero"]
+        ],
         "device_sharing": sharing,
         "commits": sorted({c for entry in entries.values() for run in entry["runs"] for c in run["commits"]}),
         "definitions": DEFINITIONS,
@@ -238,7 +239,8 @@ def _paired_differences(entries: dict[str, dict], baseline: str) -> list[str]:
     if excluding:
         notes.append(f"paired differences vs {baseline} (points) whose 95% interval excludes zero: {'; '.join(excluding)}")
     if including:
-        notes.append(f"paired differences vs {baseline} (points) whose 95% interval includes zero (not resolved): {'; '.join(including)}")
+        notes.append(f"paired differences vs {baseline} (points) whose 95% interval includes zero (not resolved): "
+                     f"{'; '.join(including)}")  # fmt: skip
     return notes
 
 
