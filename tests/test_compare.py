@@ -1,7 +1,9 @@
 """``podsrl compare``: the report math on hand-written run directories (peak, time to the baseline's
-99% peak, speedup, never-reached, intervals, alignment), the resume logic (finished runs skipped,
-interrupted ones resumed, new seeds added), config validation naming the method, and one tiny
-end-to-end comparison on the random 2-layer model from conftest.py.
+99% peak, speedup, never-reached, intervals, alignment; AUC, final accuracy and paired differences
+against the baseline with hand-computed t-intervals), the resume logic (finished runs skipped,
+interrupted ones resumed, new seeds added, per-method seed counts), config validation naming the
+method or the seed setting, the shared interval module, and one tiny end-to-end comparison on the
+random 2-layer model from conftest.py.
 """
 
 from __future__ import annotations
