@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="methods x seeds under one budget: steps and time to accuracy")
     p.add_argument("config", nargs="?", help="TOML file with a [compare] table (see podsrl/compare/__init__.py)")
     p.add_argument("--out", default="runs/compare", help="output directory (resumable)")
-    p.add_argument("--seeds", type=int, help="number of seeds per method (adds seeds to an existing comparison)")
+    p.add_argument("--seeds", metavar="N|N,METHOD=K,...",
+                   help="seeds per method: N for every method, METHOD=K for one (adds seeds to an existing comparison)")
     p.add_argument("--methods", help="comma-separated subset of the methods to run")
     p.add_argument("--report-only", action="store_true", help="rebuild compare.json/png from finished runs")
     p.add_argument("--in-process", action="store_true", help="train every run in this process, not one process per run")

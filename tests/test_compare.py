@@ -1,7 +1,9 @@
 """``podsrl compare``: the report math on hand-written run directories (peak, time to the baseline's
-99% peak, speedup, never-reached, intervals, alignment), the resume logic (finished runs skipped,
-interrupted ones resumed, new seeds added), config validation naming the method, and one tiny
-end-to-end comparison on the random 2-layer model from conftest.py.
+99% peak, speedup, never-reached, intervals, alignment; AUC, final accuracy and paired differences
+against the baseline with hand-computed t-intervals), the resume logic (finished runs skipped,
+interrupted ones resumed, new seeds added, per-method seed counts), config validation naming the
+method or the seed setting, the shared interval module, and one tiny end-to-end comparison on the
+random 2-layer model from conftest.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from podsrl import compare
 from podsrl.config import _toml_value, to_toml
 from podsrl.errors import ConfigError
+from podsrl.intervals import t975
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,12 +48,13 @@ METHODS = {
 }
 
 
-def _plan(tmp_path: Path, *, seeds: int = 2, table: dict | None = None, base: dict | None = None, **kw) -> compare.Plan:
+def _plan(tmp_path: Path, *, seeds: int = 2, table: dict | None = None, base: dict | None = None, extra: dict | None = None,
+          **kw) -> compare.Plan:  # fmt: skip
     data = {
         "train": {"max_steps": None, "max_seconds": 300.0},
         "eval": {"every_seconds": 100.0},
         **(base or {}),
-        "compare": {"seeds": seeds, "methods": table or METHODS},
+        "compare": {"seeds": seeds, **(extra or {}), "methods": table or METHODS},
     }
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "cmp.toml"
@@ -73,7 +77,7 @@ def _write_run(out: Path, plan: compare.Plan, method: str, seed: int, points, *,
     steps.append({"step": rows[-1]["step"], "train_seconds": rows[-1]["train_seconds"]})  # a row without timings is skipped
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     if done:
-        (path / compare.DONE_FILE).write_text(json.dumps(compare._budget(cfg)))
+        compare.mark_done(path, cfg)
     return path
 
 
@@ -146,6 +150,8 @@ def test_one_seed_has_no_interval_over_seeds_and_says_so(tmp_path):
     assert "1 seed, no CI" in compare.format_table(report)
     assert report["methods"]["pods"]["peak_accuracy"] is None  # not run: reported as missing
     assert report["methods"]["pods"]["seeds_missing"] == [0]
+    assert report["methods"]["pods"]["paired_vs_baseline"]["auc"]["mean"] is None and report["paired_excluding_zero"] == []
+    assert compare.write_report(report, out)[1].stat().st_size > 0  # nothing to pair: the lower panels say so
 
 
 def test_unequal_evaluation_counts_are_interpolated_on_the_common_range():
@@ -187,8 +193,8 @@ def test_t_interval_and_quantiles():
     assert compare.t_interval([0.5]) is None
     lo, hi = compare.t_interval([1.0, 2.0, 3.0])
     assert (lo + hi) / 2 == pytest.approx(2.0) and hi - 2.0 == pytest.approx(4.303 / math.sqrt(3))
-    assert compare._t975(30) == pytest.approx(2.042)
-    assert compare._t975(60) == pytest.approx(2.000, abs=1e-3) and compare._t975(120) == pytest.approx(1.980, abs=1e-3)
+    assert t975(30) == pytest.approx(2.042)
+    assert t975(60) == pytest.approx(2.000, abs=1e-3) and t975(120) == pytest.approx(1.980, abs=1e-3)
 
 
 # ----------------------------------------------------------------------------------- resuming
@@ -283,8 +289,10 @@ def test_plan_validation_errors(tmp_path):
         compare.load_plan(_write_plan_file(tmp_path, baseline="gpro"))
     with pytest.raises(ConfigError, match="unknown setting compare.seed;"):
         compare.load_plan(_write_plan_file(tmp_path, seed=2))
-    with pytest.raises(ConfigError, match="compare.seeds: must be a whole number >= 1"):
+    with pytest.raises(ConfigError, match="--seeds: must be a whole number >= 1"):
         compare.load_plan(_write_plan_file(tmp_path), seeds=0)
+    with pytest.raises(ConfigError, match="compare.seeds: must be a whole number >= 1"):
+        compare.load_plan(_write_plan_file(tmp_path, seeds=0))
     with pytest.raises(ConfigError, match="the base config: optim.lr: must be > 0"):
         compare.load_plan(_write_plan_file(tmp_path), ["--optim.lr=0"])
 
@@ -567,3 +575,206 @@ def test_a_method_with_unfinished_seeds_is_noted_under_the_table(tmp_path):
     assert report["methods"]["pods"]["seeds_missing"] == [1]
     assert "note: pods: 1 of 2 seeds finished (not seed 1)" in compare.format_table(report)
     assert not any(n.startswith("grpo") for n in report["notes"])
+
+
+# ----------------------------------------------------------------------------------- robust summaries, mixed seeds
+
+# Evaluations at steps 0, 10, 20, 30 (_write_run); accuracies after step 0 chosen so that the
+# summaries are easy by hand. GRPO, 4 seeds: AUC 0.5, 0.5, 0.6, 0.7; final 0.6, 0.7, 0.7, 0.8.
+# PODS, 3 seeds: AUC 0.6, 0.7, 0.75; final 0.7, 0.6, 0.8.
+_GRPO = [(0.4, 0.5, 0.6), (0.3, 0.5, 0.7), (0.5, 0.6, 0.7), (0.6, 0.7, 0.8)]
+_PODS = [(0.5, 0.6, 0.7), (0.7, 0.8, 0.6), (0.7, 0.75, 0.8)]
+_STEP_BASE = {"train": {"max_steps": 30, "max_seconds": None}, "eval": {"every_steps": 10}}
+
+
+def _mixed_plan(tmp_path: Path, **kw) -> compare.Plan:
+    """grpo 4 seeds, pods 3 (the default), never 2: a mixed plan in the file."""
+    return _plan(tmp_path, seeds=3, base=_STEP_BASE, extra={"seeds_per_method": {"grpo": 4, "never": 2}}, **kw)
+
+
+def _write_mixed_runs(out: Path, plan: compare.Plan) -> None:
+    for method, runs in (("grpo", _GRPO), ("pods", _PODS)):
+        for seed, accs in enumerate(runs):
+            _write_run(out, plan, method, seed, [(0, 0.2)] + [(100 * (i + 1), a) for i, a in enumerate(accs)])
+
+
+def test_auc_and_final_accuracy_of_one_run():
+    rows = [{"step": s, "train_seconds": 10.0 * s, "accuracy": a} for s, a in ((0, 0.9), (10, 0.2), (20, 0.4), (30, 0.3))]
+    assert compare.auc(rows) == pytest.approx(0.3)  # step 0 (the untrained model) left out
+    assert compare.final_accuracy(rows) == 0.3 and compare.final_accuracy(list(reversed(rows))) == 0.3
+    assert compare.auc(rows[:1]) is None and compare.final_accuracy([]) is None
+
+
+def test_paired_t_interval_by_hand():
+    # d = (0.1, 0.2, 0.15): mean 0.15, s_d = 0.05, half = t_{0.975,2} 0.05 / sqrt(3) = 4.303 x 0.028868.
+    lo, hi = compare.paired_t_interval([0.6, 0.7, 0.75], [0.5, 0.5, 0.6])
+    half = 4.303 * 0.05 / math.sqrt(3)
+    assert (lo, hi) == pytest.approx((0.15 - half, 0.15 + half))
+    assert compare.paired_t_interval([0.6], [0.5]) is None
+    with pytest.raises(ValueError, match="give one b per a"):
+        compare.paired_t_interval([0.6, 0.7], [0.5])
+    # Pairing removes what the seeds share: the unpaired interval of the same data is wider.
+    assert compare.t_interval([0.6, 0.7, 0.75])[1] - compare.t_interval([0.6, 0.7, 0.75])[0] > hi - lo
+    d = compare.paired_difference({0: 0.6, 1: 0.7, 2: 0.75, 3: None}, {0: 0.5, 1: 0.5, 2: 0.6, 3: 0.7, 4: 0.1})
+    assert d.seeds == [0, 1, 2] and d.per_seed == pytest.approx([0.1, 0.2, 0.15]) and d.excludes_zero() is True
+    assert compare.paired_difference({0: 0.6}, {0: 0.5}).excludes_zero() is None  # one pair: no interval
+
+
+def test_robust_summaries_and_paired_differences_in_the_report(tmp_path):
+    plan = _mixed_plan(tmp_path)
+    assert [plan.n_seeds(m) for m in ("grpo", "pods", "never")] == [4, 3, 2]
+    out = tmp_path / "out"
+    _write_mixed_runs(out, plan)
+    report = compare.build_report(plan, out)
+    g, p = report["methods"]["grpo"], report["methods"]["pods"]
+    assert report["seeds"] == {"grpo": 4, "pods": 3, "never": 2}
+    # GRPO over its 4 seeds: AUC mean 0.575, s = sqrt(0.0275 / 3), t_{0.975,3} = 3.182.
+    assert g["auc_per_seed"] == pytest.approx([0.5, 0.5, 0.6, 0.7]) and g["auc"] == pytest.approx(0.575)
+    half = 3.182 * math.sqrt(0.0275 / 3) / 2
+    assert g["auc_ci95"] == pytest.approx([0.575 - half, 0.575 + half])
+    assert g["final_accuracy_per_seed"] == [0.6, 0.7, 0.7, 0.8] and g["final_accuracy"] == pytest.approx(0.7)
+    assert g["paired_vs_baseline"] is None
+    # PODS over its 3 seeds: AUC 0.68333, s = sqrt(0.011667 / 2).
+    assert p["auc"] == pytest.approx(0.6833333) and p["final_accuracy"] == pytest.approx(0.7)
+    half = 4.303 * math.sqrt((0.0833333**2 + 0.0166667**2 + 0.0666667**2) / 2) / math.sqrt(3)
+    assert p["auc_ci95"] == pytest.approx([0.6833333 - half, 0.6833333 + half], abs=1e-6)
+    # Paired with GRPO's seeds 0-2 only (GRPO's seed 3 has no PODS partner):
+    # AUC d = (0.1, 0.2, 0.15) -> 0.15 +- 0.1242, excludes zero;
+    # final d = (0.1, -0.1, 0.1) -> 0.0333 +- 4.303 x 0.11547 / sqrt(3) = 0.2869, includes zero.
+    d_auc, d_final = p["paired_vs_baseline"]["auc"], p["paired_vs_baseline"]["final_accuracy"]
+    assert d_auc["seeds"] == [0, 1, 2] and d_auc["per_seed"] == pytest.approx([0.1, 0.2, 0.15])
+    half = 4.303 * 0.05 / math.sqrt(3)
+    assert d_auc["mean"] == pytest.approx(0.15) and d_auc["ci95"] == pytest.approx([0.15 - half, 0.15 + half])
+    assert d_auc["excludes_zero"] is True
+    half = 4.303 * math.sqrt(0.04 / 3) / math.sqrt(3)
+    assert d_final["mean"] == pytest.approx(1 / 30) and d_final["ci95"] == pytest.approx([1 / 30 - half, 1 / 30 + half])
+    assert d_final["excludes_zero"] is False
+    assert report["paired_excluding_zero"] == ["pods auc"]
+    assert "auc" in report["definitions"] and "after step 0" in report["definitions"]["auc"]
+    assert any("excludes zero: pods auc +15.0 [+2.6, +27.4] (3 pairs)" in n for n in report["notes"])
+    assert any("includes zero (not resolved): pods final_accuracy +3.3" in n for n in report["notes"])
+    # "never" has no finished run: listed, with no summaries and nothing paired.
+    nv = report["methods"]["never"]
+    assert nv["auc"] is None and nv["auc_ci95"] is None and nv["paired_vs_baseline"]["auc"]["mean"] is None
+    assert nv["seeds_missing"] == [0, 1]
+
+    table = compare.format_table(report)
+    assert "57.5 [" in table and "68.3 [" in table  # AUC with intervals
+    assert "+15.0 [+2.6, +27.4]* (3)" in table and "+3.3 [-25.4, +32.0] (3)" in table
+    assert "(baseline)" in table and "step to 99% grpo peak" in table  # both tables
+    json_path, png = compare.write_report(report, out)
+    assert json.loads(json_path.read_text())["methods"]["pods"]["paired_vs_baseline"]["auc"]["excludes_zero"] is True
+    import matplotlib.image
+
+    height, width = matplotlib.image.imread(png).shape[:2]
+    assert height > 900 and width > 1300  # four panels: curves on both axes, paired AUC and final differences
+
+
+def test_mixed_seed_plan_runs_and_reports_each_methods_own_seeds(tmp_path, monkeypatch):
+    import podsrl.train.loop
+
+    table = {k: METHODS[k] for k in ("grpo", "pods")}
+    plan = _plan(tmp_path, seeds=1, table=table, extra={"seeds_per_method": {"pods": 3}})
+    out, calls = tmp_path / "out", []
+
+    def fake_train(cfg, *, run_dir, resume, log=print):
+        calls.append((run_dir.parent.name, run_dir.name, cfg.train.seed))
+        _write_run(out, plan, run_dir.parent.name, int(run_dir.name.removeprefix("seed")), [(0, 0.1), (310, 0.5)], done=False)
+
+    monkeypatch.setattr(podsrl.train.loop, "train", fake_train)
+    compare.run_all(plan, out, log=lambda *_: None, isolate=False)
+    # Seed-major, each method up to its own count.
+    assert calls == [("grpo", "seed0", 0), ("pods", "seed0", 0), ("pods", "seed1", 1), ("pods", "seed2", 2)]
+    report = json.loads((out / "compare.json").read_text())
+    assert report["seeds"] == {"grpo": 1, "pods": 3} and not any("seeds finished" in n for n in report["notes"])
+    assert report["methods"]["pods"]["seeds_done"] == [0, 1, 2] and report["methods"]["grpo"]["seeds_missing"] == []
+    # The pairs: pods' seed 0 only (grpo has one seed): a difference, no interval.
+    assert report["methods"]["pods"]["paired_vs_baseline"]["auc"]["seeds"] == [0]
+    # --seeds 2 on the command line gives every method 2 seeds: the file's per-method count is dropped.
+    report = compare.build_report(compare.load_plan(tmp_path / "cmp.toml", seeds="2"), out)
+    assert report["seeds"] == {"grpo": 2, "pods": 2} and report["methods"]["grpo"]["seeds_missing"] == [1]
+    assert any(n.startswith("grpo: 1 of 2 seeds finished") for n in report["notes"])
+    assert report["methods"]["pods"]["seeds_done"] == [0, 1]
+
+
+def test_seed_plan_from_file_and_command_line(tmp_path):
+    path = _write_plan_file(tmp_path, seeds=3, seeds_per_method={"grpo": 5, "pods": 5})
+    plan = compare.load_plan(path)
+    assert (plan.seeds, plan.seeds_per_method) == (3, {"grpo": 5, "pods": 5})
+    assert [plan.n_seeds(m) for m in ("grpo", "pods", "never")] == [5, 5, 3]
+    assert compare.load_plan(path, seeds=4).seeds_per_method == {}  # an int (the API) is every method's count
+    plan = compare.load_plan(path, seeds="grpo=6")  # only grpo changes, over the file's plan
+    assert [plan.n_seeds(m) for m in ("grpo", "pods", "never")] == [6, 5, 3]
+    plan = compare.load_plan(path, seeds=" 2, never=4 ")
+    assert [plan.n_seeds(m) for m in ("grpo", "pods", "never")] == [2, 2, 4]
+    plan = compare.load_plan(path, seeds="pods=3")  # the default's count: no exception kept
+    assert plan.seeds_per_method == {"grpo": 5}
+    # The published preset: 5 seeds where the papers' claims rest, 3 elsewhere.
+    preset = compare.load_plan(ROOT / "configs" / "compare-2digit.toml")
+    assert {m: preset.n_seeds(m) for m in preset.all_methods} == {
+        "grpo": 5, "pods_max_variance": 5, "pods_random": 3, "pods_max_reward": 3, "d3s_intra": 5, "d3s_cross": 3}
+
+
+@pytest.mark.parametrize(
+    "table, cli, message",
+    [
+        ({"seeds_per_method": {"gpro": 5}}, None, r"compare.seeds_per_method: 'gpro' is not a method; methods: grpo, pods, never"),
+        ({"seeds_per_method": {"grpo": 0}}, None, r"compare.seeds_per_method.grpo: must be a whole number >= 1, got 0"),
+        ({"seeds_per_method": {"grpo": 2.5}}, None, r"compare.seeds_per_method.grpo: must be a whole number >= 1"),
+        ({"seeds_per_method": 5}, None, r"compare.seeds_per_method: give a table of method = number of seeds"),
+        ({}, "3,gpro=5", r"--seeds: 'gpro' is not a method"),
+        ({}, "3,4", r"--seeds: give a number of seeds for every method and/or METHOD=K"),
+        ({}, "three", r"--seeds: give a number of seeds"),
+        ({}, "grpo=", r"--seeds: give a number of seeds"),
+        ({}, "=3", r"--seeds: give a number of seeds"),
+        ({}, "grpo=2,grpo=3", r"--seeds: give a number of seeds"),
+        ({}, "grpo=0", r"--seeds grpo: must be a whole number >= 1"),
+    ],
+)
+def test_bad_seed_plans_are_config_errors(tmp_path, table, cli, message):
+    with pytest.raises(ConfigError, match=message):
+        compare.load_plan(_write_plan_file(tmp_path, **table), seeds=cli)
+
+
+def test_report_only_reads_runs_without_checkpoints(tmp_path, capsys):
+    """A results directory of small files (config.toml, eval.jsonl, metrics.jsonl, done.json, no
+    checkpoints) reports through the command line's --report-only."""
+    plan = _mixed_plan(tmp_path)
+    out = tmp_path / "results"
+    _write_mixed_runs(out, plan)
+    args = argparse.Namespace(config=str(tmp_path / "cmp.toml"), out=str(out), seeds=None, methods=None, report_only=True)
+    assert compare.main(args, []) == 0
+    printed = capsys.readouterr().out
+    assert "+15.0 [+2.6, +27.4]* (3)" in printed and "never: 0 of 2" not in printed
+    assert not any(out.rglob("checkpoints")) and (out / "compare.png").stat().st_size > 0
+
+
+def test_intervals_module_is_a_leaf_shared_by_evaluation_and_compare():
+    from test_layout import import_graph
+
+    from podsrl import intervals
+    from podsrl.train import evaluate
+
+    graph = import_graph()
+    assert graph["podsrl.intervals"] == set()
+    assert "podsrl.intervals" in graph["podsrl.train.evaluate"] and "podsrl.intervals" in graph["podsrl.compare.stats"]
+    assert evaluate.wilson_interval is intervals.wilson_interval
+    assert intervals.Z975 == pytest.approx(1.959964, abs=1e-6)
+    # Wilson, 7 of 10: centre (0.7 + z^2/20) / (1 + z^2/10), by hand.
+    z = intervals.Z975
+    centre = (0.7 + z * z / 20) / (1 + z * z / 10)
+    half = z * math.sqrt(0.7 * 0.3 / 10 + z * z / 400) / (1 + z * z / 10)
+    assert intervals.wilson_interval(7, 10) == pytest.approx((centre - half, centre + half))
+    assert intervals.wilson_interval(0, 0) == (0.0, 1.0)
+    # Normal interval of per-problem means (0.25, 0.5, 1.0): mean 0.5833, s^2 = 0.145833; clipped to [0, 1].
+    lo, hi = intervals.normal_interval([0.25, 0.5, 1.0])
+    half = z * math.sqrt(0.1458333 / 3)
+    assert (lo, hi) == pytest.approx((0.5833333 - half, 1.0), abs=1e-6)
+    assert intervals.normal_interval([0.5]) == (0.5, 0.5)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        intervals.t975(0)
+
+
+def test_compare_exports_no_private_names():
+    assert not [name for name in compare.__all__ if name.startswith("_")]
+    assert all(hasattr(compare, name) for name in compare.__all__)

@@ -1,8 +1,10 @@
 """``podsrl compare``: methods x seeds under one shared budget; accuracy against optimizer steps and
-against training wall-clock, and the step and time at which each method reaches the baseline's peak.
+against training wall-clock, the step and time at which each method reaches the baseline's peak,
+and two robust summaries (AUC, final accuracy) over seeds and paired against the baseline by seed.
 
     podsrl compare                                    # the embedded default (= configs/compare.toml)
-    podsrl compare configs/compare-2digit.toml --seeds 3 --out runs/compare-2digit
+    podsrl compare configs/compare-2digit.toml --out runs/compare-2digit
+    podsrl compare configs/compare-2digit.toml --seeds 3,grpo=5 --out runs/compare-2digit
     podsrl compare my.toml --seeds 3 --methods grpo,pods_max_variance --out runs/cmp
     podsrl compare my.toml --out runs/cmp --parallel 4 --devices 0,1,2,3   # one run per GPU
     podsrl compare my.toml --out runs/cmp --report-only
@@ -13,7 +15,8 @@ against training wall-clock, and the step and time at which each method reaches 
 ``eval.every_seconds`` how often the held-out set is scored) and a ``[compare]`` table::
 
     [compare]
-    seeds = 2                   # seeds per method
+    seeds = 2                   # seeds per method (indices 0, 1)
+    seeds_per_method = { pods_max_variance = 5 }   # optional: other counts for some methods
     baseline = "grpo"           # the method whose peak sets the target (default "grpo")
     target_fraction = 0.99      # the target is this fraction of the baseline's peak
     [compare.methods]
@@ -21,7 +24,11 @@ against training wall-clock, and the step and time at which each method reaches 
     pods_max_variance = { "select.rule" = "max_variance", "rollout.n" = 16, "select.m" = 4 }
 
 Each method is a table of dotted overrides applied over the base. ``--section.key=value`` on the
-command line changes the base (methods still override it). Without a file, or without
+command line changes the base (methods still override it). Seeds: every method trains
+``seeds`` seeds unless ``seeds_per_method`` names it (a method not in ``[compare.methods]``, or a
+count that is not a whole number >= 1, is a ConfigError); on the command line ``--seeds N`` gives
+every method N seeds (replacing the file's whole seed plan), ``--seeds grpo=5,d3s_intra=5`` changes
+only those methods over the file's plan, and ``--seeds 3,grpo=5`` does both. Without a file, or without
 ``[compare.methods]``, the default methods (:data:`DEFAULT_COMPARE`) are used. Methods may not
 change what must be shared for the comparison to mean anything: the task, the rewards, the
 evaluation protocol, the budget and the seed. Every method's resolved config is built before any
@@ -44,7 +51,9 @@ training randomness (prompt order, sampling, tie-breaking) varies, and with samp
 Re-running the same command resumes: a finished run (``done.json`` written after ``train``
 returned, or an evaluation at the budget in its eval.jsonl) is skipped, an interrupted one
 continues from its last checkpoint, one interrupted before its first checkpoint starts over;
-``--seeds`` higher than before adds only the new seeds. A run directory whose config differs from
+``--seeds`` (or a method's ``seeds_per_method``) higher than before adds only the new seeds. The
+report reads only a run's small files (config.toml, eval.jsonl, metrics.jsonl, launch.jsonl,
+done.json), so ``--report-only`` rebuilds it from a results directory without checkpoints. A run directory whose config differs from
 what the plan now asks for (other than the budget, which may be raised to extend a comparison) is
 an error, not silently reused. Sequential runs' wall-clocks are comparable only if the machine's
 load is the same throughout; run comparisons on an otherwise idle machine.
@@ -75,6 +84,20 @@ Choices made where the paper is silent (it reports one run per method):
   target, not interpolated between evaluations (the paper reads evaluation points). None if never
   reached. When the untrained model (step 0) already meets the target, no speed-up is measurable:
   the speedup is None with a note.
+- **Robust summaries** (the threshold rule is fragile on a flat plateau: one evaluation a little
+  above or below 99% of the peak moves the step to target by a whole evaluation interval). Per
+  seed, the **AUC**, the area under the accuracy-vs-step curve, is the mean held-out accuracy over
+  the run's evaluations after step 0 (equal weight per evaluation; with evaluations every k steps
+  it is the right-endpoint Riemann sum of the curve divided by the budget; step 0 is left out
+  because it is the untrained model, the same for every method), and the **final accuracy** is
+  the accuracy at its last evaluation (at the budget). Each is reported as the mean over the
+  method's seeds with a Student-t 95% interval.
+- **Paired differences.** Seed index k is the same training seed in every method (same prompt
+  order, same evaluation problems), so method minus baseline is taken seed by seed, over the k
+  seeds both finished, with the paired t-interval mean(d) +- t_{0.975, k-1} s_d / sqrt(k)
+  (:mod:`podsrl.intervals`). compare.json (``paired_vs_baseline``, ``paired_excluding_zero``), the
+  table (a star) and its notes say which differences exclude zero. Methods with more seeds than
+  the baseline are paired over the seeds they share; their unpaired summaries use all their seeds.
 - **Intervals.** The peak's 95% interval is a Student-t interval over the seeds' accuracies at the
   peak point (mean +- t_{0.975, k-1} s / sqrt(k)). The step's and the time's 95% intervals are
   Student-t intervals over the seeds' own first evaluations at or above the target (each seed's
@@ -83,11 +106,19 @@ Choices made where the paper is silent (it reports one run per method):
   plot's band is then that run's own Wilson interval per evaluation.
 
 **Output** in OUT: ``compare.json`` (per method: settings, peak and interval, steps and time to
-target with intervals and per seed, speedups on both axes, steps, median seconds per step and of
+target with intervals and per seed, speedups on both axes, AUC and final accuracy with intervals
+and per seed, the paired differences against the baseline, steps, median seconds per step and of
 its generate and update phases from each run's metrics.jsonl, the mean curves on both axes and
-every run's curve; the device sharing), ``compare.png`` (two panels: accuracy against optimizer
-steps and against training minutes, seed mean and 95% band, one line per method, the target dotted,
-each method's first point at it marked) and a printed table (:mod:`podsrl.compare.table`).
+every run's curve; the device sharing; the definitions of every summary), ``compare.png`` (four
+panels: accuracy against optimizer steps and against training minutes, seed mean and 95% band,
+one line per method, the target dotted, each method's first point at it marked; below them the
+paired AUC and final-accuracy differences against the baseline as intervals, every seed's
+difference a dot) and the printed tables (:mod:`podsrl.compare.table`): both axes, then the
+robust summaries and paired differences.
+
+The module layout: :mod:`~podsrl.compare.plan` (what to run), :mod:`~podsrl.compare.layout` (the
+run directories), :mod:`~podsrl.compare.runs` (training them), :mod:`~podsrl.compare.stats` (pure
+math), :mod:`~podsrl.compare.report`, :mod:`~podsrl.compare.table`, :mod:`~podsrl.compare.plots`.
 """
 
 from __future__ import annotations
@@ -95,19 +126,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from podsrl.compare.layout import DONE_FILE, LAUNCH_FILE, budget, is_finished, mark_done, read_launches, run_dir, run_status
 from podsrl.compare.plan import DEFAULT_COMPARE, DEFAULT_METHODS, Method, Plan, load_plan, resolve
 from podsrl.compare.plots import plot_report
 from podsrl.compare.report import PHASES, build_report, primary_axis, write_report
-from podsrl.compare.runs import DONE_FILE, LAUNCH_FILE, RunFailed, _budget, is_finished, read_launches, run_all, run_dir, run_status
-from podsrl.compare.stats import AXES, Curve, _t975, first_reach, mean_curve, peak, seed_first_reach, speedup, t_interval
-from podsrl.errors import ConfigError
+from podsrl.compare.runs import RunFailed, run_all
+from podsrl.compare.stats import (
+    AXES, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup,
+)  # fmt: skip
 from podsrl.compare.table import format_table
+from podsrl.errors import ConfigError
+from podsrl.intervals import paired_t_interval, t_interval
 
 __all__ = [
     "AXES", "DEFAULT_COMPARE", "DEFAULT_METHODS", "DONE_FILE", "LAUNCH_FILE", "PHASES", "Curve", "Method", "Plan",
-    "RunFailed", "build_report", "first_reach", "format_table", "is_finished", "load_plan", "main", "mean_curve", "peak",
+    "RunFailed", "Summary", "auc", "budget", "build_report", "final_accuracy", "first_reach", "format_table",
+    "is_finished", "load_plan", "main", "mark_done", "mean_curve", "paired_difference", "paired_t_interval", "peak",
     "parse_devices", "plot_report", "primary_axis", "read_launches", "resolve", "run_all", "run_dir", "run_status",
-    "seed_first_reach", "speedup", "t_interval", "write_report", "_budget", "_t975",
+    "seed_first_reach", "speedup", "t_interval", "write_report",
 ]  # fmt: skip
 
 

@@ -2,7 +2,14 @@
 every method x seed's resolved Config is built and validated before any training.
 
 The budget is the base's ``train.max_steps`` and/or ``train.max_seconds`` (whichever comes first,
-as in ``podsrl train``), the same for every method."""
+as in ``podsrl train``), the same for every method.
+
+Seeds: ``[compare] seeds = K`` gives every method K seeds (indices 0..K-1); ``seeds_per_method =
+{ grpo = 5, ... }`` gives the named methods another count, so one file states a mixed plan (5 seeds
+where a claim rests, 3 elsewhere). On the command line ``--seeds`` takes ``N`` (every method N
+seeds: the file's per-method counts are dropped), ``NAME=K,...`` (only those methods change,
+over the file's plan) or both, ``--seeds 3,grpo=5``. Seed index k is the same training seed
+(base train.seed + k) in every method, which is what pairs a method's seed k with the baseline's."""
 
 from __future__ import annotations
 
@@ -43,10 +50,7 @@ DEFAULT_COMPARE: dict[str, Any] = {
 
 # What a method may not override: the comparison's shared ground.
 _SHARED_PREFIXES = ("task.", "reward.", "eval.", "train.seed", "train.max_seconds", "train.max_steps")
-# Settings that may differ between a run directory's config and the plan: the budget (raising it
-# extends a comparison) and cosmetics.
-_MAY_DIFFER = {"train.max_seconds", "train.max_steps", "train.progress", "train.out_dir"}
-_COMPARE_KEYS = {"seeds", "baseline", "target_fraction", "methods"}
+_COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "methods"}
 
 
 @dataclass(frozen=True)
@@ -60,10 +64,15 @@ class Plan:
     base: dict[str, Any]  # config sections (no [compare]), CLI overrides applied
     methods: list[Method]  # the ones to run and report, in order
     all_methods: dict[str, Method]
-    seeds: int
+    seeds: int  # seeds per method, unless seeds_per_method names it
     baseline: str
     target_fraction: float = 0.99
+    seeds_per_method: dict[str, int] = field(default_factory=dict)  # method -> its own seed count
     configs: dict[tuple[str, int], Config] = field(default_factory=dict, repr=False)
+
+    def n_seeds(self, method: str) -> int:
+        """How many seeds (indices 0..n-1) ``method`` trains and reports."""
+        return self.seeds_per_method.get(method, self.seeds)
 
     def config(self, method: str, seed: int) -> Config:
         if (method, seed) not in self.configs:
@@ -75,11 +84,13 @@ def load_plan(
     path: str | Path | None = None,
     overrides: list[str] = (),
     *,
-    seeds: int | None = None,
+    seeds: int | str | None = None,
     methods: str | list[str] | None = None,
 ) -> Plan:
     """Read and validate a comparison: every method's config (seed 0) is built here, so a bad
-    setting fails before any training. ``methods``: a subset, comma-separated or a list."""
+    setting fails before any training. ``seeds``: the command line's ``--seeds`` (a number, or
+    ``"3,grpo=5"``: see the module docstring), over the file's. ``methods``: a subset,
+    comma-separated or a list."""
     if path is None:
         data = copy.deepcopy(DEFAULT_COMPARE)
     else:
@@ -94,16 +105,13 @@ def load_plan(
             raise ConfigError(f"comparison file {path}: invalid TOML: {err}") from err
     table = data.pop("compare", {})
     if not isinstance(table, dict):
-        raise ConfigError("[compare] must be a table with seeds, baseline, target_fraction and methods")
+        raise ConfigError("[compare] must be a table with seeds, seeds_per_method, baseline, target_fraction and methods")
     unknown = set(table) - _COMPARE_KEYS
     if unknown:
         raise ConfigError(f"unknown setting compare.{sorted(unknown)[0]}; valid settings in [compare]: {', '.join(sorted(_COMPARE_KEYS))}")
     for key, raw in config_mod.parse_overrides(overrides):
         config_mod.set_dotted(data, key, raw, from_text=True)
 
-    n_seeds = seeds if seeds is not None else table.get("seeds", DEFAULT_COMPARE["compare"]["seeds"])
-    if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
-        raise ConfigError(f"compare.seeds: must be a whole number >= 1, got {n_seeds!r}")
     fraction = table.get("target_fraction", 0.99)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise ConfigError(f"compare.target_fraction: must be in (0, 1], got {fraction!r}")
@@ -118,6 +126,7 @@ def load_plan(
     baseline = table.get("baseline", "grpo")
     if baseline not in all_methods:
         raise ConfigError(f"compare.baseline: {baseline!r} is not a method; methods: {', '.join(all_methods)}")
+    n_seeds, per_method = _seed_plan(table, seeds, all_methods)
 
     if methods is None:
         chosen = list(all_methods)
@@ -131,10 +140,54 @@ def load_plan(
     if not (base_cfg.eval.every_seconds or base_cfg.eval.every_steps):
         raise ConfigError("eval.every_seconds: a comparison needs held-out evaluations during training; set eval.every_seconds (or eval.every_steps)")
     plan = Plan(base=data, methods=[all_methods[m] for m in chosen], all_methods=all_methods, seeds=n_seeds,
-                baseline=baseline, target_fraction=float(fraction))  # fmt: skip
+                baseline=baseline, target_fraction=float(fraction), seeds_per_method=per_method)  # fmt: skip
     for method in all_methods.values():  # every method, chosen or not: a typo fails now
         plan.config(method.name, 0)
     return plan
+
+
+def _seed_plan(table: dict[str, Any], cli: int | str | None, methods: dict[str, Method]) -> tuple[int, dict[str, int]]:
+    """(default seed count, {method: its own count}) from [compare] and --seeds."""
+    default = _seed_count(table.get("seeds", DEFAULT_COMPARE["compare"]["seeds"]), "compare.seeds")
+    raw = table.get("seeds_per_method", {})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"compare.seeds_per_method: give a table of method = number of seeds, e.g. {{ grpo = 5 }}; got {raw!r}")
+    per_method = {name: _seed_count(k, f"compare.seeds_per_method.{name}") for name, k in raw.items()}
+    where = "compare.seeds_per_method"
+    if cli is not None:
+        where = "--seeds"
+        cli_default, cli_named = _parse_seeds_option(cli)
+        if cli_default is not None:  # a number on the command line is every method's count
+            default, per_method = cli_default, {}
+        per_method.update(cli_named)
+    for name in per_method:
+        if name not in methods:
+            raise ConfigError(f"{where}: {name!r} is not a method; methods: {', '.join(methods)}")
+    return default, {name: k for name, k in per_method.items() if k != default}
+
+
+def _parse_seeds_option(value: int | str) -> tuple[int | None, dict[str, int]]:
+    """``--seeds``: 5 -> (5, {}); "3,grpo=5" -> (3, {"grpo": 5}); "grpo=5" -> (None, {"grpo": 5})."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _seed_count(value, "--seeds"), {}
+    usage = "give a number of seeds for every method and/or METHOD=K for some, e.g. --seeds 3 or --seeds 3,grpo=5"
+    default, named = None, {}
+    for part in (p.strip() for p in str(value).split(",")):
+        name, eq, count = (s.strip() for s in part.partition("="))
+        text = count if eq else name
+        if not text.isdigit() or (eq and not name) or (not eq and default is not None) or name in named:
+            raise ConfigError(f"--seeds: {usage}; got {value!r}")
+        if eq:
+            named[name] = _seed_count(int(text), f"--seeds {name}")
+        else:
+            default = _seed_count(int(text), "--seeds")
+    return default, named
+
+
+def _seed_count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: must be a whole number >= 1, got {value!r}")
+    return value
 
 
 def resolve(base: dict[str, Any], method: Method, seed: int) -> Config:

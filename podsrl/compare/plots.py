@@ -1,6 +1,9 @@
-"""compare.png: held-out accuracy against optimizer steps (left) and against training wall-clock
-(right), seed mean and 95% band per method, the target dotted, and each method's first point at the
-target marked."""
+"""compare.png, four panels. Top: held-out accuracy against optimizer steps (left; the curve whose
+area is the AUC) and against training wall-clock (right), seed mean and 95% band per method, the
+target dotted, and each method's first point at the target marked. Bottom: each method minus the
+baseline, paired by seed, in accuracy points: AUC (left) and final accuracy (right), the mean with
+its paired 95% t-interval, every seed's own difference as a dot, zero dashed; an interval that
+excludes zero is drawn solid and labelled with a star."""
 
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, constrained_layout=True)
+    fig, grid = plt.subplots(2, 2, figsize=(13, 9.5), constrained_layout=True, gridspec_kw={"height_ratios": [5, 3.5]})
+    axes = grid[0]
+    axes[1].sharey(axes[0])
     shared = report.get("device_sharing", {}).get("runs_per_device", 1) > 1
     target = report["target_accuracy"]
     for ax, (axis, reach_key, xlabel, scale) in zip(axes, _PANELS):
@@ -49,10 +54,50 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     seeds = {len(e["runs"]) for e in report["methods"].values()}
     band = "95% t-band over seeds" if seeds != {1} else "band: the run's Wilson 95% interval (1 seed)"
     axes[0].set_ylabel("held-out accuracy %")
-    fig.suptitle(f"held-out accuracy, seed mean ({band})")
+    fig.suptitle(f"held-out accuracy, seed mean ({band}); below: method - {report['baseline']} paired by seed "
+                 "(*: the 95% interval excludes 0)")  # fmt: skip
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=8)
+    colors = {name: f"C{i % 10}" for i, name in enumerate(report["methods"])}
+    for ax, what in zip(grid[1], ("auc", "final_accuracy")):
+        _plot_differences(ax, report, what, colors)
+    grid[1][0].set_title("AUC (mean accuracy over the evaluations after step 0)")
+    grid[1][1].set_title("final accuracy (at the budget)")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _plot_differences(ax, report: dict[str, Any], key: str, colors: dict[str, str]) -> None:
+    """One row per method other than the baseline: its paired differences (points) on ``key``."""
+    rows = [(name, (e.get("paired_vs_baseline") or {}).get(key)) for name, e in report["methods"].items()]
+    rows = [(name, d) for name, d in rows if d and d["mean"] is not None]
+    ax.axvline(0, color="gray", ls="--", lw=1)
+    ax.set_xlabel(f"method - {report['baseline']}, accuracy points (line: 95% paired t-interval; o: seeds)")
+    ax.grid(alpha=0.3, axis="x")
+    if not rows:
+        ax.text(0.5, 0.5, f"no paired runs of {report['baseline']} and another method", ha="center", va="center",
+                transform=ax.transAxes)  # fmt: skip
+        ax.set_yticks([])
+        return
+    labels = []
+    for y, (name, d) in enumerate(reversed(rows)):
+        color = colors[name]
+        # The seeds' own differences just below the interval, so the line does not hide them.
+        ax.plot([100 * v for v in d["per_seed"]], [y - 0.22] * len(d["per_seed"]), "o", ms=5, color=color, alpha=0.6, mfc="none")
+        interval = ""
+        if d["ci95"] is not None:
+            ax.plot([100 * v for v in d["ci95"]], [y, y], color=color, lw=3 if d["excludes_zero"] else 1.5,
+                    ls="-" if d["excludes_zero"] else (0, (4, 2)))  # fmt: skip
+            interval = f" [{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]"
+        ax.plot([100 * d["mean"]], [y], "D", ms=7, color=color)
+        k = len(d["seeds"])
+        ax.annotate(f"{100 * d['mean']:+.1f}{interval}, {k} seed{'s' * (k != 1)}", (100 * d["mean"], y), xytext=(0, 7),
+                    textcoords="offset points", ha="center", fontsize=8, color=color)  # fmt: skip
+        labels.append(f"{name}{' *' if d['excludes_zero'] else ''}")
+    ax.set_yticks(range(len(labels)), labels, fontsize=9)
+    ax.set_ylim(-0.6, len(labels) - 0.4)
+    low, high = ax.get_xlim()
+    pad = 0.05 * (high - low)
+    ax.set_xlim(min(low, -pad), max(high, pad))  # zero always in view

@@ -1,5 +1,7 @@
 """compare.json: the report rebuilt from the finished runs of a plan, on both axes (optimizer steps
-and training wall-clock)."""
+and training wall-clock), with the robust summaries (AUC and final accuracy, each over seeds and
+paired against the baseline by seed). It reads only the small run files (config.toml, eval.jsonl,
+metrics.jsonl, launch.jsonl, done.json), never checkpoints."""
 
 from __future__ import annotations
 
@@ -10,15 +12,21 @@ from typing import Any
 
 from podsrl.compare.plan import Plan
 from podsrl.compare.plots import plot_report
-from podsrl.compare.runs import _check_same_config, is_finished, read_launches, run_dir
-from podsrl.compare.stats import AXES, Curve, first_reach, mean_curve, peak, seed_first_reach, speedup, t_interval
+from podsrl.compare.layout import check_same_config, is_finished, read_launches, run_dir
+from podsrl.compare.stats import (
+    AXES, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup,
+    summarize,
+)  # fmt: skip
 from podsrl.config import Config
+from podsrl.intervals import t_interval
 from podsrl.run.metrics import read_jsonl
 from podsrl.run.rundir import write_text_atomic
 
 # Per axis, the report's key prefix: steps_to_target, time_to_target_seconds, ...
 _TO_TARGET = {"step": "steps_to_target", "train_seconds": "time_to_target_seconds"}
 _SPEEDUP = {"step": "step_speedup", "train_seconds": "speedup"}
+# The robust summaries: report key -> per-run function of its eval rows.
+SUMMARIES = {"auc": auc, "final_accuracy": final_accuracy}
 
 DEFINITIONS = {
     "peak": "max over evaluation points of the seed-mean accuracy curve (read on the axis evaluation is scheduled on: "
@@ -30,6 +38,14 @@ DEFINITIONS = {
                         "(*_to_target_per_seed); null unless every seed (at least two) reaches it",
     "speedup": "baseline time_to_target_seconds / method time_to_target_seconds",
     "step_speedup": "baseline steps_to_target / method steps_to_target",
+    "auc": "area under the accuracy-vs-step curve, as each seed's mean held-out accuracy over its evaluations after step 0 "
+           "(with evaluations every k steps: the right-endpoint Riemann sum divided by the budget), averaged over seeds; "
+           "auc_ci95: Student-t 95% interval over the seeds (mean +- t_{0.975,k-1} s / sqrt(k))",
+    "final_accuracy": "each seed's held-out accuracy at its last evaluation (at the budget), averaged over seeds; "
+                      "final_accuracy_ci95: Student-t 95% interval over the seeds",
+    "paired_vs_baseline": "per summary, method minus baseline for the same seed index (same training seed: same prompt order, "
+                          "same evaluation problems), over the seeds both finished: mean difference, paired t 95% interval "
+                          "(mean +- t_{0.975,k-1} s_d / sqrt(k)), and whether that interval excludes zero (null below 2 pairs)",
     "alignment": "seeds aligned by evaluation index when their evaluations are the same points of training (time-based "
                  "evaluation with equal counts, or the same steps), else linearly interpolated onto the union of their x",
     "commits": "the podsrl source commits the reported runs were trained with (from their launch.jsonl; '+dirty': "
@@ -81,8 +97,9 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         if entry["steps_to_target"] == 0:
             entry["note"] = "the target is met at step 0 (before training): no speedup"
         if entry["seeds_missing"] and entry["runs"]:
-            notes.append(f"{name}: {len(entry['runs'])} of {plan.seeds} seeds finished (not seed "
+            notes.append(f"{name}: {len(entry['runs'])} of {plan.n_seeds(name)} seeds finished (not seed "
                          f"{', '.join(map(str, entry['seeds_missing']))}); its row is over those")  # fmt: skip
+    notes += _paired_differences(entries, plan.baseline)
     sharing = _device_sharing(entries)
     if sharing["runs_per_device"] > 1:
         notes.append(
@@ -100,7 +117,10 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         "peak_axis": primary_axis(cfg),
         "eval_every": {"steps": cfg.eval.every_steps or None, "seconds": cfg.eval.every_seconds or None},
         "eval_problems": _eval_problems(entries),
-        "seeds": plan.seeds,
+        "seeds": {name: plan.n_seeds(name) for name in entries},
+        "paired_excluding_zero": [
+            f"{name} {key}" for name, e in entries.items() for key, d in (e["paired_vs_baseline"] or {}).items() if d["excludes_zero"]
+        ],
         "device_sharing": sharing,
         "commits": sorted({c for entry in entries.values() for run in entry["runs"] for c in run["commits"]}),
         "definitions": DEFINITIONS,
@@ -113,13 +133,13 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
     """A method's report entry (without its target numbers), its runs' eval rows and its curves."""
     cfg0 = plan.config(name, 0)
     runs, rows_per_run, missing, all_metrics = [], [], [], []
-    for seed in range(plan.seeds):
+    for seed in range(plan.n_seeds(name)):
         cfg = plan.config(name, seed)
         path = run_dir(out, name, seed)
         if not (path / "config.toml").is_file() or not is_finished(path, cfg):
             missing.append(seed)
             continue
-        _check_same_config(path, cfg)
+        check_same_config(path, cfg)
         evals = sorted(read_jsonl(path / "eval.jsonl"), key=lambda r: r["train_seconds"])
         metrics = read_jsonl(path / "metrics.jsonl")
         all_metrics += metrics
@@ -136,6 +156,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
             "accuracy": [r["accuracy"] for r in evals],
             "problems": evals[-1]["problems"] if evals else None,
             "peak_accuracy": max((r["accuracy"] for r in evals), default=None),
+            **{key: f(evals) for key, f in SUMMARIES.items()},
             "median_seconds": _median_phase_seconds(metrics),
             "device": launches[-1].get("device") if launches else None,
             "runs_per_device": max((int(r.get("runs_on_device", 1)) for r in launches), default=None),
@@ -168,6 +189,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
         "peak_step": peak_at["step"],
         "peak_train_seconds": peak_at["train_seconds"],
         "peak_per_seed": [r["peak_accuracy"] for r in runs],
+        **_summaries(runs),
         "steps": [r["steps"] for r in runs],
         "median_seconds": _median_phase_seconds(all_metrics),
         "curves": {
@@ -179,6 +201,61 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
     if ci_note:
         entry["peak_ci_note"] = ci_note
     return entry, rows_per_run, curves
+
+
+def _summaries(runs: list[dict]) -> dict[str, Any]:
+    """auc, auc_ci95, auc_per_seed, final_accuracy, ... of a method's entry."""
+    out = {}
+    for key in SUMMARIES:
+        summary = summarize({run["seed"]: run[key] for run in runs})
+        out[key] = summary.mean
+        out[f"{key}_ci95"] = list(summary.ci95) if summary.ci95 else None
+        out[f"{key}_per_seed"] = [run[key] for run in runs]
+    return out
+
+
+def _paired_differences(entries: dict[str, dict], baseline: str) -> list[str]:
+    """Set every method's ``paired_vs_baseline`` (None for the baseline itself); the notes saying
+    which differences exclude zero and which do not."""
+    base = entries.get(baseline)
+    excluding, including, notes = [], [], []
+    for name, entry in entries.items():
+        entry["paired_vs_baseline"] = None
+        if name == baseline or base is None:
+            continue
+        paired = {}
+        for key in SUMMARIES:
+            d = paired_difference(_by_seed(entry, key), _by_seed(base, key))
+            paired[key] = _summary_json(d)
+            if d.mean is None:
+                continue
+            text = f"{name} {key} {_points(d.mean)}" + (f" [{_points(d.ci95[0])}, {_points(d.ci95[1])}]" if d.ci95 else "")
+            text += f" ({len(d.seeds)} pair{'s' * (len(d.seeds) != 1)})"
+            if d.excludes_zero():
+                excluding.append(text)
+            elif d.ci95 is not None:
+                including.append(text)
+        entry["paired_vs_baseline"] = paired
+    if excluding:
+        notes.append(f"paired differences vs {baseline} (points) whose 95% interval excludes zero: {'; '.join(excluding)}")
+    if including:
+        notes.append(f"paired differences vs {baseline} (points) whose 95% interval includes zero (not resolved): "
+                     f"{'; '.join(including)}")  # fmt: skip
+    return notes
+
+
+def _by_seed(entry: dict[str, Any], key: str) -> dict[int, float | None]:
+    return {run["seed"]: run[key] for run in entry["runs"]}
+
+
+def _summary_json(d: Summary) -> dict[str, Any]:
+    return {"mean": d.mean, "ci95": list(d.ci95) if d.ci95 else None, "excludes_zero": d.excludes_zero(),
+            "seeds": d.seeds, "per_seed": d.per_seed}  # fmt: skip
+
+
+def _points(x: float) -> str:
+    """An accuracy difference in percentage points, signed: "+5.1"."""
+    return f"{100 * x:+.1f}"
 
 
 def _device_sharing(entries: dict[str, dict]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ it shared that device with, and the report then says that the wall-clock axis is
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -24,70 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podsrl.run import checkpoint as ckpt
 from podsrl import config as config_mod
-from podsrl.compare.plan import _MAY_DIFFER, Plan
+from podsrl.compare.layout import LOG_FILE, mark_done, run_dir, run_status, write_launch
+from podsrl.compare.plan import Plan
+from podsrl.compare.report import build_report, write_report
 from podsrl.config import Config
-from podsrl.envinfo import source_commit
 from podsrl.errors import ConfigError
-from podsrl.run.metrics import read_jsonl
-from podsrl.run.rundir import write_text_atomic
 
-DONE_FILE = "done.json"
-LAUNCH_FILE = "launch.jsonl"  # one line per launch of the run: device, parallel, runs_on_device, exit_code, commit
-LOG_FILE = "train.log"  # a child's output when runs go in parallel (one run at a time: passed through)
 _POLL_SECONDS = 0.5
-
-
-def run_dir(out: Path, method: str, seed: int) -> Path:
-    return Path(out) / "runs" / method / f"seed{seed}"
-
-
-def run_status(path: Path, cfg: Config) -> str:
-    """"new", "done", "resume" (has a checkpoint) or "restart" (started, no checkpoint)."""
-    path = Path(path)
-    if not (path / "config.toml").is_file():
-        return "new"
-    _check_same_config(path, cfg)
-    if is_finished(path, cfg):
-        return "done"
-    return "resume" if ckpt.latest(path) is not None else "restart"
-
-
-def is_finished(path: Path, cfg: Config) -> bool:
-    """Trained to ``cfg``'s budget: our done marker for that budget, or an evaluation at the budget
-    (a periodic evaluation never happens at or past the budget, so it is the final one)."""
-    done = Path(path) / DONE_FILE
-    if done.is_file() and json.loads(done.read_text()) == _budget(cfg):
-        return True
-    evals = read_jsonl(Path(path) / "eval.jsonl")
-    if not evals:
-        return False
-    last, t = evals[-1], cfg.train
-    return bool((t.max_seconds and last["train_seconds"] >= t.max_seconds) or (t.max_steps and last["step"] >= t.max_steps))
-
-
-def _budget(cfg: Config) -> dict[str, Any]:
-    return {"max_seconds": cfg.train.max_seconds, "max_steps": cfg.train.max_steps}
-
-
-def _check_same_config(path: Path, cfg: Config) -> None:
-    try:
-        existing = config_mod.load(path / "config.toml").to_dict()
-    except ConfigError as err:
-        raise ConfigError(f"{path}: its config.toml does not load ({err}); use another --out or delete that run") from None
-    wanted = cfg.to_dict()
-    differ = [
-        f"{section}.{key}"
-        for section, values in wanted.items()
-        for key, value in values.items()
-        if f"{section}.{key}" not in _MAY_DIFFER and existing.get(section, {}).get(key) != value
-    ]
-    if differ:
-        raise ConfigError(
-            f"{path} was trained with a different config ({', '.join(differ)} differ from the plan); "
-            "use another --out for a changed comparison, or delete that run directory"
-        )
 
 
 class RunFailed(Exception):
@@ -115,13 +58,12 @@ def run_all(
     that run. ``False`` trains in this process (tests, debugging), one run at a time.
     ``parallel``: how many runs train at once (child processes). ``devices``: GPU indices, each
     run pinned to one with CUDA_VISIBLE_DEVICES (the least loaded, first on ties)."""
-    from podsrl.compare.report import build_report, write_report  # report reads run directories: imported here
-
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ConfigError(f"--parallel: must be a whole number >= 1, got {parallel!r}")
     if not isolate and (parallel > 1 or devices):
         raise ConfigError("--parallel and --devices run every run in a process of its own; drop --in-process")
-    jobs = [(seed, m.name) for seed in range(plan.seeds) for m in plan.methods]
+    most = max(plan.n_seeds(m.name) for m in plan.methods)
+    jobs = [(seed, m.name) for seed in range(most) for m in plan.methods if seed < plan.n_seeds(m.name)]
     todo = []
     for i, (seed, name) in enumerate(jobs, 1):
         cfg = plan.config(name, seed)
@@ -138,7 +80,7 @@ def run_all(
         _check_pinnable(todo, devices)
 
     def finished(job: _Job) -> None:
-        write_text_atomic(job.path / DONE_FILE, json.dumps(_budget(job.cfg)))
+        mark_done(job.path, job.cfg)
         write_report(build_report(plan, out), out)
 
     if not isolate:
@@ -147,7 +89,7 @@ def run_all(
         for job in todo:
             log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}, budget {budget_text(job.cfg)} -> {job.path}")
             train(job.cfg, run_dir=job.path, resume=job.resume, log=log)
-            _write_launch(job.path, device=None, parallel=1, runs_on_device=1, exit_code=0)
+            write_launch(job.path, device=None, parallel=1, runs_on_device=1, exit_code=0)
             finished(job)
         return
     _run_pool(todo, parallel=parallel, devices=devices, log=log, on_success=finished)
@@ -259,7 +201,7 @@ def _end(job: _Job, parallel: int) -> int:
     if job.output is not None:
         job.output.close()
     job.tmp.cleanup()
-    _write_launch(job.path, device=job.device, parallel=parallel, runs_on_device=job.runs_on_device, exit_code=rc)
+    write_launch(job.path, device=job.device, parallel=parallel, runs_on_device=job.runs_on_device, exit_code=rc)
     return rc
 
 
@@ -293,18 +235,6 @@ def _check_pinnable(todo: list[_Job], devices: list[str]) -> None:
                 f"--devices pins each run to one GPU with CUDA_VISIBLE_DEVICES, which its model.device={device!r} "
                 f"({job.what}) contradicts; set model.device to auto or cuda"
             )
-
-
-def _write_launch(path: Path, **record: Any) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    record["commit"] = source_commit()  # the podsrl source that trained it (None outside a git checkout)
-    with open(path / LAUNCH_FILE, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def read_launches(path: Path) -> list[dict]:
-    """The run's launch records, oldest first ([] for a run made before they were kept)."""
-    return read_jsonl(Path(path) / LAUNCH_FILE)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

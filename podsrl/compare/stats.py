@@ -1,5 +1,6 @@
 """Report math, pure: lists of eval rows in, numbers out (seed-mean curves on either axis, peaks,
-first points at a target, Student-t intervals).
+first points at a target, the robust summaries of a run and paired differences between methods).
+The intervals themselves are :mod:`podsrl.intervals`'.
 
 An eval row is one line of a run's eval.jsonl: ``step``, ``train_seconds``, ``accuracy`` (and
 ``ci_low``/``ci_high``, its Wilson interval). A curve is read on one of two axes (:data:`AXES`):
@@ -8,16 +9,14 @@ optimizer steps or training wall-clock seconds (evaluation excluded).
 
 from __future__ import annotations
 
-import bisect
-import math
 import statistics
 from dataclasses import dataclass
 
-AXES = ("step", "train_seconds")  # x of a curve: optimizer steps, training wall-clock seconds
+import numpy as np
 
-# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (no scipy dependency).
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+from podsrl.intervals import paired_t_interval, t_interval
+
+AXES = ("step", "train_seconds")  # x of a curve: optimizer steps, training wall-clock seconds
 
 
 @dataclass
@@ -31,23 +30,6 @@ class Curve:
     band_high: list[float]  # [P]
     aligned_by: str  # "index" or "interpolation"
     axis: str = "train_seconds"  # one of AXES
-
-
-def t_interval(values: list[float]) -> tuple[float, float] | None:
-    """95% Student-t interval for the mean of ``values``; None for fewer than two."""
-    k = len(values)
-    if k < 2:
-        return None
-    mean = statistics.fmean(values)
-    half = _t975(k - 1) * statistics.stdev(values) / math.sqrt(k)
-    return mean - half, mean + half
-
-
-def _t975(df: int) -> float:
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959964  # Cornish-Fisher expansion in 1/df; within 1e-3 of the exact quantile for df > 30
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def aligned_by_index(runs: list[list[dict]], *, time_based_eval: bool) -> bool:
@@ -82,26 +64,12 @@ def mean_curve(runs: list[list[dict]], *, time_based_eval: bool, axis: str = "tr
         lo = max(r[0][axis] for r in runs)
         hi = min(r[-1][axis] for r in runs)
         xs = sorted({row[axis] for r in runs for row in r if lo <= row[axis] <= hi})
-        per_seed = [_interp(xs, [row[axis] for row in r], [row["accuracy"] for row in r]) for r in runs]
+        # np.interp holds the ends constant; xs lies inside every seed's range, so it never has to.
+        per_seed = [np.interp(xs, [row[axis] for row in r], [row["accuracy"] for row in r]).tolist() for r in runs]
         aligned = "interpolation"
     mean = [statistics.fmean(col) for col in zip(*per_seed)]
     bands = [t_interval(list(col)) for col in zip(*per_seed)]
     return Curve(xs, mean, per_seed, [b[0] for b in bands], [b[1] for b in bands], aligned, axis)
-
-
-def _interp(x: list[float], xp: list[float], fp: list[float]) -> list[float]:
-    """Piecewise-linear interpolation of (xp, fp) at x; xp ascending, ends held constant."""
-    out = []
-    for t in x:
-        j = bisect.bisect_right(xp, t)  # xp[j-1] <= t < xp[j]
-        if j == 0:
-            out.append(fp[0])
-        elif j == len(xp):
-            out.append(fp[-1])
-        else:
-            w = (t - xp[j - 1]) / (xp[j] - xp[j - 1])
-            out.append(fp[j - 1] + w * (fp[j] - fp[j - 1]))
-    return out
 
 
 def peak(curve: Curve) -> tuple[int, float] | None:
@@ -134,3 +102,55 @@ def speedup(baseline_x: float | None, method_x: float | None) -> float | None:
     if baseline_x is None or method_x is None or baseline_x <= 0 or method_x <= 0:
         return None
     return baseline_x / method_x
+
+
+# ----------------------------------------------------------------------------------- robust summaries
+
+
+def auc(rows: list[dict]) -> float | None:
+    """The run's area under its accuracy-vs-step curve, as the mean held-out accuracy over its
+    evaluations after step 0 (None if it has none). With evaluations every k steps up to the
+    budget this is the right-endpoint Riemann sum of the curve divided by the budget; unlike the
+    first step at a threshold it uses every evaluation, so one lucky or unlucky point on a plateau
+    moves it by 1/(number of evaluations) of its size, not by a whole evaluation interval."""
+    after = [row["accuracy"] for row in rows if row["step"] > 0]
+    return statistics.fmean(after) if after else None
+
+
+def final_accuracy(rows: list[dict]) -> float | None:
+    """Held-out accuracy at the run's last evaluation (for a finished run: at the budget)."""
+    if not rows:
+        return None
+    return max(rows, key=lambda row: (row["step"], row["train_seconds"]))["accuracy"]
+
+
+@dataclass
+class Summary:
+    """A per-seed quantity of one method over its seeds: the mean and its 95% Student-t interval."""
+
+    seeds: list[int]  # [k] seed indices
+    per_seed: list[float]  # [k]
+    mean: float | None
+    ci95: tuple[float, float] | None  # None for fewer than two seeds
+
+    def excludes_zero(self) -> bool | None:
+        """Whether the interval lies wholly above or below 0; None without an interval."""
+        if self.ci95 is None:
+            return None
+        return self.ci95[0] > 0 or self.ci95[1] < 0
+
+
+def summarize(by_seed: dict[int, float | None]) -> Summary:
+    """Mean and t-interval over the seeds with a value."""
+    seeds = sorted(s for s, v in by_seed.items() if v is not None)
+    values = [by_seed[s] for s in seeds]
+    return Summary(seeds, values, statistics.fmean(values) if values else None, t_interval(values))
+
+
+def paired_difference(method: dict[int, float | None], baseline: dict[int, float | None]) -> Summary:
+    """Method minus baseline seed by seed, over the seeds both have; the interval is the paired
+    t-interval, mean(d) +- t_{0.975, k-1} s_d / sqrt(k) (:func:`podsrl.intervals.paired_t_interval`)."""
+    seeds = sorted({s for s, v in method.items() if v is not None} & {s for s, v in baseline.items() if v is not None})
+    a, b = [method[s] for s in seeds], [baseline[s] for s in seeds]
+    diffs = [x - y for x, y in zip(a, b)]
+    return Summary(seeds, diffs, statistics.fmean(diffs) if diffs else None, paired_t_interval(a, b))

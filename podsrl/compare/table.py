@@ -1,6 +1,8 @@
-"""The printed table: per method, the peak with its interval, the step and the training time at
-which the seed mean first reaches the target (95% intervals over the seeds' own first points), the
-speedups on both axes, and the cost of a step."""
+"""The printed tables. First, per method: the peak with its interval, the step and the training time
+at which the seed mean first reaches the target (95% intervals over the seeds' own first points),
+the speedups on both axes, and the cost of a step. Second, the robust summaries: AUC and final
+accuracy with their intervals over seeds, and each method minus the baseline paired by seed with
+the paired t-interval, starred where it excludes zero. The report's notes follow."""
 
 from __future__ import annotations
 
@@ -51,9 +53,7 @@ def format_table(report: dict[str, Any]) -> str:
             ", ".join(map(str, e["steps"])) or "-",
             _format_phases(e.get("median_seconds") or {}),
         ))  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = _grid(rows)
     head = []
     budget = " or ".join(
         ([f"{report['budget_steps']} steps"] if report.get("budget_steps") else [])
@@ -66,4 +66,51 @@ def format_table(report: dict[str, Any]) -> str:
         )
     head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
                 "first evaluations at it]; speedup: the baseline's over the method's")  # fmt: skip
-    return "\n".join(head + lines + [f"note: {n}" for n in report["notes"]])
+    return "\n".join(head + lines + [""] + _summary_table(report) + [f"note: {n}" for n in report["notes"]])
+
+
+def _grid(rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns, a rule under the header row."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _summary_table(report: dict[str, Any]) -> list[str]:
+    base = report["baseline"]
+    rows = [("method", "seeds", "AUC % [95% CI]", "final acc % [95% CI]", f"AUC - {base}, points [paired 95% CI]",
+             f"final - {base}, points [paired 95% CI]")]  # fmt: skip
+    for name, e in report["methods"].items():
+        paired = e.get("paired_vs_baseline") or {}
+        rows.append((
+            name, str(len(e["runs"])),
+            _mean_ci(e["auc"], e["auc_ci95"]), _mean_ci(e["final_accuracy"], e["final_accuracy_ci95"]),
+            _difference(paired.get("auc"), name == base), _difference(paired.get("final_accuracy"), name == base),
+        ))  # fmt: skip
+    head = [f"robust summaries: AUC = mean accuracy over the evaluations after step 0; final = at the budget; "
+            f"differences: method - {base} for the same seed (* = the paired interval excludes zero)"]  # fmt: skip
+    return head + _grid(rows)
+
+
+def _mean_ci(mean: float | None, ci: list[float] | None) -> str:
+    """"40.9 [35.2, 46.6]" (percent, the interval clipped to [0, 100]), "40.9 (1 seed)", or "-"."""
+    if mean is None:
+        return "-"
+    if not ci:
+        return f"{100 * mean:.1f} (1 seed)"
+    low, high = (100 * min(1.0, max(0.0, v)) for v in ci)
+    return f"{100 * mean:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def _difference(d: dict[str, Any] | None, is_baseline: bool) -> str:
+    """"+5.1 [1.2, 9.0]* (5)" in points with the number of pairs; "(baseline)"; or "-"."""
+    if is_baseline:
+        return "(baseline)"
+    if not d or d["mean"] is None:
+        return "-"
+    k = len(d["seeds"])
+    if d["ci95"] is None:
+        return f"{100 * d['mean']:+.1f} ({k} pair, no CI)"
+    low, high = (100 * v for v in d["ci95"])
+    return f"{100 * d['mean']:+.1f} [{low:+.1f}, {high:+.1f}]{'*' if d['excludes_zero'] else ''} ({k})"

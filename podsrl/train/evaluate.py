@@ -25,6 +25,7 @@ import torch
 from podsrl.train.distributed import Dist
 from podsrl.engines import Engine, Sampling
 from podsrl.grading.rewards import correctness
+from podsrl.intervals import normal_interval, wilson_interval
 from podsrl.tasks import Example
 
 
@@ -44,16 +45,6 @@ class EvalResult:
 
     def summary(self) -> str:
         return f"{100 * self.accuracy:.1f}% [95% CI {100 * self.ci_low:.1f}-{100 * self.ci_high:.1f}] on {self.problems} problems"
-
-
-def wilson_interval(successes: int, total: int, z: float = 1.959964) -> tuple[float, float]:
-    if total == 0:
-        return 0.0, 1.0
-    p = successes / total
-    denom = 1 + z * z / total
-    centre = (p + z * z / (2 * total)) / denom
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def pass_at_k(samples: int, correct: int, k: int) -> float:
@@ -98,9 +89,7 @@ def evaluate(
     if samples == 1:
         low, high = wilson_interval(round(sum(means)), len(means))
     else:
-        var = sum((x - accuracy) ** 2 for x in means) / max(1, len(means) - 1)
-        half = 1.959964 * math.sqrt(var / len(means))
-        low, high = max(0.0, accuracy - half), min(1.0, accuracy + half)
+        low, high = normal_interval(means)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
     passes = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in correct) / len(examples) for k in ks}
     completions = len(examples) * samples

@@ -1,0 +1,101 @@
+"""The run layout of a comparison: where a method x seed's run lives, which files say what about it,
+and whether it may be reused. Read by the runner (:mod:`podsrl.compare.runs`) and the report
+(:mod:`podsrl.compare.report`); it imports neither.
+
+    OUT/runs/<method>/seed<k>/     an ordinary ``podsrl train`` run directory (config.toml,
+                                   metrics.jsonl, eval.jsonl, checkpoints/) plus
+        done.json                  {"max_seconds": ..., "max_steps": ...}: trained to this budget
+        launch.jsonl               one line per launch: device, parallel, runs_on_device, exit_code, commit
+        train.log                  the run's output when runs go in parallel
+
+A run is finished when its ``done.json`` names the plan's budget, or when its last evaluation is at
+the budget (a periodic evaluation never happens at or past it, so that one is the final one; this
+also recognises a run trained by ``podsrl train`` itself). Neither needs a checkpoint: a results
+directory holding only the small files reports like the original.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from podsrl import config as config_mod
+from podsrl.config import Config
+from podsrl.envinfo import source_commit
+from podsrl.errors import ConfigError
+from podsrl.run import checkpoint as ckpt
+from podsrl.run.metrics import read_jsonl
+from podsrl.run.rundir import BUDGET, config_differences, write_text_atomic
+
+DONE_FILE = "done.json"
+LAUNCH_FILE = "launch.jsonl"
+LOG_FILE = "train.log"  # a child's output when runs go in parallel (one run at a time: passed through)
+# Settings in which a run directory's config may differ from the plan's: the budget (raising it
+# extends a comparison; is_finished then says the run is not finished) and cosmetics.
+MAY_DIFFER = frozenset({*BUDGET, "train.progress", "train.out_dir"})
+
+
+def run_dir(out: Path, method: str, seed: int) -> Path:
+    return Path(out) / "runs" / method / f"seed{seed}"
+
+
+def run_status(path: Path, cfg: Config) -> str:
+    """"new", "done", "resume" (has a checkpoint) or "restart" (started, no checkpoint)."""
+    path = Path(path)
+    if not (path / "config.toml").is_file():
+        return "new"
+    check_same_config(path, cfg)
+    if is_finished(path, cfg):
+        return "done"
+    return "resume" if ckpt.latest(path) is not None else "restart"
+
+
+def is_finished(path: Path, cfg: Config) -> bool:
+    """Trained to ``cfg``'s budget: our done marker for that budget, or an evaluation at the budget."""
+    done = Path(path) / DONE_FILE
+    if done.is_file() and json.loads(done.read_text()) == budget(cfg):
+        return True
+    evals = read_jsonl(Path(path) / "eval.jsonl")
+    if not evals:
+        return False
+    last, t = evals[-1], cfg.train
+    return bool((t.max_seconds and last["train_seconds"] >= t.max_seconds) or (t.max_steps and last["step"] >= t.max_steps))
+
+
+def budget(cfg: Config) -> dict[str, Any]:
+    """What ``done.json`` records: the budget the run was trained to."""
+    return {"max_seconds": cfg.train.max_seconds, "max_steps": cfg.train.max_steps}
+
+
+def mark_done(path: Path, cfg: Config) -> None:
+    """Write the run's ``done.json`` for ``cfg``'s budget."""
+    write_text_atomic(Path(path) / DONE_FILE, json.dumps(budget(cfg)))
+
+
+def check_same_config(path: Path, cfg: Config) -> None:
+    """Refuse a run directory trained with another config than ``cfg`` (other than MAY_DIFFER)."""
+    try:
+        existing = config_mod.load(Path(path) / "config.toml")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: its config.toml does not load ({err}); use another --out or delete that run") from None
+    differ = {name: values for name, values in config_differences(existing, cfg).items() if name not in MAY_DIFFER}
+    if differ:
+        shown = ", ".join(f"{name} ({old!r} in the run, {new!r} in the plan)" for name, (old, new) in sorted(differ.items()))
+        raise ConfigError(
+            f"{path} was trained with a different config ({shown}); "
+            "use another --out for a changed comparison, or delete that run directory"
+        )
+
+
+def write_launch(path: Path, **record: Any) -> None:
+    """Append one launch record; the podsrl source commit that trained it is added."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    record["commit"] = source_commit()  # None outside a git checkout
+    with open(Path(path) / LAUNCH_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_launches(path: Path) -> list[dict]:
+    """The run's launch records, oldest first ([] for a run made before they were kept)."""
+    return read_jsonl(Path(path) / LAUNCH_FILE)
