@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from podsrl.engines import Sampling
     from podsrl.engines.hf import TransformersEngine
-    from podsrl.engines.vllm import VLLMEngine
+    from podsrl.engines.vllm import VLLMEngine, VLLMOptions
     from podsrl.models import load_tokenizer, resolve_model_path
 
     path = resolve_model_path("smollm2-135m-instruct")
@@ -73,15 +73,13 @@ def main(argv: list[str] | None = None) -> None:
     prompts = arithmetic_prompts(tokenizer, args.prompts)
     hf = TransformersEngine(model, tokenizer, batch_size=args.batch_size)
     start = time.perf_counter()
-    vllm = VLLMEngine(
-        path,
-        tokenizer,
+    options = VLLMOptions(
         dtype=torch.float32,
         max_model_len=max(len(p) for p in prompts) + args.max_new_tokens + 16,
         kv_cache_gib=1.0,
         enforce_eager=not args.compile,
-        eos_token_ids=hf._eos_ids(),
     )
+    vllm = VLLMEngine(path, tokenizer, options, eos_token_ids=hf._eos_ids())
     mode = "compiled" if args.compile else "eager"
     print(f"vLLM {vllm.version} ready in {time.perf_counter() - start:.1f} s ({mode})", flush=True)
     print(

@@ -30,12 +30,12 @@ QUESTIONS = [
 @pytest.fixture(scope="module")
 def setup():
     pytest.importorskip("vllm")
-    from podsrl.engines.vllm import VLLMEngine
+    from podsrl.engines.vllm import VLLMEngine, VLLMOptions
     from podsrl.models import load_tokenizer, resolve_model_path
 
     path = resolve_model_path("smollm2-135m-instruct")
     tokenizer = load_tokenizer(path)
-    engine = VLLMEngine(path, tokenizer, max_model_len=256, kv_cache_gib=0.25, enforce_eager=True)
+    engine = VLLMEngine(path, tokenizer, VLLMOptions(max_model_len=256, kv_cache_gib=0.25, enforce_eager=True))
     prompts = [
         tokenizer(
             tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True),

@@ -103,6 +103,39 @@ def _check_like(name: str, tensor: Tensor, shape: torch.Size, *, bool_dtype: boo
         raise ValueError(f"{name} must be floating point, got {tensor.dtype}")
 
 
+def _check_inputs(logprobs, old_logprobs, advantages, mask, token_mask, ref_logprobs) -> None:
+    if not isinstance(logprobs, Tensor) or logprobs.dim() != 2 or not logprobs.is_floating_point():
+        raise ValueError(f"logprobs must be a floating tensor [N, T], got {getattr(logprobs, 'shape', type(logprobs))}")
+    N = logprobs.shape[0]
+    _check_like("old_logprobs", old_logprobs, logprobs.shape)
+    _check_like("mask", mask, logprobs.shape, bool_dtype=True)
+    if token_mask is not None:
+        _check_like("token_mask", token_mask, logprobs.shape, bool_dtype=True)
+    if ref_logprobs is not None:
+        _check_like("ref_logprobs", ref_logprobs, logprobs.shape)
+    if not isinstance(advantages, Tensor) or advantages.shape != (N,) or not advantages.is_floating_point():
+        raise ValueError(f"advantages must be a floating tensor [N={N}], got {getattr(advantages, 'shape', type(advantages))}")
+
+
+@torch.no_grad()
+def _metrics(loss, pg_loss, k3, ratio, adv, counted, eps_low: float, eps_high: float) -> LossMetrics:
+    """ratio, counted [N, T], adv [N, 1] -> the call's LossMetrics (means over its counted tokens)."""
+    tokens = int(counted.sum())
+    denominator = max(tokens, 1)
+    low = counted & (ratio < 1.0 - eps_low) & (adv < 0)  # [N, T]
+    high = counted & (ratio > 1.0 + eps_high) & (adv > 0)  # [N, T]
+    return LossMetrics(
+        loss=float(loss),
+        pg_loss=float(pg_loss),
+        kl=None if k3 is None else float(k3.sum()) / denominator,
+        clip_frac_low=int(low.sum()) / denominator,
+        clip_frac_high=int(high.sum()) / denominator,
+        ratio_mean=float(torch.where(counted, ratio, 0.0).sum()) / tokens if tokens else 1.0,
+        tokens=tokens,
+        sequences=counted.shape[0],
+    )
+
+
 @dataclass(frozen=True)
 class LossSettings:
     """What shapes the loss, fixed for a run."""
@@ -162,17 +195,8 @@ def policy_loss(
     Returns:
         (scalar loss tensor, :class:`LossMetrics`).
     """
-    if not isinstance(logprobs, Tensor) or logprobs.dim() != 2 or not logprobs.is_floating_point():
-        raise ValueError(f"logprobs must be a floating tensor [N, T], got {getattr(logprobs, 'shape', type(logprobs))}")
-    N, T = logprobs.shape
-    _check_like("old_logprobs", old_logprobs, logprobs.shape)
-    _check_like("mask", mask, logprobs.shape, bool_dtype=True)
-    if token_mask is not None:
-        _check_like("token_mask", token_mask, logprobs.shape, bool_dtype=True)
-    if ref_logprobs is not None:
-        _check_like("ref_logprobs", ref_logprobs, logprobs.shape)
-    if not isinstance(advantages, Tensor) or advantages.shape != (N,) or not advantages.is_floating_point():
-        raise ValueError(f"advantages must be a floating tensor [N={N}], got {getattr(advantages, 'shape', type(advantages))}")
+    _check_inputs(logprobs, old_logprobs, advantages, mask, token_mask, ref_logprobs)
+    N = logprobs.shape[0]
     eps_low, beta, max_completion_len = settings.eps_low, settings.beta, settings.max_completion_len
     eps_high = eps_low if settings.eps_high is None else settings.eps_high
     if beta > 0.0 and ref_logprobs is None:
@@ -204,18 +228,5 @@ def policy_loss(
         if beta > 0.0:
             loss = pg_loss + beta * aggregate(k3, counted, total_sequences, total_tokens, max_completion_len)
 
-    with torch.no_grad():
-        denominator = max(tokens, 1)
-        low = counted & (ratio < 1.0 - eps_low) & (adv < 0)  # [N, T]
-        high = counted & (ratio > 1.0 + eps_high) & (adv > 0)  # [N, T]
-        metrics = LossMetrics(
-            loss=float(loss),
-            pg_loss=float(pg_loss),
-            kl=None if k3 is None else float(k3.sum()) / denominator,
-            clip_frac_low=int(low.sum()) / denominator,
-            clip_frac_high=int(high.sum()) / denominator,
-            ratio_mean=float(torch.where(counted, ratio, 0.0).sum()) / tokens if tokens else 1.0,
-            tokens=tokens,
-            sequences=N,
-        )
+    metrics = _metrics(loss, pg_loss, k3, ratio, adv, counted, eps_low, eps_high)
     return loss, metrics

@@ -25,6 +25,7 @@ import os
 import random
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -95,30 +96,31 @@ def _vllm_log_level(level: int):
         logger.setLevel(before)
 
 
-class VLLMEngine:
-    """An in-process ``vllm.LLM`` serving the policy; see the module docstring.
+@dataclass(frozen=True)
+class VLLMOptions:
+    """How the engine is built (from :class:`podsrl.config.RolloutConfig` in :meth:`VLLMEngine.from_config`).
 
     ``kv_cache_gib``: KV cache size in GiB (CPU and GPU); None: on a GPU, vLLM sizes it from
     ``gpu_memory_utilization``; on the CPU build, VLLM_CPU_KVCACHE_SPACE if set, else
     ``CPU_KV_CACHE_GIB``. ``enforce_eager``: skip torch.compile (fast start, ~90 s less on a small
-    CPU; see docs/vllm.md for the throughput trade-off).
+    CPU; see docs/vllm.md for the throughput trade-off). ``block_size``: None is 32 tokens on the CPU
+    (its default of 128 would leave short RL prompts no full block to share), vLLM's own on a GPU.
     """
 
-    def __init__(
-        self,
-        model_path: str,
-        tokenizer,
-        *,
-        dtype: torch.dtype = torch.float32,
-        max_model_len: int = 1024,
-        gpu_memory_utilization: float = 0.3,
-        enable_sleep_mode: bool = False,
-        kv_cache_gib: float | None = None,
-        enforce_eager: bool = True,
-        seed: int = 0,
-        eos_token_ids: set[int] | None = None,
-        block_size: int | None = None,
-    ):
+    dtype: torch.dtype = torch.float32
+    max_model_len: int = 1024
+    gpu_memory_utilization: float = 0.3
+    enable_sleep_mode: bool = False
+    kv_cache_gib: float | None = None
+    enforce_eager: bool = True
+    seed: int = 0
+    block_size: int | None = None
+
+
+class VLLMEngine:
+    """An in-process ``vllm.LLM`` serving the policy; see the module docstring and :class:`VLLMOptions`."""
+
+    def __init__(self, model_path: str, tokenizer, options: VLLMOptions = VLLMOptions(), *, eos_token_ids: set[int] | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
             raise ConfigError(
@@ -132,36 +134,45 @@ class VLLMEngine:
         self._SamplingParams = SamplingParams
         self.version = getattr(vllm, "__version__", "?")
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
+        self.max_model_len = options.max_model_len
         self.eos_ids = set(eos_token_ids or ()) | {tokenizer.eos_token_id}
         self.eos_ids.discard(None)
         self.on_cpu = current_platform.is_cpu()
-        if enable_sleep_mode and not current_platform.is_sleep_mode_available():
-            warnings.warn(
-                "rollout.enable_sleep_mode is GPU-only; ignored on this platform", stacklevel=2
-            )
-            enable_sleep_mode = False
-        self.sleep_mode = enable_sleep_mode
+        self.sleep_mode = options.enable_sleep_mode
+        if self.sleep_mode and not current_platform.is_sleep_mode_available():
+            warnings.warn("rollout.enable_sleep_mode is GPU-only; ignored on this platform", stacklevel=2)
+            self.sleep_mode = False
         self._asleep = False  # False | "all" (weights + KV released) | "kv" (weights back)
         self.last_sync_seconds: float | None = None
+        # Under torchrun (podsrl.train.distributed) every rank runs its own engine on its own device, in
+        # the trainer's process group: vLLM's "external_launcher" joins that group instead of
+        # making one (TRL's colocate mode does the same), with tensor parallelism 1 per rank.
+        self.external = torch.distributed.is_available() and torch.distributed.is_initialized()
+        with _preserve_process_state():
+            self.llm = LLM(**self._llm_arguments(model_path, options))
+        self._reload = self._find_reload()
+
+    def _llm_arguments(self, model_path: str, options: VLLMOptions) -> dict:
         kwargs = dict(
             model=model_path,
             tokenizer=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            seed=seed,
+            dtype=options.dtype,
+            max_model_len=options.max_model_len,
+            seed=options.seed,
             enable_prefix_caching=True,  # the n samples of a prompt share its prefill
             logprobs_mode="processed_logprobs",
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=enable_sleep_mode,
-            enforce_eager=enforce_eager,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            enable_sleep_mode=self.sleep_mode,
+            enforce_eager=options.enforce_eager,
         )
+        block_size = options.block_size
         if block_size is None and self.on_cpu:
             # The CPU build's default KV block is 128 tokens, and prefix caching only shares full
             # blocks: short RL prompts would share nothing. 32 is the smallest it accepts.
             block_size = 32
         if block_size is not None:
             kwargs["block_size"] = block_size
+        kv_cache_gib = options.kv_cache_gib
         if kv_cache_gib is None and self.on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             # The CPU build sizes an unset KV cache as gpu_memory_utilization x the NUMA node's RAM
             # minus this process's resident memory: several GiB for a small model, and an error
@@ -171,16 +182,10 @@ class VLLMEngine:
             kv_cache_gib = CPU_KV_CACHE_GIB
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
-        # Under torchrun (podsrl.train.distributed) every rank runs its own engine on its own device, in
-        # the trainer's process group: vLLM's "external_launcher" joins that group instead of
-        # making one (TRL's colocate mode does the same), with tensor parallelism 1 per rank.
-        self.external = torch.distributed.is_available() and torch.distributed.is_initialized()
         if self.external:
             kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
-            kwargs["seed"] = seed + torch.distributed.get_rank()
-        with _preserve_process_state():
-            self.llm = LLM(**kwargs)
-        self._reload = self._find_reload()
+            kwargs["seed"] = options.seed + torch.distributed.get_rank()
+        return kwargs
 
     @classmethod
     def from_config(cls, cfg, policy) -> VLLMEngine:
@@ -188,17 +193,15 @@ class VLLMEngine:
         model = policy.model
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
-        return cls(
-            policy.path,
-            policy.tokenizer,
+        options = VLLMOptions(
             dtype=_model_dtype(model),
             max_model_len=cfg.max_model_len,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enable_sleep_mode=cfg.enable_sleep_mode,
             kv_cache_gib=cfg.kv_cache_gib,
             enforce_eager=cfg.enforce_eager,
-            eos_token_ids=eos_ids,
         )
+        return cls(policy.path, policy.tokenizer, options, eos_token_ids=eos_ids)
 
     # ------------------------------------------------------------------ generation
 
