@@ -54,8 +54,9 @@ LOCK_FILE = ".lock"
 CHANGES_FILE = "config_changes.jsonl"
 # Files that mark a directory as holding a run ...
 MARKERS = ("config.toml", "metrics.jsonl", "eval.jsonl", "checkpoints")
-# ... and everything a run writes, which `overwrite` deletes (done.json: podsrl compare's marker).
-RUN_FILES = (*MARKERS, "curves.png", CHANGES_FILE, "tensorboard", "wandb", "done.json")
+# ... and everything a run writes, which `overwrite` deletes (done.json: podsrl compare's marker;
+# model: the exported policy, podsrl.run.export). docs/run-directory.md describes each.
+RUN_FILES = (*MARKERS, "curves.png", CHANGES_FILE, "tensorboard", "wandb", "done.json", "model")
 
 # May be raised on resume (None, no limit, is the highest); lowering one would change the
 # schedules the run has followed so far (learning rate, m, token fraction: all follow progress).
@@ -67,6 +68,7 @@ FREE = frozenset(
     {
         "train.progress", "train.out_dir", "train.tensorboard", "train.wandb", "train.wandb_project",
         "train.checkpoint_every", "train.keep_checkpoints",
+        "train.export_model", "train.export_checkpoints", "train.export_dtype", "train.export_merged", "train.push_to_hub",
         "eval.every_steps", "eval.every_seconds", "eval.at_start", "eval.at_end",
         "model.device", "model.gradient_checkpointing",
         "optim.micro_batch_size", "optim.share_prompts",
