@@ -227,9 +227,15 @@ def write_model_dir(
     (target / CONFIG_FILE).write_text(to_toml(cfg))
     facts = model_card.CardFacts(
         cfg=cfg, run_dir=Path(run_dir), step=state.step, train_seconds=state.train_seconds, world_size=state.world_size,
-        dtype=dtype, merged=merged or not policy.lora, location=location,
+        dtype=dtype, merged=merged or not policy.lora, location=location, name=_name(location, run_dir),
     )  # fmt: skip
     (target / "README.md").write_text(model_card.render(facts))
+
+
+def _name(location: str, run_dir: Path) -> str:
+    """The model's name on its card: the repo's or the directory's; RUN/model is named after the run."""
+    name = Path(location).name
+    return Path(run_dir).name if name == MODEL_DIR else name
 
 
 def run_config(run_dir: Path):
@@ -318,9 +324,17 @@ def _staging_dir(out: Path | None) -> Path:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{Path(out).name}.tmp-", dir=parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{Path(out).name}.tmp-", dir=parent))
     except OSError as err:
         raise ConfigError(f"--out {out}: cannot write in {parent} ({err.strerror or err})") from None
+    staging.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would hide the model from a server run as another user
+    return staging
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _install(staging: Path, out: Path) -> None:
@@ -332,6 +346,10 @@ def _install(staging: Path, out: Path) -> None:
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)
+    mode = 0o666 & ~_umask()
+    for path in staging.rglob("*"):  # some writers (transformers' safetensors files) make them 0600
+        if path.is_file():
+            path.chmod(mode)
     os.replace(staging, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

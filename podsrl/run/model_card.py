@@ -11,9 +11,9 @@ load the directory with transformers, PEFT, vLLM and ``podsrl eval``.
 Choices: ``base_model`` in the metadata is a Hub id or left out (the Hub rejects a local path). The
 embedded ``smollm2-135m-instruct`` is named as HuggingFaceTB/SmolLM2-135M-Instruct with a note,
 since its weights are that release de-quantised from a Q4_1 GGUF (:mod:`podsrl.models`). The
-quick start's example is the task's first held-out question with the system prompt and
-instruction the policy was trained with (what it answers best), or a plain question when the task
-cannot be loaded here. Papers are linked by arXiv id, not given as BibTeX.
+quick start's example is a held-out question of the task with the system prompt and instruction
+the policy was trained with (what it answers best), or a plain question when the task cannot be
+loaded here. Papers are linked by arXiv id, not given as BibTeX.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ PAPERS = {
     "D3S": ("D3S: Dynamic Dual-Level Down-Sampling (Wang et al., 2025)", "2509.22115"),
 }
 RULE_TEXT = {
-    "all": "GRPO: every rollout of a group enters the update",
-    "random": "PODS, random down-sampling (the control: m of n at random)",
-    "max_reward": "PODS, max-reward down-sampling (the m highest rewards)",
-    "max_variance": "PODS, max-variance down-sampling (the k best and m - k worst rewards)",
+    "all": "GRPO, every rollout of a group in the update",
+    "random": "PODS with random down-sampling, m of the n rollouts at random",
+    "max_reward": "PODS with max-reward down-sampling, the m highest rewards of n",
+    "max_variance": "PODS with max-variance down-sampling, the k best and m - k worst rewards of n",
     "d3s_intra": "D3S, intra-group selection by advantage variance",
     "d3s_cross": "D3S, cross-group selection by advantage variance",
 }
@@ -50,6 +50,7 @@ class CardFacts:
     dtype: str  # of the model weights
     merged: bool  # the directory holds a full model (else a LoRA adapter alone)
     location: str  # where it is loaded from: a Hub repo id or a local path
+    name: str  # the model's name: the repo's, the directory's, or the run's for RUN/model
 
 
 def render(facts: CardFacts) -> str:
@@ -64,13 +65,13 @@ def render(facts: CardFacts) -> str:
     data = ModelCardData(
         base_model=base,
         library_name="transformers" if facts.merged else "peft",
-        model_name=Path(facts.location).name,
+        model_name=facts.name,
         pipeline_tag="text-generation",
         tags=tags,
     )
     sections = [
         f"---\n{data.to_yaml()}\n---\n",
-        f"# Model Card for {Path(facts.location).name}\n",
+        f"# Model Card for {facts.name}\n",
         _intro(facts, base),
         "## Quick start\n",
         _quick_start(facts),
@@ -102,7 +103,7 @@ def _intro(facts: CardFacts, base: str | None) -> str:
     named = f"[{base}](https://huggingface.co/{base})" if base else f"`{cfg.model.name}`"
     text = (
         f"This model is a fine-tuned version of {named}, trained by reinforcement learning with verifiable rewards "
-        f"on the `{cfg.task.name}` task. It has been trained with podsrl ({RULE_TEXT.get(cfg.select.rule, cfg.select.rule)})."
+        f"on the `{cfg.task.name}` task. It has been trained with podsrl: {RULE_TEXT.get(cfg.select.rule, cfg.select.rule)}."
     )
     if cfg.model.name in EMBEDDED_ORIGIN:
         text += (
@@ -117,9 +118,9 @@ def _intro(facts: CardFacts, base: str | None) -> str:
 
 
 def example_messages(cfg) -> list[dict[str, str]]:
-    """The chat a user would send: the task's first held-out question with the run's system prompt
-    and instruction, as podsrl.train.loop.build_task and prompt_ids make them (not imported: the
-    trainer imports this package)."""
+    """The chat a user would send: a held-out question of the task (the first of the loader's
+    default split) with the run's system prompt and instruction, as podsrl.train.loop.build_task
+    and prompt_ids make them (not imported from there: the trainer imports this package)."""
     from podsrl.tasks import format_user_message, load_task
 
     try:
@@ -187,7 +188,7 @@ def _procedure(facts: CardFacts) -> str:
     rows = [
         ("task", f"`{cfg.task.name}` {_options(cfg.task.options)}"),
         ("reward", ", ".join(f"{n} x {w:g}" for n, w in zip(cfg.reward.names, cfg.reward.weights))),
-        ("method", RULE_TEXT.get(sel.rule, sel.rule) + f" (`select.rule = \"{sel.rule}\"`)"),
+        ("method", f"{RULE_TEXT.get(sel.rule, sel.rule)}; `select.rule = \"{sel.rule}\"`"),
         ("rollouts", f"n = {roll.n} per prompt at temperature {roll.temperature:g}, top-p {roll.top_p:g}, up to {roll.max_new_tokens} tokens"),
         ("kept for the update", f"m = {m} per prompt; {tokens}"),
         ("advantages", ("over the whole group" if sel.advantages_over_group else "over the kept rollouts")
