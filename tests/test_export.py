@@ -133,6 +133,8 @@ def test_lora_run_exports_the_merged_model_and_the_adapter(lora_run, tiny_model_
     print(f"\nLoRA: exported vs checkpoint logits, max abs diff merged {merged:.3e}, adapter {unmerged:.3e}")
     assert merged <= 1e-5 and unmerged <= 1e-5
     assert _max_diff(_auto_model(tiny_model_dir), trained) > 1e-3  # the adapter really moved the policy
+    card = (model_dir / "README.md").read_text()
+    assert f'PeftModel.from_pretrained(base, "{model_dir}", subfolder="adapter")' in card and "LoRA r = 4, alpha = 8" in card
     config = json.loads((model_dir / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8 and config["base_model_name_or_path"] == str(tiny_model_dir)
 
@@ -159,8 +161,11 @@ def test_adapter_only_export_loads_with_peft(lora_run, tiny_model_dir, tmp_path)
     names = {p.name for p in out.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "README.md", "podsrl_config.toml"} <= names
     assert "config.json" not in names and "model.safetensors" not in names
-    model = PeftModel.from_pretrained(_auto_model(tiny_model_dir), out).eval()
-    assert _max_diff(model, _checkpoint_policy(lora_run, 2)) <= 1e-5
+    from peft import AutoPeftModelForCausalLM
+
+    trained = _checkpoint_policy(lora_run, 2)
+    assert _max_diff(PeftModel.from_pretrained(_auto_model(tiny_model_dir), out).eval(), trained) <= 1e-5
+    assert _max_diff(AutoPeftModelForCausalLM.from_pretrained(out).eval(), trained) <= 1e-5  # the card's snippet
     assert AutoTokenizer.from_pretrained(out).chat_template
     assert "library_name: peft" in (out / "README.md").read_text()
 

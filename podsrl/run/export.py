@@ -167,17 +167,17 @@ def after_checkpoint(cfg, run_dir: Path, checkpoint: Path, dist, *, final: bool,
     merged = t.export_merged or not cfg.model.lora
     with torch.random.fork_rng(devices=[]):  # building a LoRA model draws its random init
         state = ckpt.read_train_state(checkpoint)
-        staging = _staging_dir(targets[0])
+        staged = [_staging_dir(target) for target in targets]
         try:
             location = (t.push_to_hub if final and t.export_model else None) or str(targets[0])
-            write_model_dir(cfg, run_dir, checkpoint, state, staging, dtype=dtype, merged=merged, location=location)
-            for target in targets[1:]:  # the same directory again: a copy, staged as well
-                copy = _staging_dir(target)
-                shutil.copytree(staging, copy, dirs_exist_ok=True)
-                _install(copy, target)
-            _install(staging, targets[0])
+            write_model_dir(cfg, run_dir, checkpoint, state, staged[0], dtype=dtype, merged=merged, location=location)
+            for copy in staged[1:]:  # the same directory for the checkpoint: a copy
+                shutil.copytree(staged[0], copy, dirs_exist_ok=True)
+            for directory, target in zip(staged, targets):
+                _install(directory, target)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            for directory in staged:
+                shutil.rmtree(directory, ignore_errors=True)
             raise
     log(f"podsrl: step {state.step} exported to {', '.join(map(str, targets))} ({time.perf_counter() - start:.1f} s)")
     if final and t.push_to_hub and t.export_model:

@@ -153,10 +153,14 @@ def _quick_start(facts: CardFacts) -> str:
             f"Its held-out accuracy on the run's task: `podsrl eval --model {where}`.\n"
         )
         if cfg.model.lora:
+            if cfg.model.name in EMBEDDED_ORIGIN:  # the weights it was trained on, not the Hub's bf16 release
+                imports, base = "from podsrl.models import resolve_model_path\n", f'resolve_model_path("{cfg.model.name}")'
+            else:
+                imports, base = "", f'"{cfg.model.name}"'
             text += (
-                "\nThe adapter alone, over the base model:\n\n```python\nfrom peft import PeftModel\n"
-                "from transformers import AutoModelForCausalLM\n\n"
-                f'base = AutoModelForCausalLM.from_pretrained("{base_model_id(cfg.model.name) or cfg.model.name}")\n'
+                "\nThe adapter alone, over the base model it was trained on:\n\n```python\nfrom peft import PeftModel\n"
+                f"from transformers import AutoModelForCausalLM\n{imports}\n"
+                f"base = AutoModelForCausalLM.from_pretrained({base})\n"
                 f'model = PeftModel.from_pretrained(base, "{where}", subfolder="adapter")\n```\n'
             )
         return text
