@@ -498,7 +498,7 @@ def test_vllm_loads_the_export_and_decodes_as_transformers(tmp_path):
 
     from podsrl.config import load
     from podsrl.engines import Sampling
-    from podsrl.engines.vllm import VLLMEngine
+    from podsrl.engines.vllm import VLLMEngine, VLLMOptions
 
     cfg = load(None, ["rollout.engine=transformers", "model.lora=true", "model.lora_rank=8", "optim.lr=1e-3",
                       "train.max_steps=1", "train.max_seconds=none", "train.prompts_per_step=2", "rollout.n=4",
@@ -523,7 +523,7 @@ def test_vllm_loads_the_export_and_decodes_as_transformers(tmp_path):
         out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.eos_token_id)
         completion = out[0, len(ids):].tolist()
         expected.append(completion[: completion.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in completion else completion)
-    engine = VLLMEngine(str(model_dir), tokenizer, max_model_len=256, kv_cache_gib=0.25, enforce_eager=True)
+    engine = VLLMEngine(str(model_dir), tokenizer, VLLMOptions(max_model_len=256, kv_cache_gib=0.25, enforce_eager=True))
     try:
         ro = engine.generate(prompts, Sampling(n=1, temperature=0.0, top_p=1.0, max_new_tokens=16, seed=0))
     finally:

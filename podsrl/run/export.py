@@ -240,17 +240,10 @@ def _name(location: str, run_dir: Path) -> str:
 
 def run_config(run_dir: Path):
     """The run's resolved config, from its config.toml."""
-    from podsrl import config as config_mod
+    from podsrl.run.rundir import check_is_run, run_config as read_config
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.toml").is_file():
-        raise ConfigError(f"{run_dir}: not a run directory (no config.toml); give a directory `podsrl train` made")
-    try:
-        return config_mod.load(run_dir / "config.toml")
-    except ConfigError as err:
-        if str(run_dir / "config.toml") in str(err):
-            raise
-        raise ConfigError(f"{run_dir / 'config.toml'}: {err}") from None
+    check_is_run(run_dir, "podsrl export")
+    return read_config(Path(run_dir))
 
 
 def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:

@@ -179,7 +179,8 @@ def _quick_start(facts: CardFacts) -> str:
 def _procedure(facts: CardFacts) -> str:
     cfg = facts.cfg
     sel, roll, loss, opt, t = cfg.select, cfg.rollout, cfg.loss, cfg.optim, cfg.train
-    m = f"{sel.m}" if sel.m_final in (None, sel.m) else f"{sel.m} -> {sel.m_final} ({sel.m_schedule})"
+    start = sel.m_start(roll.n)
+    m = f"{start}" if sel.m_final in (None, start) else f"{start} -> {sel.m_final} ({sel.m_schedule})"
     tokens = (
         "all tokens of the kept rollouts"
         if not sel.uses_token_selection

@@ -215,7 +215,7 @@ def config_differences(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
 def resume_changes(path: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:
     """The differences between ``cfg`` and the run's ``config.toml`` that a resume may make;
     raises ConfigError naming the others."""
-    run_cfg = _run_config(path)
+    run_cfg = run_config(path)
     changes = config_differences(run_cfg, cfg)
     refused, lowered = [], []
     for name, (old, new) in changes.items():
@@ -246,7 +246,7 @@ def resume_changes(path: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:
 def check_weight_settings(path: Path, cfg: Config) -> None:
     """Refuse model settings that differ from the run's where they decide which tensors its
     checkpoint holds or what they mean (``podsrl eval --run DIR --model.lora_rank=8``)."""
-    run_cfg = _run_config(path)
+    run_cfg = run_config(path)
     names = WEIGHT_SETTINGS if (run_cfg.model.lora or cfg.model.lora) else WEIGHT_SETTINGS[:2]
     differ = [f"{k} ({_show(old)} -> {_show(new)})" for k, (old, new) in config_differences(run_cfg, cfg).items() if k in names]
     if differ:
@@ -286,7 +286,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_config(path: Path) -> Config:
+def run_config(path: Path) -> Config:
+    """The run's config, from its config.toml (a ConfigError names the file)."""
     from podsrl import config as config_mod
 
     try:
