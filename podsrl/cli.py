@@ -1,14 +1,17 @@
-"""``podsrl train | eval | compare | plot | config``.
+"""``podsrl train | eval | export | compare | plot | config | env``.
 
     podsrl train                                  # the embedded demo: SmolLM2-135M, arithmetic, PODS
     podsrl train my.toml --select.m=8 --rollout.n=32
     podsrl train --resume runs/20261122-101500-max_variance
     podsrl eval --run runs/...                    # the checkpoint's accuracy on its held-out set
+    podsrl eval --model runs/.../model            # an exported model directory (the run's task and settings)
+    podsrl export runs/... --out my-model         # a checkpoint as a Hugging Face model directory
     podsrl eval --model.name=HuggingFaceTB/SmolLM2-135M-Instruct --task.name=gsm8k \\
                 --task.options.path=../shared/data/gsm8k --eval.samples=8 --eval.temperature=1
     podsrl plot runs/a runs/b -o curves.png
     podsrl compare compare.toml
     podsrl config [SECTION]                       # every setting, its default and what it does (TOML)
+    podsrl env                                    # versions, devices and engines, for a bug report
 
 User mistakes (bad config values, missing files, unknown names) print one line naming the field and
 the fix, with exit code 2, never a traceback.
@@ -96,6 +99,8 @@ def _print_summary(run_dir: Path) -> None:
         print(f"  trained policy  {fmt(last)}   step {last['step']}, {last['train_seconds'] / 60:.1f} min of training")
         print(f"  change          {diff:+.1f} points")
     print(f"run directory: {run_dir} (config.toml, metrics.jsonl, eval.jsonl, checkpoints/)")
+    if (run_dir / "model" / "config.json").is_file() or (run_dir / "model" / "adapter_config.json").is_file():
+        print(f"trained policy: {run_dir / 'model'} (a Hugging Face model directory; its README.md says how to load it)")
 
 
 def cmd_eval(args, overrides: list[str]) -> int:
@@ -105,12 +110,18 @@ def cmd_eval(args, overrides: list[str]) -> int:
     from podsrl import config as config_mod
     from podsrl.train.loop import run_eval, setup
 
+    if args.run and args.model:
+        raise ConfigError("--run evaluates a run's checkpoint and --model a model directory; give one of them")
     if args.run:
         run_dir = Path(args.run)
         if args.config:
             raise ConfigError(f"--run {run_dir} evaluates with the run's own config.toml; drop {args.config} (change settings with --section.key=value)")
         cfg = _checkpointed_run_config(run_dir, "--run", overrides)
         check_weight_settings(run_dir, cfg)
+    elif args.model:
+        from podsrl.run.export import eval_config
+
+        cfg = eval_config(args.model, args.config, overrides)
     else:
         cfg = config_mod.load(args.config, overrides)
     if args.json:  # before the evaluation, not after it
@@ -120,6 +131,8 @@ def cmd_eval(args, overrides: list[str]) -> int:
         last, _ = ckpt.load_newest(Path(args.run), s.policy.model)
         s.engine.sync_weights(s.policy.model)
         print(f"podsrl: evaluating {last}")
+    elif args.model:
+        print(f"podsrl: evaluating {cfg.model.name}")
     result = run_eval(s, ckpt.TrainState())
     s.engine.close()
     print(f"accuracy: {result.summary()}")
@@ -131,6 +144,32 @@ def cmd_eval(args, overrides: list[str]) -> int:
             Path(args.json).write_text(json.dumps(dataclasses.asdict(result), indent=2))
         except OSError as err:
             raise ConfigError(f"--json {args.json}: cannot write it ({err.strerror or err})") from None
+    return 0
+
+
+def cmd_export(args, overrides: list[str]) -> int:
+    from podsrl.run.export import MAX_SHARD_SIZE, export_run
+
+    if overrides:
+        raise ConfigError(f"podsrl export takes a run directory and its options only, not settings ({overrides[0]})")
+    result = export_run(
+        args.run, args.out, step=args.step, dtype=args.dtype, adapter_only=args.adapter_only, overwrite=args.overwrite,
+        push_to_hub=args.push_to_hub, max_shard_size=args.max_shard_size or MAX_SHARD_SIZE,
+    )  # fmt: skip
+    what = "LoRA adapter" if not result.merged else "merged model and LoRA adapter" if result.lora else "model"
+    if result.path is not None:
+        print(f"podsrl: exported the {what} of {result.checkpoint} to {result.path} ({result.dtype}, {result.seconds:.1f} s)")
+    if result.pushed:
+        print(f"podsrl: pushed to {result.pushed}")
+    return 0
+
+
+def cmd_env(args, overrides: list[str]) -> int:
+    from podsrl.envinfo import format_report, report
+
+    if overrides:
+        raise ConfigError("podsrl env takes no settings")
+    print(format_report(report()))
     return 0
 
 
@@ -190,8 +229,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="held-out accuracy (95%% CI) and pass@k of a model or a run's checkpoint", epilog=SETTINGS_HELP)
     p.add_argument("config", nargs="?", help="TOML config file")
     p.add_argument("--run", help="evaluate this run directory's latest checkpoint with its config")
+    p.add_argument("--model", metavar="DIR",
+                   help="evaluate this model directory (or hub id); an exported one with its run's task and settings")
     p.add_argument("--json", help="also write the result to this JSON file")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("export", help="a run's checkpoint as a Hugging Face model directory (and/or pushed to the Hub)")
+    p.add_argument("run", metavar="RUN", help="run directory")
+    p.add_argument("--out", metavar="DIR", help="the model directory to write (new or empty; see --overwrite)")
+    p.add_argument("--step", type=int, metavar="N", help="the checkpoint at step N (default: the newest)")
+    p.add_argument("--dtype", default="auto", metavar="bf16|fp16|fp32",
+                   help="dtype of the model weights (default: the run's model.dtype)")
+    p.add_argument("--adapter-only", action="store_true", help="LoRA runs: the adapter alone, not merged")
+    p.add_argument("--overwrite", action="store_true", help="replace the model directory already in --out")
+    p.add_argument("--push-to-hub", metavar="REPO_ID",
+                   help="also push it to this Hub repo (token: HF_TOKEN or `hf auth login`); without --out, only push")
+    p.add_argument("--max-shard-size", metavar="SIZE", help="split the weights into files of at most this size (default: 5GB)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("plot", help="reward and accuracy curves of one or more runs")
     p.add_argument("runs", nargs="+", help="run directories")
@@ -215,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print every setting with its default and a description, as TOML to start from")
     p.add_argument("section", nargs="?", help="print only this section, e.g. select")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("env", help="podsrl, Python, torch, devices, engines and libraries: paste it into a bug report")
+    p.set_defaults(func=cmd_env)
     return parser
 
 

@@ -229,6 +229,12 @@ class TrainConfig:
     tensorboard: bool = False  # also log metrics to TensorBoard (when installed)
     wandb: bool = False  # also log metrics to Weights & Biases (when installed)
     wandb_project: str = "podsrl"  # the Weights & Biases project
+    # What the run leaves to use (podsrl/run/export.py, docs/run-directory.md).
+    export_model: bool = True  # at the end, write the policy as a Hugging Face model directory: RUN/model
+    export_checkpoints: bool = False  # also write one into every checkpoint: checkpoints/step-N/model
+    export_dtype: str = "auto"  # the exported weights: "auto" (model.dtype) | "float32" | "bfloat16" | "float16"
+    export_merged: bool = True  # LoRA: export the merged model (the adapter in adapter/); false: the adapter alone
+    push_to_hub: str | None = None  # a Hub repo id ("user/name"): push RUN/model there at the end (token: HF_TOKEN or `hf auth login`)
 
     def __post_init__(self) -> None:
         _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
@@ -241,6 +247,18 @@ class TrainConfig:
         )
         _check(self.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+        _one_of(self.export_dtype, ("auto", "float32", "bfloat16", "float16"), "train.export_dtype")
+        if self.push_to_hub is not None:
+            _check(
+                re.fullmatch(r"([\w.-]+/)?[\w.-]{1,96}", self.push_to_hub) is not None,
+                "train.push_to_hub",
+                f"{self.push_to_hub!r} is not a Hub repo id; write it as \"user/name\" (or \"name\" for your own namespace)",
+            )
+            _check(
+                self.export_model,
+                "train.push_to_hub",
+                "pushes the exported RUN/model, which train.export_model = false turns off; set it to true",
+            )
         try:
             self.out_dir.format(time="", rule="", seed=0)
         except (KeyError, IndexError, ValueError) as err:

@@ -99,9 +99,7 @@ import torch
 from podsrl.configdoc import field_comments
 from podsrl.core.downsample import DownsampleSpec, Selection, downsample
 from podsrl.core.selection import RULES
-
-SUPPORTED_TRL = ">=1.16,<1.17"
-_TRL_MIN, _TRL_BELOW = (1, 16), (1, 17)
+from podsrl.envinfo import SUPPORTED_TRL, TRL_BELOW as _TRL_BELOW, TRL_MIN as _TRL_MIN  # the range, kept where `podsrl env` reads it
 
 
 def _check_trl() -> None:

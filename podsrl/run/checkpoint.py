@@ -160,16 +160,23 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise DamagedCheckpoint(f"checkpoint file {file} is damaged ({_one_line(err)})") from None
 
 
-def _read_state(path: Path) -> dict:
+def _read_state(path: Path, *, mmap: bool = False) -> dict:
     file = Path(path) / "state.pt"
     try:
-        blob = torch.load(file, weights_only=False)
+        blob = torch.load(file, weights_only=False, mmap=mmap)
         missing = {"optimizer", "scheduler", "state", "rng"} - set(blob)
     except Exception as err:  # truncated: RuntimeError, EOFError, UnpicklingError ...
         raise DamagedCheckpoint(f"checkpoint file {file} is damaged ({_one_line(err)})") from None
     if missing:
         raise DamagedCheckpoint(f"checkpoint file {file} is damaged (no {sorted(missing)[0]!r} entry)")
     return blob
+
+
+def read_train_state(path: Path) -> TrainState:
+    """A checkpoint's step and clocks, its file checked but its optimizer state left on disk
+    (memory-mapped): what ``podsrl export`` and the model card need. DamagedCheckpoint names a
+    file that does not read."""
+    return TrainState(**_read_state(path, mmap=True)["state"])
 
 
 def _apply_weights(path: Path, weights: dict[str, torch.Tensor], model, dist=None) -> None:

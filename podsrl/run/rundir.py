@@ -54,8 +54,9 @@ LOCK_FILE = ".lock"
 CHANGES_FILE = "config_changes.jsonl"
 # Files that mark a directory as holding a run ...
 MARKERS = ("config.toml", "metrics.jsonl", "eval.jsonl", "checkpoints")
-# ... and everything a run writes, which `overwrite` deletes (done.json: podsrl compare's marker).
-RUN_FILES = (*MARKERS, "curves.png", CHANGES_FILE, "tensorboard", "wandb", "done.json")
+# ... and everything a run writes, which `overwrite` deletes (done.json: podsrl compare's marker;
+# model: the exported policy, podsrl.run.export). docs/run-directory.md describes each.
+RUN_FILES = (*MARKERS, "curves.png", CHANGES_FILE, "tensorboard", "wandb", "done.json", "model")
 
 # May be raised on resume (None, no limit, is the highest); lowering one would change the
 # schedules the run has followed so far (learning rate, m, token fraction: all follow progress).
@@ -67,6 +68,7 @@ FREE = frozenset(
     {
         "train.progress", "train.out_dir", "train.tensorboard", "train.wandb", "train.wandb_project",
         "train.checkpoint_every", "train.keep_checkpoints",
+        "train.export_model", "train.export_checkpoints", "train.export_dtype", "train.export_merged", "train.push_to_hub",
         "eval.every_steps", "eval.every_seconds", "eval.at_start", "eval.at_end",
         "model.device", "model.gradient_checkpointing",
         "optim.micro_batch_size", "optim.share_prompts",
@@ -213,7 +215,7 @@ def config_differences(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
 def resume_changes(path: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:
     """The differences between ``cfg`` and the run's ``config.toml`` that a resume may make;
     raises ConfigError naming the others."""
-    run_cfg = _run_config(path)
+    run_cfg = run_config(path)
     changes = config_differences(run_cfg, cfg)
     refused, lowered = [], []
     for name, (old, new) in changes.items():
@@ -244,7 +246,7 @@ def resume_changes(path: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:
 def check_weight_settings(path: Path, cfg: Config) -> None:
     """Refuse model settings that differ from the run's where they decide which tensors its
     checkpoint holds or what they mean (``podsrl eval --run DIR --model.lora_rank=8``)."""
-    run_cfg = _run_config(path)
+    run_cfg = run_config(path)
     names = WEIGHT_SETTINGS if (run_cfg.model.lora or cfg.model.lora) else WEIGHT_SETTINGS[:2]
     differ = [f"{k} ({_show(old)} -> {_show(new)})" for k, (old, new) in config_differences(run_cfg, cfg).items() if k in names]
     if differ:
@@ -284,7 +286,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_config(path: Path) -> Config:
+def run_config(path: Path) -> Config:
+    """The run's config, from its config.toml (a ConfigError names the file)."""
     from podsrl import config as config_mod
 
     try:

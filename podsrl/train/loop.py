@@ -42,7 +42,7 @@ from podsrl.errors import ConfigError
 from podsrl.grading.rewards import RewardSpec, compute_rewards, resolve_specs
 from podsrl.models import Policy, load_policy
 from podsrl.run import checkpoint as ckpt
-from podsrl.run import rundir
+from podsrl.run import export, rundir
 from podsrl.tasks import Example, Task, format_user_message, load_task
 from podsrl.run.metrics import NullLogger, RunLogger
 from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
@@ -387,10 +387,10 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
             if _eval_due(cfg, state) and not _done(cfg, state):
                 run_eval(s, state, logger, log)
             if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-                save()
+                export.after_checkpoint(cfg, run_dir, save(), dist, final=False, log=log)
         if cfg.eval.at_end:
             run_eval(s, state, logger, log, label="trained policy")
-        save()
+        export.after_checkpoint(cfg, run_dir, save(), dist, final=True, log=log)
     finally:
         logger.close()
     return run_dir
