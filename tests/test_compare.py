@@ -427,6 +427,7 @@ def test_two_digit_preset_has_headroom_settings():
     cfg = plan.config("grpo", 2)
     assert (cfg.train.max_steps, cfg.train.max_seconds, cfg.eval.every_steps, cfg.eval.every_seconds) == (80, None, 10, 0.0)
     assert cfg.eval.max_problems == 100  # the README's published run: 100 of the 200 held-out problems
+    assert not cfg.train.export_model  # a comparison writes no RUN/model per method x seed unless asked
     from podsrl.tasks import load_task
 
     task = load_task(cfg.task.name, **cfg.task.options)

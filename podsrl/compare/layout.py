@@ -32,8 +32,10 @@ DONE_FILE = "done.json"
 LAUNCH_FILE = "launch.jsonl"
 LOG_FILE = "train.log"  # a child's output when runs go in parallel (one run at a time: passed through)
 # Settings in which a run directory's config may differ from the plan's: the budget (raising it
-# extends a comparison; is_finished then says the run is not finished) and cosmetics.
-MAY_DIFFER = frozenset({*BUDGET, "train.progress", "train.out_dir"})
+# extends a comparison; is_finished then says the run is not finished) and what does not change the
+# training (the progress bar, naming, what is exported at the end).
+EXPORT = ("train.export_model", "train.export_checkpoints", "train.export_dtype", "train.export_merged", "train.push_to_hub")
+MAY_DIFFER = frozenset({*BUDGET, "train.progress", "train.out_dir", *EXPORT})
 
 
 def run_dir(out: Path, method: str, seed: int) -> Path:

@@ -203,6 +203,9 @@ def resolve(base: dict[str, Any], method: Method, seed: int) -> Config:
         config_mod.set_dotted(data, dotted, value, from_text=False, where=where)
     base_cfg = _from_dict(base, "the base config")
     data.setdefault("train", {})["seed"] = base_cfg.train.seed + seed
+    # A comparison measures; it does not ship models: no RUN/model (about 0.5 GB for the embedded
+    # 135M model, and a few seconds) for each method x seed unless the base asks for them.
+    data["train"].setdefault("export_model", False)
     from podsrl.tasks import TASKS
 
     if "seed" in inspect.signature(TASKS[base_cfg.task.name]).parameters:
