@@ -14,7 +14,11 @@
     podsrl env                                    # versions, devices and engines, for a bug report
 
 User mistakes (bad config values, missing files, unknown names) print one line naming the field and
-the fix, with exit code 2, never a traceback.
+the fix, with exit code 2, never a traceback. A run stopped by its surroundings says what happened
+and how to resume, with an exit code of its own (``podsrl.errors``; the table is in
+docs/distributed.md): 3 a reward function failed, 69 the rollout engine died, 74 a checkpoint could
+not be written, 75 preempted by a stop signal after a checkpoint, 124 a rank hung (exited from the
+heartbeat), 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import os
 import sys
 from pathlib import Path
 
-from podsrl.errors import ConfigError, RewardError
+from podsrl import errors
+from podsrl.errors import CheckpointWriteError, ConfigError, EngineError, RewardError
+from podsrl.run.preemption import Preempted
 from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_settings
 
 
@@ -44,7 +50,12 @@ def cmd_train(args, overrides: list[str]) -> int:
     from podsrl import config as config_mod
     from podsrl.train.loop import train
 
-    if args.resume:
+    if args.resume == "auto":  # resume --out when it holds a checkpoint, else start there (torchrun, SLURM)
+        if args.overwrite:
+            raise ConfigError("--resume auto continues the run in --out when there is one and --overwrite replaces it; give only one")
+        cfg = config_mod.load(args.config, [*overrides, "train.resume=auto"])
+        run_dir = Path(args.out) if args.out else None
+    elif args.resume:
         run_dir = Path(args.resume)
         if args.overwrite:
             raise ConfigError("--resume continues a run and --overwrite replaces one; give only one of them")
@@ -54,7 +65,7 @@ def cmd_train(args, overrides: list[str]) -> int:
     else:
         cfg = config_mod.load(args.config, overrides)
         run_dir = Path(args.out) if args.out else None
-    run_dir = train(cfg, run_dir=run_dir, resume=bool(args.resume), overwrite=args.overwrite)
+    run_dir = train(cfg, run_dir=run_dir, resume=bool(args.resume) and args.resume != "auto", overwrite=args.overwrite)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports and plots
         return 0
     _print_summary(run_dir)
@@ -221,7 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a policy (no arguments: the embedded demo)", epilog=SETTINGS_HELP)
     p.add_argument("config", nargs="?", help="TOML config file (defaults apply to what it leaves out)")
     p.add_argument("--out", help="run directory (default: train.out_dir)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its latest checkpoint")
+    p.add_argument(
+        "--resume", metavar="RUN_DIR",
+        help="continue this run from its latest checkpoint; 'auto': continue the run in --out if it has a checkpoint, "
+        "else start it there (for torchrun --max-restarts and SLURM --requeue; a directory named auto: ./auto)",
+    )  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (its run files only)")
     p.add_argument("--no-plot", action="store_true", help="do not write curves.png at the end")
     p.set_defaults(func=cmd_train)
@@ -286,16 +301,25 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, overrides)
     except ConfigError as err:
         print(f"podsrl: error: {err}", file=sys.stderr)
-        return 2
+        return errors.EXIT_CONFIG
     except RewardError as err:
         print(f"podsrl: reward error: {err}", file=sys.stderr)
-        return 3
+        return errors.EXIT_REWARD
+    except EngineError as err:
+        print(f"podsrl: engine error: {err}", file=sys.stderr)
+        return errors.EXIT_ENGINE
+    except CheckpointWriteError as err:
+        print(f"podsrl: checkpoint error: {err}", file=sys.stderr)
+        return errors.EXIT_CHECKPOINT
+    except Preempted as err:  # the stop signals are ignored from here on (StopSignals.restore)
+        print(f"podsrl: {err.advice()}", file=sys.stderr)
+        return errors.EXIT_PREEMPTED
     except KeyboardInterrupt as err:
         if isinstance(err, RunInterrupted):  # names the run directory, and whether it can be resumed
             print(f"\npodsrl: {err.advice()}", file=sys.stderr)
         else:
             print("\npodsrl: interrupted; resume with `podsrl train --resume RUN_DIR` from the last checkpoint", file=sys.stderr)
-        return 130
+        return errors.EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -92,9 +92,26 @@ class TaskConfig:
 class RewardConfig:
     names: list[str] = field(default_factory=lambda: ["correctness"])  # built-in names or module:function
     weights: list[float] = field(default_factory=lambda: [1.0])  # one per name; the reward is the weighted sum (a negative weight is a penalty)
+    # A user reward (a verifier, a sandbox, a remote grader) may hang on one completion; with a
+    # limit, user rewards run in worker processes that are killed at the limit (a thread cannot be).
+    timeout_seconds: float | None = None  # stop a user reward's call after this long and score it timeout_score (runs user rewards in worker processes); None: no limit
+    timeout_score: float = 0.0  # the value of a call that timed out (with timeout_seconds)
+    max_timeout_fraction: float = 0.25  # stop the run when one reward function times out on more than this fraction of a step's completions
+    workers: int = 1  # worker processes scoring user rewards in parallel (with timeout_seconds)
 
     def __post_init__(self) -> None:
         _check(len(self.names) > 0, "reward.names", "give at least one reward function")
+        _check(
+            self.timeout_seconds is None or self.timeout_seconds > 0,
+            "reward.timeout_seconds",
+            f"must be > 0 seconds (or none: no limit), got {self.timeout_seconds!r}",
+        )
+        _check(
+            0 <= self.max_timeout_fraction <= 1,
+            "reward.max_timeout_fraction",
+            f"must be in [0, 1] (the share of a step's completions that may time out), got {self.max_timeout_fraction!r}",
+        )
+        _check(self.workers >= 1, "reward.workers", f"must be >= 1, got {self.workers!r}")
         _check(
             len(self.names) == len(self.weights),
             "reward.weights",
@@ -216,6 +233,18 @@ class EvalConfig:
         )
 
 
+def catchable_signal(name: str):
+    """The ``signal.Signals`` a ``train.stop_signals`` entry names ("SIGTERM", "term", "USR1"), or
+    None when it names none a handler can catch (SIGKILL and SIGSTOP cannot be)."""
+    import signal
+
+    upper = name.upper()
+    sig = getattr(signal, upper if upper.startswith("SIG") else f"SIG{upper}", None)
+    if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+        return None
+    return sig
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     prompts_per_step: int = 8  # B
@@ -235,8 +264,20 @@ class TrainConfig:
     export_dtype: str = "auto"  # the exported weights: "auto" (model.dtype) | "float32" | "bfloat16" | "float16"
     export_merged: bool = True  # LoRA: export the merged model (the adapter in adapter/); false: the adapter alone
     push_to_hub: str | None = None  # a Hub repo id ("user/name"): push RUN/model there at the end (token: HF_TOKEN or `hf auth login`)
+    # Surviving the cluster (podsrl/run/preemption.py, docs/distributed.md).
+    resume: str = "no"  # "auto": resume the run in the output directory when it has a checkpoint, else start it there (torchrun --max-restarts, SLURM --requeue); "no": never
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])  # on these, finish the step, checkpoint and exit with code 75 (SLURM's --signal); [] : none
+    checkpoint_failure: str = "stop"  # a checkpoint that cannot be written (disk full, I/O error): "stop" the run, or "retry" at the next checkpoint
 
     def __post_init__(self) -> None:
+        _one_of(self.resume, ("no", "auto"), "train.resume")
+        _one_of(self.checkpoint_failure, ("stop", "retry"), "train.checkpoint_failure")
+        for name in self.stop_signals:
+            _check(
+                catchable_signal(name) is not None,
+                "train.stop_signals",
+                f"{name!r} is not a signal a process can catch; give names such as SIGTERM, SIGUSR1 (or [] for none)",
+            )
         _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
         _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1")
         _check(self.max_seconds is None or self.max_seconds > 0, "train.max_seconds", "must be > 0")
@@ -276,6 +317,7 @@ class DistributedConfig:
     backend: str = "auto"  # "auto" (nccl on GPUs, gloo on CPUs) | "gloo" | "nccl"
     mixed_precision: str = "auto"  # FSDP compute dtype: "auto" (bf16 on GPUs, float32 on CPUs) | "bf16" | "none"
     timeout_minutes: float = 30.0  # how long a collective waits for the other ranks before failing
+    hang_seconds: float | None = 600.0  # stop every rank when one keeps the others waiting this long, naming it and its phase (a heartbeat); None: only timeout_minutes
 
     def __post_init__(self) -> None:
         from podsrl.train.distributed import BACKENDS, PARALLEL
@@ -284,6 +326,14 @@ class DistributedConfig:
         _one_of(self.backend, BACKENDS, "distributed.backend")
         _one_of(self.mixed_precision, ("auto", "bf16", "none"), "distributed.mixed_precision")
         _check(self.timeout_minutes > 0, "distributed.timeout_minutes", "must be > 0")
+        if self.hang_seconds is not None:
+            _check(self.hang_seconds > 0, "distributed.hang_seconds", f"must be > 0 (or none), got {self.hang_seconds!r}")
+            _check(
+                self.hang_seconds < 60 * self.timeout_minutes,
+                "distributed.hang_seconds",
+                f"= {self.hang_seconds:g} s is not below distributed.timeout_minutes = {self.timeout_minutes:g} min: the "
+                "collective timeout would fire first, without naming the stuck rank; lower it or raise timeout_minutes",
+            )
 
 
 @dataclass(frozen=True)

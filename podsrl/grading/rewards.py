@@ -30,8 +30,9 @@ import math
 import numbers
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Protocol
 
 from podsrl.errors import ConfigError, RewardError
 from podsrl.grading import equivalence
@@ -128,6 +129,18 @@ class RewardResult:
 
     total: list[float]
     per_reward: dict[str, list[float]]
+    timeouts: list[int] = field(default_factory=list)  # [N]: how many functions timed out on each (reward.timeout_seconds)
+
+
+class Scorer(Protocol):
+    """Scores some reward functions away from this process: :class:`podsrl.grading.pool.RewardPool`
+    (worker processes, each call limited by ``reward.timeout_seconds``)."""
+
+    def serves(self, name: str) -> bool: ...
+
+    def score(self, name: str, completions: Sequence[str], examples: Sequence[Example]) -> tuple[list[float], list[bool]]:
+        """(value per completion, whether its call timed out)."""
+        ...
 
 
 def resolve_specs(specs: Sequence[RewardSpec | tuple[str, float]]) -> list[RewardSpec]:
@@ -154,11 +167,15 @@ def compute_rewards(
     completions: Sequence[str],
     examples: Sequence[Example],
     specs: Sequence[RewardSpec | tuple[str, float]],
+    *,
+    pool: Scorer | None = None,
 ) -> RewardResult:
     """Score completions[i] against examples[i] (the caller repeats each example per rollout).
 
     Raises RewardError if any reward function raises or returns a non-finite or non-number
-    value; nothing is silently scored 0.
+    value; nothing is silently scored 0. The functions ``pool`` serves (user functions, with
+    ``reward.timeout_seconds``: :mod:`podsrl.grading.pool`) run in its worker processes, where a
+    call that times out scores ``reward.timeout_score`` and is counted in ``timeouts``.
     """
     if len(completions) != len(examples):
         raise ValueError(
@@ -166,18 +183,20 @@ def compute_rewards(
             "repeat each example once per completion"
         )
     resolved = resolve_specs(specs)
-    per_reward = {
-        spec.name: [
-            _score(spec.name, get_reward(spec.name), completion, example)
-            for completion, example in zip(completions, examples)
-        ]
-        for spec in resolved
-    }
+    per_reward: dict[str, list[float]] = {}
+    timeouts = [0] * len(completions)
+    for spec in resolved:
+        if pool is not None and pool.serves(spec.name):
+            per_reward[spec.name], timed_out = pool.score(spec.name, completions, examples)
+            timeouts = [t + int(out) for t, out in zip(timeouts, timed_out)]
+        else:
+            fn = get_reward(spec.name)
+            per_reward[spec.name] = [_score(spec.name, fn, completion, example) for completion, example in zip(completions, examples)]
     total = [
         math.fsum(spec.weight * per_reward[spec.name][i] for spec in resolved)
         for i in range(len(completions))
     ]
-    return RewardResult(total=total, per_reward=per_reward)
+    return RewardResult(total=total, per_reward=per_reward, timeouts=timeouts)
 
 
 def _as_spec(spec: RewardSpec | tuple[str, float]) -> RewardSpec:
@@ -193,14 +212,19 @@ def _score(name: str, fn: RewardFn, completion: str, example: Example) -> float:
         value = fn(completion, example)
     except Exception as exc:
         problem = f"raised {type(exc).__name__}: {exc}"
-        raise RewardError(_describe_failure(name, problem, completion, example)) from exc
+        raise RewardError(describe_failure(name, problem, completion, example)) from exc
+    return check_value(name, value, completion, example)
+
+
+def check_value(name: str, value: object, completion: str, example: Example) -> float:
+    """``value`` as a float when it is a finite number; else the RewardError that stops the run."""
     if isinstance(value, numbers.Real) and math.isfinite(value):
         return float(value)
     problem = f"returned {value!r} ({type(value).__name__}); a reward must be a finite number"
-    raise RewardError(_describe_failure(name, problem, completion, example))
+    raise RewardError(describe_failure(name, problem, completion, example))
 
 
-def _describe_failure(name: str, problem: str, completion: str, example: Example) -> str:
+def describe_failure(name: str, problem: str, completion: str, example: Example) -> str:
     return (
         f"reward function {name!r} {problem}\n"
         f"  example id: {example.id}\n"

@@ -6,6 +6,12 @@ optimizer and scheduler states, the RNG states and the step / training clock (``
 written into a temporary sibling and renamed into place, and ``checkpoints/latest`` (a one-line
 text file, itself replaced atomically) names the newest complete one. A run killed mid-write leaves
 the previous checkpoint intact and at worst a stray ``.tmp-*`` directory, which is cleaned up.
+A write that fails (a full disk, EIO, a quota; the writers raise OSError, safetensors' own error or,
+from ``torch.save``, a RuntimeError without an errno, so any exception of the write counts) does the
+same: the partial copy is removed, ``latest`` still names the previous checkpoint, and the error
+says where, why, how much space the checkpoint needs and how much is free; the run stops
+(``train.checkpoint_failure = "stop"``, exit code 74) or goes on to retry at the next checkpoint.
+The files are fsynced before the rename, so an error the file system reports late is caught too.
 
 Reading is as careful as writing: without ``latest`` (deleted, or never written) the newest
 complete ``step-*`` directory is used; a file that cannot be read (truncated, corrupt) is a
@@ -36,7 +42,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from podsrl.errors import ConfigError
+from podsrl.errors import CheckpointWriteError, ConfigError
 from podsrl.run.rundir import write_text_atomic
 
 
@@ -57,52 +63,121 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep: int = 1, dist=None) -> Path:
+def save(
+    run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep: int = 1, dist=None, on_failure: str = "stop", log=print
+) -> Path | None:
+    """Write the checkpoint of ``state.step`` (see the module docstring); returns its directory.
+
+    A write that fails (ENOSPC, EIO, a quota: whatever the writers raise) leaves the previous
+    checkpoint and ``latest`` as they were and removes the partial one; then ``on_failure="stop"``
+    raises a CheckpointWriteError naming the directory, the error, the space the checkpoint needs
+    and the space free, and ``"retry"`` logs that as a warning and returns None (the next checkpoint
+    tries again). Under torchrun every rank learns the outcome from rank 0 and does the same.
+    """
     root = Path(run_dir) / "checkpoints"
     target = root / f"step-{state.step:06d}"
     if dist is not None and dist.active:
         weights, optim_state = _gather_full(model, optimizer, dist)
-        if not dist.is_main:
-            dist.barrier()  # rank 0 is writing
-            return target
     else:
         weights, optim_state = trainable_state(model), optimizer.state_dict()
+    failure = None
+    if dist is None or dist.is_main:
+        try:
+            _write(root, target, weights, optim_state, scheduler, state, keep)
+        except Exception as err:  # noqa: BLE001 - the writers' I/O errors are OSError, SafetensorError, RuntimeError
+            failure = _write_failure(root, target, err, weights, optim_state)
+    if dist is not None and dist.active:
+        failure = dist.broadcast_object(failure)  # also the barrier: the others wait for the write
+    if failure is None:
+        return target
+    previous = latest(run_dir)
+    if on_failure == "retry":
+        kept = f"{previous.name} stays the newest checkpoint" if previous is not None else "the run has no checkpoint yet"
+        log(f"podsrl: warning: {failure}; {kept}; training goes on and the next checkpoint tries again (train.checkpoint_failure = 'retry')")
+        return None
+    if previous is not None:
+        then = f"then resume with `podsrl train --resume {run_dir}` (from {previous.name}, which is intact)"
+    else:
+        then = f"then start the run again with `--out {run_dir} --overwrite` (it has no earlier checkpoint)"
+    raise CheckpointWriteError(f"{failure}; free space there, {then}; train.checkpoint_failure = 'retry' would go on without it")
+
+
+def _write(root: Path, target: Path, weights: dict, optim_state: dict, scheduler, state: TrainState, keep: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    # Tied embeddings share storage; safetensors refuses shared tensors, so clone the duplicates.
-    seen: set[int] = set()
-    for name, tensor in weights.items():
-        if tensor.data_ptr() in seen:
-            weights[name] = tensor.clone()
-        seen.add(tensor.data_ptr())
-    save_file(weights, str(tmp / "weights.safetensors"))
-    torch.save(
-        {
-            "optimizer": optim_state,
-            "scheduler": scheduler.state_dict(),
-            "state": state.__dict__,
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "python": random.getstate(),
+    try:
+        # Tied embeddings share storage; safetensors refuses shared tensors, so clone the duplicates.
+        seen: set[int] = set()
+        for name, tensor in weights.items():
+            if tensor.data_ptr() in seen:
+                weights[name] = tensor.clone()
+            seen.add(tensor.data_ptr())
+        save_file(weights, str(tmp / "weights.safetensors"))
+        torch.save(
+            {
+                "optimizer": optim_state,
+                "scheduler": scheduler.state_dict(),
+                "state": state.__dict__,
+                "rng": {
+                    "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                    "python": random.getstate(),
+                },
             },
-        },
-        tmp / "state.pt",
-    )
-    if target.exists():
-        # Replacing this step's checkpoint (the final save right after a periodic one): point
-        # `latest` at the complete new copy first, so that it never names a half-deleted directory.
-        _write_atomic(root / "latest", tmp.name)
-        shutil.rmtree(target)
-    os.replace(tmp, target)
+            tmp / "state.pt",
+        )
+        _fsync_dir_files(tmp)  # a full disk can surface only here, at the flush
+        if target.exists():
+            # Replacing this step's checkpoint (the final save right after a periodic one): point
+            # `latest` at the complete new copy first, so that it never names a half-deleted directory.
+            _write_atomic(root / "latest", tmp.name)
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # the partial copy; `latest` still names the previous one
+        raise
     _write_atomic(root / "latest", target.name)
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for stray in root.glob(".tmp-*"):
         shutil.rmtree(stray, ignore_errors=True)
-    if dist is not None:
-        dist.barrier()  # the others wait until the checkpoint is complete
-    return target
+
+
+def _fsync_dir_files(directory: Path) -> None:
+    for file in directory.iterdir():
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_failure(root: Path, target: Path, err: BaseException, weights: dict, optim_state: dict) -> str:
+    """What went wrong, in one line: the directory, the error, the space needed and the space free."""
+    needed = _nbytes(weights) + _nbytes(optim_state)
+    where = root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = f"{_mb(shutil.disk_usage(where).free)} free there"
+    except OSError:
+        free = "its free space unknown"
+    return f"cannot write checkpoint {target.name} in {root} ({_one_line(err)}): it needs about {_mb(needed)}, {free}"
+
+
+def _nbytes(obj) -> int:
+    """Bytes of the tensors in a (nested) state dict."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
 def full_weights(model, dist) -> dict[str, torch.Tensor]:

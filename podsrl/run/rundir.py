@@ -69,6 +69,8 @@ FREE = frozenset(
         "train.progress", "train.out_dir", "train.tensorboard", "train.wandb", "train.wandb_project",
         "train.checkpoint_every", "train.keep_checkpoints",
         "train.export_model", "train.export_checkpoints", "train.export_dtype", "train.export_merged", "train.push_to_hub",
+        "train.resume", "train.stop_signals", "train.checkpoint_failure",
+        "reward.timeout_seconds", "reward.max_timeout_fraction", "reward.workers",
         "eval.every_steps", "eval.every_seconds", "eval.at_start", "eval.at_end",
         "model.device", "model.gradient_checkpointing",
         "optim.micro_batch_size", "optim.share_prompts",
@@ -91,12 +93,18 @@ class RunInterrupted(KeyboardInterrupt):
         self.checkpoint = checkpoint
 
     def advice(self) -> str:
-        if self.checkpoint is not None:
-            return f"interrupted; resume with `podsrl train --resume {self.path}` (from {self.checkpoint.name})"
-        return (
-            f"interrupted before the first checkpoint of {self.path}; nothing to resume: start it again "
-            f"with `--out {self.path} --overwrite` (or checkpoint more often with --train.checkpoint_every)"
-        )
+        return "interrupted" + resume_advice(self.path, self.checkpoint)
+
+
+def resume_advice(path: Path, checkpoint: Path | None) -> str:
+    """How to go on with the run in ``path`` whose newest checkpoint is ``checkpoint`` (None: it
+    has none), as the tail of a sentence: "; resume with `podsrl train --resume DIR` (from ...)"."""
+    if checkpoint is not None:
+        return f"; resume with `podsrl train --resume {path}` (from {checkpoint.name})"
+    return (
+        f" before the first checkpoint of {path}; nothing to resume: start it again with "
+        f"`--out {path} --overwrite` (or checkpoint more often with --train.checkpoint_every)"
+    )
 
 
 @dataclass

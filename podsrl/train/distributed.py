@@ -46,9 +46,11 @@ import contextlib
 import datetime
 import os
 import pickle
+import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -57,6 +59,7 @@ from podsrl.errors import ConfigError
 
 PARALLEL = ("ddp", "fsdp")
 BACKENDS = ("auto", "gloo", "nccl")
+T = TypeVar("T")
 
 
 def launched() -> bool:
@@ -75,6 +78,7 @@ class Dist:
     backend: str | None = None  # None: no process group
     comm_seconds: float = 0.0  # spent in this module's collectives, since the last reset
     comm_bytes: int = 0  # their payload (what this rank sends), since the last reset
+    collectives: int = 0  # how many of this module's collectives this rank has entered (podsrl.train.heartbeat)
 
     @property
     def active(self) -> bool:
@@ -119,6 +123,7 @@ class Dist:
 
     @contextlib.contextmanager
     def _comm(self, nbytes: int) -> Iterator[None]:
+        self.collectives += 1  # on entry: a rank that waits here is ahead of one that has not come
         start = time.perf_counter()
         try:
             yield
@@ -220,11 +225,31 @@ class Dist:
 
     def barrier(self) -> None:
         if self.active:
-            torch.distributed.barrier()
+            with self._comm(0):
+                torch.distributed.barrier()
 
-    def close(self) -> None:
+    def from_main(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run on rank 0 alone, its result on every rank; a ConfigError it raises is raised
+        on every rank (decisions about the run directory, which only rank 0 may touch)."""
+        if not self.active:
+            return fn()
+        outcome: tuple[bool, object] | None = None
+        if self.is_main:
+            try:
+                outcome = (True, fn())
+            except ConfigError as err:
+                outcome = (False, err)
+        ok, value = self.broadcast_object(outcome)
+        if not ok:
+            raise value
+        return value
+
+    def close(self, *, barrier: bool = True) -> None:
+        """Leave the process group; ``barrier=False`` on the way out of an error, where another
+        rank may never reach a barrier (it is in a collective this rank left, or dead)."""
         if self.active and torch.distributed.is_initialized():
-            torch.distributed.barrier()
+            if barrier:
+                torch.distributed.barrier()
             torch.distributed.destroy_process_group()
             self.backend = None
 
@@ -266,6 +291,14 @@ def init(cfg) -> Dist:
             backend=backend,
             timeout=datetime.timedelta(minutes=d.timeout_minutes),
             device_id=device if device.type == "cuda" else None,
+        )
+    if rank == 0 and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        print(
+            "podsrl: warning: torchrun --max-restarts with its rendezvous store shared with the workers (torchrun's "
+            "default): a restart can fail or hang in init_process_group on the previous attempt's keys (pytorch/pytorch#135712; "
+            "3 of 5 restarts here); start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (docs/distributed.md)",
+            file=sys.stderr,
+            flush=True,
         )
     return Dist(rank=rank, world=world, local_rank=local_rank, parallel=d.parallel, backend=backend)
 

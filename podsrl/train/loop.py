@@ -38,16 +38,18 @@ from torch import Tensor
 from podsrl.config import Config
 from podsrl.core.downsample import Selection, downsample, step_seed
 from podsrl.engines import Engine, Rollouts, Sampling, make_engine, resolve_engine
-from podsrl.errors import ConfigError
+from podsrl.errors import ConfigError, EngineError
+from podsrl.grading.pool import RewardPool
 from podsrl.grading.rewards import RewardSpec, compute_rewards, resolve_specs
 from podsrl.models import Policy, load_policy
 from podsrl.run import checkpoint as ckpt
-from podsrl.run import export, rundir
+from podsrl.run import export, preemption, rundir
 from podsrl.tasks import Example, Task, format_user_message, load_task
 from podsrl.run.metrics import NullLogger, RunLogger
 from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
 from podsrl.train.evaluate import EvalResult, evaluate
+from podsrl.train.heartbeat import Heartbeat
 from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
 
 
@@ -65,6 +67,12 @@ class Setup:
     eval_examples: list[Example]
     reference: torch.nn.Module | None
     dist: Dist = field(default_factory=Dist)  # this process's rank and world (world 1: alone)
+    reward_pool: RewardPool | None = None  # user rewards in worker processes (reward.timeout_seconds)
+
+    def close(self) -> None:
+        self.engine.close()
+        if self.reward_pool is not None:
+            self.reward_pool.close()
 
 
 def build_task(cfg: Config) -> Task:
@@ -137,6 +145,7 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
         eval_examples=eval_examples,
         reference=reference,
         dist=dist,
+        reward_pool=RewardPool.from_config(cfg.reward, cfg.reward.names),
     )
 
 
@@ -220,17 +229,18 @@ class Scored:
     lengths: Tensor  # completion tokens
     truncated: Tensor  # 1.0 where the completion hit rollout.max_new_tokens
     per_reward: dict[str, Tensor]  # each reward function's unweighted values, by name
+    timeouts: Tensor  # how many reward calls were stopped at reward.timeout_seconds
 
 
 def score(s: Setup, rollouts: Rollouts, examples: list[Example]) -> Scored:
     """Score this rank's groups (group-major, n per example) and gather every rank's: [B, n] fields."""
     n = s.cfg.rollout.n
-    result = compute_rewards(rollouts.texts, [ex for ex in examples for _ in range(n)], s.rewards)
-    columns = [result.total, [len(c) for c in rollouts.completion_ids], rollouts.truncated, *result.per_reward.values()]
+    result = compute_rewards(rollouts.texts, [ex for ex in examples for _ in range(n)], s.rewards, pool=s.reward_pool)
+    columns = [result.total, [len(c) for c in rollouts.completion_ids], rollouts.truncated, *result.per_reward.values(), result.timeouts]
     local = torch.tensor(columns, dtype=torch.float32).T.reshape(len(examples), n, len(columns))  # [b, n, C]
     table = s.dist.gather_rows(local)  # [B, n, C]: one collective for every field
-    rewards, lengths, truncated, *each = table.unbind(-1)
-    return Scored(rewards, lengths, truncated, dict(zip(result.per_reward, each)))
+    rewards, lengths, truncated, *each, timeouts = table.unbind(-1)
+    return Scored(rewards, lengths, truncated, dict(zip(result.per_reward, each)), timeouts)
 
 
 def _update_on_kept(s: Setup, model, optimizer, scheduler, idx: list[int], rollouts: Rollouts, selection: Selection):
@@ -260,6 +270,7 @@ def _step_metrics(s: Setup, state: ckpt.TrainState, scheduler, scored: Scored, s
         "completion_len_kept": float(scored.lengths[keep].mean()) if keep.any() else 0.0,
         "truncated": float(scored.truncated.mean()),
         **{f"reward/{name}": float(values.mean()) for name, values in scored.per_reward.items()},
+        "reward/timeouts": int(scored.timeouts.sum()),  # calls stopped at reward.timeout_seconds
     }
     if stats is not None:
         metrics.update(stats.metrics())
@@ -320,13 +331,20 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, ove
     ``resume`` continues it from its newest complete checkpoint, ``overwrite`` replaces the run it
     holds. A directory holding another run, or in use, is refused: see :mod:`podsrl.run.rundir`."""
     dist = init_distributed(cfg)  # a process group under torchrun; otherwise world 1, no group
+    finished = False
     try:
-        return _train(cfg, dist, run_dir=run_dir, resume=resume, overwrite=overwrite, log=log if dist.is_main else _quiet)
+        with Heartbeat(dist, cfg.distributed.hang_seconds):  # a hung or lost rank stops every rank
+            run_dir = _train(cfg, dist, run_dir=run_dir, resume=resume, overwrite=overwrite, log=log if dist.is_main else _quiet)
+        finished = True
+        return run_dir
     finally:
-        dist.close()
+        dist.close(barrier=finished)
 
 
 def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overwrite: bool, log) -> Path:
+    if cfg.train.resume == "auto" and not (resume or overwrite):  # the same command starts and restarts
+        run_dir, resume, overwrite = dist.from_main(lambda: preemption.auto_resume(run_dir, cfg))
+        log(f"podsrl: train.resume = 'auto': {'resuming' if resume else 'restarting' if overwrite else 'starting'} {run_dir}")
     # Checks only (every rank): the directory is made once the task, rewards and model have loaded.
     claim = rundir.prepare(
         run_dir if run_dir is not None else resolve_run_dir(cfg), cfg, resume=resume, overwrite=overwrite, unique=run_dir is None
@@ -340,8 +358,10 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
         return _run(s, claim, model, optimizer, scheduler, state, resume=resume, log=log)
     except KeyboardInterrupt as err:  # name the run and how to go on (the CLI prints it)
         raise rundir.RunInterrupted(claim.path, ckpt.latest(claim.path)) from err
+    except EngineError as err:
+        raise EngineError(f"{err}{rundir.resume_advice(claim.path, ckpt.latest(claim.path))}") from err
     finally:
-        s.engine.close()
+        s.close()
         claim.close()
 
 
@@ -372,10 +392,15 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
         claim.write_config(cfg, step=state.step, log=log)  # atomic; on resume, records what changed
     log(_describe(s, model))
     logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()
-    save = lambda: ckpt.save(run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints, dist=dist)  # noqa: E731
+    save = lambda on_failure="stop": ckpt.save(  # noqa: E731
+        run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints, dist=dist, on_failure=on_failure, log=log
+    )
+    stop = preemption.StopSignals(cfg.train.stop_signals).install()  # finish the step, checkpoint, exit 75
     try:
         if state.step == 0 and cfg.eval.at_start:
             run_eval(s, state, logger, log, label="base model")
+        if sig := stop.agreed(dist):  # a signal before the first step: nothing new to save
+            raise preemption.Preempted(run_dir, ckpt.latest(run_dir), sig, state.step)
         while not _done(cfg, state):
             start = time.perf_counter()
             metrics = train_step(s, model, optimizer, scheduler, state)
@@ -384,14 +409,19 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
             state.train_seconds = dist.broadcast_object(state.train_seconds + time.perf_counter() - start)
             metrics["train_seconds"] = state.train_seconds
             logger.log_step(metrics, state)
+            if sig := stop.agreed(dist):  # one rank's signal is enough: every rank stops after this step
+                raise preemption.Preempted(run_dir, save(), sig, state.step)
             if _eval_due(cfg, state) and not _done(cfg, state):
                 run_eval(s, state, logger, log)
             if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-                export.after_checkpoint(cfg, run_dir, save(), dist, final=False, log=log)
+                path = save(cfg.train.checkpoint_failure)  # "retry": a full disk is a warning until the final save
+                if path is not None:
+                    export.after_checkpoint(cfg, run_dir, path, dist, final=False, log=log)
         if cfg.eval.at_end:
             run_eval(s, state, logger, log, label="trained policy")
         export.after_checkpoint(cfg, run_dir, save(), dist, final=True, log=log)
     finally:
+        stop.restore()
         logger.close()
     return run_dir
 

@@ -1,0 +1,580 @@
+"""Surviving the cluster (issue 23): restart in place, preemption, hung ranks, hung rewards, full
+disks and dead engines, each injected by the test (a reward function that reads environment
+variables, or a monkeypatch), never by a hook in podsrl.
+
+One process: ``--resume auto``; SIGTERM -> checkpoint, exit 75, exact resume; a reward that sleeps
+forever is timed out, counted and the run goes on; a checkpoint write that fails with ENOSPC leaves
+the previous one loadable; an engine failure names the engine and the run to resume.
+``torchrun --nproc-per-node=2`` (gloo, the tiny model): a rank killed at step 3 under
+``--max-restarts=1`` with ``--resume auto`` (the job restarts and ends with the weights of an
+uninterrupted run); SIGTERM to one rank at a random moment (every rank stops after the same step,
+exit code 75, ``--resume`` continues exactly); a rank that hangs in its reward (every process exits
+within the heartbeat's bound, naming the rank and its phase). A killed vLLM engine is slow-marked.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from podsrl.config import from_dict, load, to_toml
+from podsrl.errors import EXIT_CHECKPOINT, EXIT_ENGINE, EXIT_HUNG, EXIT_PREEMPTED, ConfigError, EngineError, RewardError
+from podsrl.grading.pool import RewardPool
+from podsrl.grading.rewards import compute_rewards
+from podsrl.run import checkpoint as ckpt
+from podsrl.run import preemption
+from podsrl.run.metrics import read_jsonl
+from podsrl.tasks.types import Example
+from podsrl.train import heartbeat
+from podsrl.train import loop as trainer
+
+from conftest import tiny_config_dict
+from test_cli import assert_user_error, run_cli
+from test_distributed import _env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The test's own reward, with faults chosen by environment variables: PODSRL_TEST_FAULT =
+# "kill:RANK:CALL" (SIGKILL, as the OOM killer would) or "hang:RANK:CALL" (sleep, after writing the
+# time to PODSRL_TEST_MARK) at that rank's CALL-th call, on the first attempt only (torchrun's
+# restarts count in TORCHELASTIC_RESTART_COUNT); PODSRL_TEST_PIDS: a directory where each rank
+# writes its pid; PODSRL_TEST_SLEEP_ONCE: a file created by the one call that sleeps forever.
+FAULTY_REWARD = '''
+import os, signal, time
+from pathlib import Path
+
+_calls = 0
+
+
+def faulty_reward(completion, example):
+    global _calls
+    _calls += 1
+    rank = os.environ.get("RANK", "0")
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("PODSRL_TEST_PIDS") and _calls == 1:
+        Path(os.environ["PODSRL_TEST_PIDS"], f"rank{rank}-{attempt}").write_text(str(os.getpid()))
+    kind, _, where = os.environ.get("PODSRL_TEST_FAULT", "").partition(":")
+    fault_rank, _, call = where.partition(":")
+    if kind and rank == fault_rank and _calls == int(call) and attempt == "0":
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            Path(os.environ["PODSRL_TEST_MARK"]).write_text(str(time.time()))
+            time.sleep(3600)
+    once = os.environ.get("PODSRL_TEST_SLEEP_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL))
+            time.sleep(3600)
+        except FileExistsError:
+            pass
+    return len(completion) / 40.0
+'''
+
+QUIET = {"eval.at_start": False, "eval.at_end": False, "train.progress": False}
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("faulty") / "faulty_reward.py"
+    path.write_text(FAULTY_REWARD)
+    return f"{path}:faulty_reward"
+
+
+@pytest.fixture
+def stop_handlers():
+    """A stopped run leaves its stop signals ignored (the process is exiting): put them back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def _config(make_config, tmp_path, **overrides) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(to_toml(make_config(**{**QUIET, **overrides})))
+    return path
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / f"step-{step:06d}" / "weights.safetensors"))
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys() and a
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _steps(run: Path) -> list[int]:
+    return [r["step"] for r in read_jsonl(run / "metrics.jsonl")]
+
+
+# ------------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("train.resume=yes", "train.resume"),
+        ("train.stop_signals=SIGKILL", "train.stop_signals"),
+        ("train.stop_signals=NOPE", "train.stop_signals"),
+        ("train.checkpoint_failure=ignore", "train.checkpoint_failure"),
+        ("reward.timeout_seconds=0", "reward.timeout_seconds"),
+        ("reward.max_timeout_fraction=1.5", "reward.max_timeout_fraction"),
+        ("reward.workers=0", "reward.workers"),
+        ("distributed.hang_seconds=0", "distributed.hang_seconds"),
+        ("distributed.hang_seconds=1800", "distributed.hang_seconds"),
+    ],
+)
+def test_bad_fault_settings_name_the_field(override, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment) + ":"):
+        load(None, [override])
+
+
+def test_stop_signal_names():
+    assert load(None, ["train.stop_signals=term,SIGUSR1"]).train.stop_signals == ["term", "SIGUSR1"]
+    assert [s.name for s in preemption.StopSignals(["term", "usr1"]).signals] == ["SIGTERM", "SIGUSR1"]
+
+
+# --------------------------------------------------------------------- restart in place
+
+
+def test_resume_auto_starts_resumes_restarts_and_refuses_another_run(make_config, tmp_path, one_thread):
+    config = _config(make_config, tmp_path, **{"train.max_steps": 2, "train.checkpoint_every": 1})
+    run = tmp_path / "run"
+    code, out, err = run_cli(["train", str(config), "--out", str(run), "--resume", "auto", "--no-plot"])
+    assert code == 0, err
+    assert f"starting {run}" in out and _steps(run) == [1, 2]
+    code, out, err = run_cli(["train", str(config), "--out", str(run), "--resume", "auto", "--no-plot", "--train.max_steps=3"])
+    assert code == 0, err
+    assert f"resuming {run}" in out and "resumed" in out and _steps(run) == [1, 2, 3]
+    # The same run that died before its first checkpoint starts again from scratch.
+    (run / "checkpoints").rename(tmp_path / "old-checkpoints")
+    code, out, err = run_cli(["train", str(config), "--out", str(run), "--resume", "auto", "--no-plot", "--train.max_steps=3"])
+    assert code == 0, err
+    assert f"restarting {run}" in out and _steps(run) == [1, 2, 3]
+    # Only the same run resumes.
+    code, _, err = run_cli(["train", str(config), "--out", str(run), "--resume", "auto", "--no-plot", "--select.m=3"])
+    assert_user_error(code, err, str(run), "select.m")
+    # A name that changes at every start cannot be found again.
+    code, _, err = run_cli(["train", str(config), "--resume", "auto", "--train.out_dir=runs/{time}"])
+    assert_user_error(code, err, "train.resume", "--out")
+
+
+# -------------------------------------------------------------------------- preemption
+
+
+def test_sigterm_checkpoints_exits_75_and_resume_continues_exactly(make_config, tmp_path, monkeypatch, stop_handlers, one_thread):
+    overrides = {"train.max_steps": 4, "train.checkpoint_every": 0}
+    config = _config(make_config, tmp_path, **overrides)
+    reference = trainer.train(load(config), run_dir=tmp_path / "reference", log=lambda *_: None)
+    real_step = trainer.train_step
+
+    def signalled_during_step_2(s, model, optimizer, scheduler, state):
+        if state.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered now; the step still finishes
+        return real_step(s, model, optimizer, scheduler, state)
+
+    monkeypatch.setattr(trainer, "train_step", signalled_during_step_2)
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
+    assert code == EXIT_PREEMPTED, err
+    assert "stopped by SIGTERM after step 2" in err and f"podsrl train --resume {run}" in err and "Traceback" not in err
+    assert _steps(run) == [1, 2] and ckpt.latest(run).name == "step-000002"  # checkpoint_every = 0: the stop's own
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # a second SIGTERM cannot cut the exit short
+    monkeypatch.undo()
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot"])
+    assert code == 0, err
+    assert _steps(run) == [1, 2, 3, 4]
+    assert _max_diff(_weights(run, 4), _weights(reference, 4)) == 0.0
+
+
+def test_a_stop_signal_before_the_first_step_stops_without_a_checkpoint(make_config, tmp_path, monkeypatch, stop_handlers, one_thread):
+    cfg = make_config(**{**QUIET, "eval.at_start": True, "train.stop_signals": ["SIGUSR1"]})
+    real_eval = trainer.run_eval
+
+    def signalled_during_eval(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return real_eval(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "run_eval", signalled_during_eval)
+    with pytest.raises(preemption.Preempted) as stopped:
+        trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+    assert stopped.value.step == 0 and stopped.value.checkpoint is None and "--overwrite" in stopped.value.advice()
+
+
+# ------------------------------------------------------------------------ reward timeouts
+
+
+def test_a_reward_that_sleeps_forever_is_timed_out_counted_and_the_run_goes_on(make_config, tmp_path, faulty, monkeypatch, one_thread):
+    monkeypatch.setenv("PODSRL_TEST_SLEEP_ONCE", str(tmp_path / "slept"))
+    config = _config(
+        make_config, tmp_path, **{"train.max_steps": 3, "reward.names": [faulty], "reward.timeout_seconds": 2.0}
+    )  # fmt: skip
+    start = time.monotonic()
+    code, out, err = run_cli(["train", str(config), "--out", str(tmp_path / "run"), "--no-plot"])
+    assert code == 0, err
+    assert time.monotonic() - start < 120
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sum(r["reward/timeouts"] for r in rows) == 1 and (tmp_path / "slept").exists()
+    assert f"reward function {faulty!r} timed out (> 2 s" in err and "on 1 of 8 completions" in err
+
+
+def test_reward_pool_scores_counts_and_stops_past_the_fraction(faulty, tmp_path, monkeypatch):
+    examples = [Example(str(i), "q", "1") for i in range(4)]
+    warnings: list[str] = []
+    pool = RewardPool([faulty], timeout=1.0, workers=2, timeout_score=-1.0, max_fraction=0.25, warn=warnings.append)
+    try:
+        monkeypatch.setenv("PODSRL_TEST_SLEEP_ONCE", str(tmp_path / "once"))  # the workers inherit it
+        completions = ["a", "bb", "ccc", "dddd"]
+        result = compute_rewards(completions, examples, [(faulty, 1.0), ("correctness", 1.0)], pool=pool)
+        values = result.per_reward[faulty]
+        assert result.timeouts.count(1) == 1 and [v == -1.0 for v in values] == [t == 1 for t in result.timeouts]
+        assert all(v == len(c) / 40 for v, c, t in zip(values, completions, result.timeouts) if not t)
+        assert result.per_reward["correctness"] == [0.0] * 4 and len(warnings) == 1 and "on 1 of 4 completions" in warnings[0]
+        monkeypatch.setenv("PODSRL_TEST_FAULT", "hang:0:1")  # now every fresh worker's first call hangs
+        monkeypatch.setenv("PODSRL_TEST_MARK", str(tmp_path / "mark"))
+        pool.close()
+        with pytest.raises(RewardError, match=r"timed out .* on 4 of 4 completions, more than reward.max_timeout_fraction = 0.25"):
+            compute_rewards(["a", "bb", "ccc", "dddd"], examples, [(faulty, 1.0)], pool=pool)
+    finally:
+        pool.close()
+
+
+def test_reward_pool_reports_a_raising_function_like_in_process(reward_spec):
+    pool = RewardPool([reward_spec("raising_reward")], timeout=30.0)
+    try:
+        with pytest.raises(RewardError, match="raised ValueError: boom from the test reward") as err:
+            compute_rewards(["x"], [Example("7", "q", "1")], [(reward_spec("raising_reward"), 1.0)], pool=pool)
+        assert "example id: 7" in str(err.value) and "boom" in str(err.value.__cause__)
+    finally:
+        pool.close()
+
+
+def test_no_pool_for_built_in_rewards_or_without_a_limit(make_config, reward_spec):
+    with_limit = make_config(**{"reward.timeout_seconds": 5.0}).reward
+    assert RewardPool.from_config(with_limit, ["correctness", "format"]) is None
+    assert RewardPool.from_config(make_config().reward, [reward_spec("length_reward")]) is None
+    pool = RewardPool.from_config(with_limit, ["correctness", reward_spec("length_reward")])
+    assert pool.names == [reward_spec("length_reward")] and not pool.serves("correctness")
+
+
+# ----------------------------------------------------------------------------- full disk
+
+
+def test_a_checkpoint_that_hits_enospc_keeps_the_previous_one(make_config, tmp_path, monkeypatch, one_thread):
+    config = _config(make_config, tmp_path, **{"train.max_steps": 3, "train.checkpoint_every": 1, "train.keep_checkpoints": 1})
+    real_save = ckpt.torch.save
+
+    def full_disk_from_step_2(obj, path, *args, **kwargs):
+        if obj["state"]["step"] >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", full_disk_from_step_2)
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
+    assert code == EXIT_CHECKPOINT and "Traceback" not in err
+    for fragment in (f"cannot write checkpoint step-000002 in {run / 'checkpoints'}", "No space left on device", "needs about", "free there",
+                     f"podsrl train --resume {run}", "step-000001"):  # fmt: skip
+        assert fragment in err, f"{fragment!r} missing from {err!r}"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000001"]  # no partial copy left
+    monkeypatch.undo()
+    code, out, err = run_cli(["train", "--resume", str(run), "--no-plot"])  # the previous checkpoint loads
+    assert "resumed" in out and "at step 1" in out
+    assert code == 0, err
+    assert _steps(run) == [1, 2, 3]
+
+
+def test_checkpoint_failure_retry_goes_on(make_config, tmp_path, monkeypatch, one_thread):
+    config = _config(make_config, tmp_path, **{"train.max_steps": 3, "train.checkpoint_every": 1, "train.checkpoint_failure": "retry"})
+    real_save = ckpt.save_file
+    calls = {"n": 0}
+
+    def fails_at_the_second_write(tensors, filename, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_save(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "save_file", fails_at_the_second_write)
+    run = tmp_path / "run"
+    code, out, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
+    assert code == 0, err
+    assert "cannot write checkpoint step-000002" in out and "step-000001 stays the newest checkpoint" in out and "tries again" in out
+    assert ckpt.latest(run).name == "step-000003" and _steps(run) == [1, 2, 3]
+
+
+# ------------------------------------------------------------------------------- engines
+
+
+def test_an_engine_failure_names_the_engine_and_the_run_to_resume(make_config, tmp_path, monkeypatch, one_thread):
+    config = _config(make_config, tmp_path, **{"train.max_steps": 3, "train.checkpoint_every": 1})
+    from podsrl.engines.hf import TransformersEngine
+
+    real_generate = TransformersEngine.generate
+    calls = {"n": 0}
+
+    def dies_at_step_2(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise EngineError("the vLLM rollout engine (vLLM test) failed while generating: EngineDeadError: gone")
+        return real_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransformersEngine, "generate", dies_at_step_2)
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
+    assert code == EXIT_ENGINE and "Traceback" not in err
+    assert "vLLM rollout engine" in err and f"podsrl train --resume {run}` (from step-000001)" in err
+
+
+@pytest.mark.vllm
+def test_vllm_engine_failures_become_engine_errors():
+    pytest.importorskip("vllm")
+    from podsrl.engines import Sampling
+    from podsrl.engines.vllm import VLLMEngine
+
+    class DeadLLM:
+        def generate(self, *args, **kwargs):
+            raise AssertionError("pipeline model parallel group is not initialized")  # what a shut-down core raises
+
+    engine = object.__new__(VLLMEngine)  # no real engine: only the failure path
+    engine.llm, engine.version, engine.max_model_len, engine.sleep_mode, engine._asleep = DeadLLM(), "0.32.0", 64, False, False
+    engine._SamplingParams, engine.eos_ids = (lambda **kw: kw), {0}
+    with pytest.raises(EngineError, match=r"vLLM rollout engine \(vLLM 0.32.0\) failed while generating: AssertionError: pipeline"):
+        engine.generate([[1, 2]], Sampling(n=1, temperature=1.0, top_p=1.0, max_new_tokens=4, seed=None))
+    engine.llm = None
+    with pytest.raises(EngineError, match="after it was closed"):
+        engine.generate([[1, 2]], Sampling(n=1, temperature=1.0, top_p=1.0, max_new_tokens=4, seed=None))
+
+
+# ------------------------------------------------------------------------------ heartbeat
+
+
+def _beat(rank, tick=0, collectives=0, phase="update", done=False):
+    return heartbeat.Beat(rank, tick, collectives, phase, f"x.py:{rank} in f", False, "host", 100 + rank, done)
+
+
+def test_verdict_names_the_rank_that_keeps_the_others_waiting():
+    seen: dict = {}
+    beats = {0: _beat(0, collectives=5), 1: _beat(1, collectives=4, phase="reward"), 2: _beat(2, collectives=5)}
+    heartbeat.observe(seen, beats, now=0.0)
+    for t in range(1, 11):  # ticks keep coming: every process is alive; rank 1 never enters the collective
+        beats = {r: _beat(r, tick=t, collectives=b.collectives, phase=b.phase) for r, b in beats.items()}
+        heartbeat.observe(seen, beats, now=float(t))
+    assert heartbeat.verdict(seen, beats, now=10.0, bound=10.0) is None  # not longer than the bound yet
+    message = heartbeat.verdict(seen, beats, now=10.5, bound=10.0)
+    assert message.startswith("rank 1 (host host, pid 101) has kept ranks 0, 2 waiting for 10 s")
+    assert "in its reward phase, at x.py:1 in f" in message and "distributed.hang_seconds = 10" in message
+
+
+def test_verdict_catching_up_setup_and_done_ranks_are_not_hangs():
+    seen: dict = {}
+    heartbeat.observe(seen, {0: _beat(0, collectives=3), 1: _beat(1, collectives=2, phase="setup")}, now=0.0)
+    heartbeat.observe(seen, {0: _beat(0, 1, collectives=3), 1: _beat(1, 1, collectives=2, phase="setup")}, now=50.0)
+    assert heartbeat.verdict(seen, {0: _beat(0, 1, 3), 1: _beat(1, 1, 2, "setup")}, now=50.0, bound=10.0) is None
+    heartbeat.observe(seen, {0: _beat(0, 2, collectives=3), 1: _beat(1, 2, collectives=2)}, now=51.0)  # out of set-up
+    heartbeat.observe(seen, {0: _beat(0, 3, collectives=3), 1: _beat(1, 3, collectives=3)}, now=58.0)  # caught up
+    heartbeat.observe(seen, {0: _beat(0, 4, collectives=3), 1: _beat(1, 4, collectives=3)}, now=70.0)
+    assert heartbeat.verdict(seen, {0: _beat(0, 4, 3), 1: _beat(1, 4, 3)}, now=70.0, bound=10.0) is None
+    done = {0: _beat(0, 5, 9), 1: _beat(1, 3, 3, done=True)}
+    heartbeat.observe(seen, done, now=100.0)
+    assert heartbeat.verdict(seen, done, now=100.0, bound=10.0) is None  # a rank that left is not waited for
+
+
+def test_verdict_names_a_lost_rank():
+    seen: dict = {}
+    heartbeat.observe(seen, {0: _beat(0), 1: _beat(1), 2: None}, now=0.0)
+    heartbeat.observe(seen, {0: _beat(0, 1), 1: _beat(1), 2: None}, now=20.0)  # rank 1's ticks stopped
+    message = heartbeat.verdict(seen, {0: _beat(0, 1), 1: _beat(1), 2: None}, now=20.0, bound=10.0)
+    assert message.startswith("rank 1 (host host, pid 101) has sent no heartbeat for 20 s; last seen in its update phase")
+    assert "frozen or its node is gone" in message
+
+
+def test_describe_reads_the_phase_and_line_from_the_stack(tmp_path):
+    gate = threading.Event()
+    blocker = tmp_path / "blocking.py"
+    blocker.write_text("def blocking(completion, example):\n    GATE.wait()\n    return 1.0\n")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("podsrl_test_blocking", blocker)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.GATE = gate
+    sys.modules["podsrl_test_blocking"] = module
+    worker = threading.Thread(target=compute_rewards, args=(["x"], [Example("1", "q", "1")], [("podsrl_test_blocking:blocking", 1.0)]))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            phase, where, waiting = heartbeat.describe(worker.ident)
+            if where.endswith("in wait"):
+                break
+            time.sleep(0.01)
+        assert phase == "reward" and not waiting
+        assert where.endswith("in wait")  # threading's Event.wait, under blocking() in compute_rewards
+    finally:
+        gate.set()
+        worker.join()
+        del sys.modules["podsrl_test_blocking"]
+
+
+# ------------------------------------------------------------------------------- torchrun
+
+DIST = {
+    **QUIET,
+    "train.prompts_per_step": 4,  # 2 prompts x 4 rollouts = 8 reward calls per step on each rank
+    "rollout.n": 4,
+    "select.m": 2,
+    "optim.micro_batch_size": 2,
+    "train.max_steps": 5,
+    "train.checkpoint_every": 2,
+}
+
+
+def _launch(args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> subprocess.Popen:
+    """``torchrun --nproc-per-node=2 -m podsrl train ARGS``; without torchrun's shared store, which
+    makes restarts fail in gloo's set-up on the last attempt's keys (pytorch/pytorch#135712)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", f"--max-restarts={restarts}",
+           "-m", "podsrl", "train", *args, "--no-plot"]  # fmt: skip
+    env = {**_env(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 400, pids: Path | None = None) -> tuple[int, str]:
+    """(exit code, output) of a ``_launch``; past ``timeout`` it and its workers (their pids in
+    ``pids``, written by the faulty reward) are killed and the test fails."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        for file in pids.iterdir() if pids is not None else ():
+            try:
+                os.kill(int(file.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        out, _ = proc.communicate()
+        pytest.fail(f"torchrun did not finish within {timeout} s:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+@pytest.fixture(scope="module")
+def dist_config(tmp_path_factory, tiny_model_dir, reward_file, faulty) -> Path:
+    path = tmp_path_factory.mktemp("dist-faults") / "run.toml"
+    path.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **{**DIST, "reward.names": [faulty]}))))
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(dist_config, tmp_path_factory) -> Path:
+    """The 2-rank run every faulty one must reproduce: its final weights."""
+    run = tmp_path_factory.mktemp("uninterrupted") / "run"
+    code, out = _finish(_launch([str(dist_config), "--out", str(run)]))
+    assert code == 0, out[-3000:]
+    return run
+
+
+def test_torchrun_restarts_a_killed_rank_and_ends_as_if_uninterrupted(dist_config, uninterrupted, tmp_path):
+    run, pids = tmp_path / "run", tmp_path / "pids"
+    pids.mkdir()
+    fault = {"PODSRL_TEST_FAULT": "kill:1:17", "PODSRL_TEST_PIDS": str(pids)}  # rank 1's first reward call of step 3
+    code, out = _finish(_launch([str(dist_config), "--out", str(run), "--resume", "auto"], env=fault, restarts=1), pids=pids)
+    assert code == 0, out[-3000:]
+    assert f"starting {run}" in out and f"resuming {run}" in out and "resumed" in out and "exitcode: -9" in out
+    assert _steps(run) == [1, 2, 3, 4, 5]  # each once: steps 3.. were redone from the checkpoint of step 2
+    assert _max_diff(_weights(run, 5), _weights(uninterrupted, 5)) == 0.0
+
+
+def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(dist_config, uninterrupted, tmp_path):
+    run, pids = tmp_path / "run", tmp_path / "pids"
+    pids.mkdir()
+    proc = _launch([str(dist_config), "--out", str(run)], env={"PODSRL_TEST_PIDS": str(pids)})
+    deadline = time.monotonic() + 300
+    while not _steps(run) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    delay = random.uniform(0.0, 1.5)  # somewhere in the next step or so
+    time.sleep(delay)
+    os.kill(int((pids / "rank1-0").read_text()), signal.SIGTERM)
+    code, out = _finish(proc, pids=pids)
+    stops = re.findall(r"stopped by SIGTERM after step (\d+); resume with `podsrl train --resume (\S+)`", out)
+    assert code != 0 and len(stops) == 2 and stops[0] == stops[1], f"delay {delay:.2f} s\n{out[-3000:]}"
+    step = int(stops[0][0])
+    assert stops[0][1] == str(run) and out.count("exitcode  : 75") == 2, out[-3000:]  # both ranks: the documented code
+    assert _steps(run) == list(range(1, step + 1)) and ckpt.latest(run).name == f"step-{step:06d}"
+    code, out = _finish(_launch(["--resume", str(run)]))
+    assert code == 0, out[-3000:]
+    assert _steps(run) == [1, 2, 3, 4, 5]
+    assert _max_diff(_weights(run, 5), _weights(uninterrupted, 5)) == 0.0
+
+
+def test_a_hung_rank_stops_every_rank_within_the_bound_naming_it(dist_config, tmp_path, faulty):
+    bound = 20
+    mark, pids = tmp_path / "hang-started", tmp_path / "pids"
+    pids.mkdir()
+    env = {"PODSRL_TEST_FAULT": "hang:1:9", "PODSRL_TEST_MARK": str(mark), "PODSRL_TEST_PIDS": str(pids)}  # step 2
+    proc = _launch([str(dist_config), "--out", str(tmp_path / "run"), f"--distributed.hang_seconds={bound}"], env=env)
+    code, out = _finish(proc, pids=pids)
+    elapsed = time.time() - float(mark.read_text())
+    assert code != 0 and elapsed < bound + 40, f"{elapsed:.0f} s after the hang\n{out[-3000:]}"
+    verdicts = re.findall(r"podsrl: error: (rank 1 \(host \S+, pid (\d+)\) has kept rank 0 waiting for \d+ s: it is in its reward phase.*)", out)
+    assert len(verdicts) == 2 and verdicts[0] == verdicts[1], out[-3000:]  # printed by both ranks
+    assert verdicts[0][1] == (pids / "rank1-0").read_text() and Path(faulty.split(":")[0]).name in verdicts[0][0]
+    assert f"exitcode  : {EXIT_HUNG}" in out
+    for rank in (0, 1):  # every process is gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(int((pids / f"rank{rank}-0").read_text()), 0)
+
+
+# --------------------------------------------------------------------------- vLLM, slow
+
+_KILL_ENGINE = """
+import sys
+from podsrl.cli import main
+from podsrl.engines.vllm import VLLMEngine
+
+real = VLLMEngine.generate
+calls = {"n": 0}
+
+
+def generate(self, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == 2:  # step 2: vLLM's engine core goes away under the trainer
+        self.llm.llm_engine.engine_core.shutdown()
+    return real(self, *args, **kwargs)
+
+
+VLLMEngine.generate = generate
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_dead_vllm_engine_is_a_clear_error_within_a_bound(tmp_path):
+    pytest.importorskip("vllm")
+    script = tmp_path / "kill_engine.py"
+    script.write_text(_KILL_ENGINE)
+    run = tmp_path / "run"
+    args = ["train", "--out", str(run), "--no-plot", "--rollout.engine=vllm", "--train.max_steps=3", "--train.max_seconds=none",
+            "--train.checkpoint_every=1", "--train.prompts_per_step=2", "--rollout.n=4", "--select.m=2", "--eval.at_start=false",
+            "--eval.at_end=false", "--rollout.kv_cache_gib=0.25", "--train.progress=false"]  # fmt: skip
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), *args], env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == EXIT_ENGINE, done.stderr[-3000:]
+    assert time.monotonic() - start < 600
+    assert "podsrl: engine error: the vLLM rollout engine (vLLM" in done.stderr and "failed while generating" in done.stderr
+    assert f"resume with `podsrl train --resume {run}` (from step-000001)" in done.stderr and "Traceback" not in done.stderr
