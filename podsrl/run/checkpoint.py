@@ -105,6 +105,7 @@ def save(
 def _write(root: Path, target: Path, weights: dict, optim_state: dict, scheduler, state: TrainState, keep: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    named = False  # whether `latest` names tmp (then it is the checkpoint to keep)
     try:
         # Tied embeddings share storage; safetensors refuses shared tensors, so clone the duplicates.
         seen: set[int] = set()
@@ -131,10 +132,12 @@ def _write(root: Path, target: Path, weights: dict, optim_state: dict, scheduler
             # Replacing this step's checkpoint (the final save right after a periodic one): point
             # `latest` at the complete new copy first, so that it never names a half-deleted directory.
             _write_atomic(root / "latest", tmp.name)
+            named = True
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # the partial copy; `latest` still names the previous one
+        if not named:  # the partial copy; `latest` still names the previous checkpoint
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     _write_atomic(root / "latest", target.name)
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
