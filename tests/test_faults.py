@@ -405,6 +405,39 @@ def test_verdict_names_a_lost_rank():
     assert "frozen or its node is gone" in message
 
 
+class _FakeDist:
+    """What Heartbeat uses of a Dist, for threads of one process standing in for ranks."""
+
+    def __init__(self, rank: int, world: int, collectives: int):
+        self.rank, self.world, self.collectives, self.active = rank, world, collectives, True
+        self.is_main = rank == 0
+
+    def broadcast_object(self, obj):
+        return obj
+
+
+def test_heartbeat_threads_stop_every_rank_for_a_hung_one_and_a_lost_one():
+    import torch.distributed as tdist
+
+    # Hung: rank 1 beats on but never enters the collective rank 0 waits in (5 against 3).
+    store, verdicts = tdist.HashStore(), {0: [], 1: []}
+    beats = [heartbeat.Heartbeat(_FakeDist(r, 2, c), 1.0, store=store, interval=0.1, on_verdict=verdicts[r].append) for r, c in ((0, 5), (1, 3))]
+    with beats[0], beats[1]:
+        deadline = time.monotonic() + 20
+        while not (verdicts[0] and verdicts[1]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert verdicts[0] == verdicts[1] and len(verdicts[0]) == 1  # rank 0 decides, rank 1 reads it
+    assert verdicts[0][0].startswith("rank 1 (host ") and "has kept rank 0 waiting for 1 s" in verdicts[0][0]
+    # Lost: rank 1 published once and went silent (its process frozen, its node gone).
+    store, verdicts = tdist.HashStore(), []
+    store.set("1", json.dumps(vars(heartbeat.Beat(1, 0, 3, "update", "x.py:1 in f", False, "node7", 42))))
+    with heartbeat.Heartbeat(_FakeDist(0, 2, 3), 1.0, store=store, interval=0.1, on_verdict=verdicts.append):
+        deadline = time.monotonic() + 20
+        while not verdicts and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert verdicts and verdicts[0].startswith("rank 1 (host node7, pid 42) has sent no heartbeat for 1 s; last seen in its update phase")
+
+
 def test_describe_reads_the_phase_and_line_from_the_stack(tmp_path):
     gate = threading.Event()
     blocker = tmp_path / "blocking.py"

@@ -146,11 +146,17 @@ class RewardPool:
         timed_out = [False] * len(completions)
         todo = deque(range(len(completions)))
         while todo or any(w.call is not None for w in self._pool):
-            for w in self._pool:
+            for k, w in enumerate(self._pool):
                 if w.ready and w.call is None and todo:
-                    w.call = todo.popleft()
-                    w.deadline = time.monotonic() + self.timeout
-                    w.conn.send(("call", w.call, name, completions[w.call], examples[w.call]))
+                    i = todo.popleft()
+                    try:
+                        w.conn.send(("call", i, name, completions[i], examples[i]))
+                    except OSError:  # it died while idle (the OOM killer): not this call's doing
+                        todo.appendleft(i)
+                        self._kill(w)
+                        self._pool[k] = self._start()
+                        continue
+                    w.call, w.deadline = i, time.monotonic() + self.timeout
             now = time.monotonic()
             deadlines = [w.deadline for w in self._pool if w.call is not None] + [w.started + START_SECONDS for w in self._pool if not w.ready]
             for conn in wait([w.conn for w in self._pool if w.call is not None or not w.ready], max(0.0, min(deadlines) - now)):

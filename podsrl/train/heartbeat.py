@@ -196,7 +196,7 @@ class Heartbeat:
         self._on_verdict = on_verdict or _exit_hung
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._main = threading.main_thread().ident
+        self._trainer = threading.get_ident()  # the thread that trains: the one to describe
 
     def __enter__(self) -> Heartbeat:
         if self.enabled:
@@ -221,7 +221,7 @@ class Heartbeat:
             pass
 
     def _beat(self, tick: int, *, done: bool = False) -> Beat:
-        phase, where, waiting = describe(self._main)
+        phase, where, waiting = describe(self._trainer)
         return Beat(self.dist.rank, tick, self.dist.collectives, phase, where, waiting, socket.gethostname(), os.getpid(), done)
 
     def _publish(self, tick: int, *, done: bool = False) -> None:
