@@ -84,7 +84,7 @@ def faulty_reward(completion, example):
     return len(completion) / 40.0
 '''
 
-QUIET = {"eval.at_start": False, "eval.at_end": False, "train.progress": False}
+QUIET = {"eval.at_start": False, "eval.at_end": False, "train.progress": False, "train.export_model": False}
 
 
 @pytest.fixture(scope="module")
