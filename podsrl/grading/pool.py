@@ -111,6 +111,18 @@ class _Worker:
 
 
 @dataclass
+class _Job:
+    """One reward function's calls on one step's completions."""
+
+    name: str
+    completions: Sequence[str]
+    examples: Sequence[Example]
+    values: list[float]  # [N], timeout_score until answered
+    timed_out: list[bool]  # [N]
+    todo: deque  # completion indices not yet sent
+
+
+@dataclass
 class RewardPool:
     """Scores user reward functions in worker processes, each call limited to ``timeout`` seconds."""
 
@@ -138,69 +150,86 @@ class RewardPool:
         """(value per completion, whether its call timed out), a timed-out call valued
         ``timeout_score``. Raises RewardError when the function raises, returns a non-number, kills
         its worker, or times out on more than ``max_fraction`` of the completions."""
-        from podsrl.grading.rewards import check_value, describe_failure
-
         if not self._pool:
             self._pool = [self._start() for _ in range(self.workers)]
-        values: list[float] = [self.timeout_score] * len(completions)
-        timed_out = [False] * len(completions)
-        todo = deque(range(len(completions)))
-        while todo or any(w.call is not None for w in self._pool):
-            for k, w in enumerate(self._pool):
-                if w.ready and w.call is None and todo:
-                    i = todo.popleft()
-                    try:
-                        w.conn.send(("call", i, name, completions[i], examples[i]))
-                    except OSError:  # it died while idle (the OOM killer): not this call's doing
-                        todo.appendleft(i)
-                        self._kill(w)
-                        self._pool[k] = self._start()
-                        continue
-                    w.call, w.deadline = i, time.monotonic() + self.timeout
-            now = time.monotonic()
-            deadlines = [w.deadline for w in self._pool if w.call is not None] + [w.started + START_SECONDS for w in self._pool if not w.ready]
-            for conn in wait([w.conn for w in self._pool if w.call is not None or not w.ready], max(0.0, min(deadlines) - now)):
-                w = next(w for w in self._pool if w.conn is conn)
+        job = _Job(name, completions, examples, [self.timeout_score] * len(completions), [False] * len(completions), deque(range(len(completions))))
+        while job.todo or any(w.call is not None for w in self._pool):
+            self._dispatch(job)
+            self._receive(job)
+            self._expire(job)
+        self._report(job)
+        return job.values, job.timed_out
+
+    def _dispatch(self, job: _Job) -> None:
+        """Give every ready, idle worker the next completion to score."""
+        for k, w in enumerate(self._pool):
+            if w.ready and w.call is None and job.todo:
+                i = job.todo.popleft()
                 try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    self._died(w, name, completions, examples)
-                if message[0] == "ready":
-                    w.ready = True
-                elif message[0] == "failed":
-                    self.close()
-                    raise RewardError(f"reward worker for {', '.join(self.names)} could not load them: {message[1]}")
-                elif message[1] == "value":
-                    i, w.call = message[0], None
-                    try:
-                        values[i] = check_value(name, message[2], completions[i], examples[i])
-                    except RewardError:
-                        self.close()
-                        raise
-                else:  # raised
-                    i = message[0]
-                    self.close()
-                    raise RewardError(describe_failure(name, f"raised {message[2]}", completions[i], examples[i])) from _RemoteTraceback(message[3])
-            now = time.monotonic()
-            for k, w in enumerate(self._pool):
-                if w.call is not None and now >= w.deadline:
-                    timed_out[w.call] = True
+                    w.conn.send(("call", i, job.name, job.completions[i], job.examples[i]))
+                except OSError:  # it died while idle (the OOM killer): not this call's doing
+                    job.todo.appendleft(i)
                     self._kill(w)
                     self._pool[k] = self._start()
-                elif not w.ready and now >= w.started + START_SECONDS:
+                    continue
+                w.call, w.deadline = i, time.monotonic() + self.timeout
+
+    def _receive(self, job: _Job) -> None:
+        """Wait for the first answer or deadline, and take every answer that has come."""
+        from podsrl.grading.rewards import check_value, describe_failure
+
+        busy = [w for w in self._pool if w.call is not None or not w.ready]
+        deadlines = [w.deadline if w.call is not None else w.started + START_SECONDS for w in busy]
+        for conn in wait([w.conn for w in busy], max(0.0, min(deadlines, default=0.0) - time.monotonic())):
+            w = next(w for w in self._pool if w.conn is conn)
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                self._died(w, job.name, job.completions, job.examples)  # raises
+            if message[0] == "ready":
+                w.ready = True
+            elif message[0] == "failed":
+                self.close()
+                raise RewardError(f"reward worker for {', '.join(self.names)} could not load them: {message[1]}")
+            elif message[1] == "value":
+                i, w.call = message[0], None
+                try:
+                    job.values[i] = check_value(job.name, message[2], job.completions[i], job.examples[i])
+                except RewardError:
                     self.close()
-                    raise RewardError(f"reward worker for {', '.join(self.names)} did not start within {START_SECONDS:.0f} s")
-        count = sum(timed_out)
-        if count:
-            ids = [examples[i].id for i, t in enumerate(timed_out) if t]
-            what = f"reward function {name!r} timed out (> {self.timeout:g} s, reward.timeout_seconds) on {count} of {len(completions)} completions"
-            if count > self.max_fraction * len(completions):
-                raise RewardError(
-                    f"{what}, more than reward.max_timeout_fraction = {self.max_fraction:g} of them: it hangs systematically "
-                    "(fix it, or raise reward.timeout_seconds or reward.max_timeout_fraction and resume)"
-                )
-            self.warn(f"{what} (example {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}); scored {self.timeout_score:g} (reward.timeout_score)")
-        return values, timed_out
+                    raise
+            else:  # raised
+                i = message[0]
+                self.close()
+                failure = describe_failure(job.name, f"raised {message[2]}", job.completions[i], job.examples[i])
+                raise RewardError(failure) from _RemoteTraceback(message[3])
+
+    def _expire(self, job: _Job) -> None:
+        """Kill (and replace) every worker past its call's deadline; a worker that does not start is an error."""
+        now = time.monotonic()
+        for k, w in enumerate(self._pool):
+            if w.call is not None and now >= w.deadline:
+                job.timed_out[w.call] = True
+                self._kill(w)
+                self._pool[k] = self._start()
+            elif not w.ready and now >= w.started + START_SECONDS:
+                self.close()
+                raise RewardError(f"reward worker for {', '.join(self.names)} did not start within {START_SECONDS:.0f} s")
+
+    def _report(self, job: _Job) -> None:
+        """Warn about the step's timeouts, or stop the run when they are more than max_fraction."""
+        count = sum(job.timed_out)
+        if not count:
+            return
+        ids = [job.examples[i].id for i, t in enumerate(job.timed_out) if t]
+        what = (f"reward function {job.name!r} timed out (> {self.timeout:g} s, reward.timeout_seconds) on {count} of "
+                f"{len(job.completions)} completions")  # fmt: skip
+        if count > self.max_fraction * len(job.completions):
+            raise RewardError(
+                f"{what}, more than reward.max_timeout_fraction = {self.max_fraction:g} of them: it hangs systematically "
+                "(fix it, or raise reward.timeout_seconds or reward.max_timeout_fraction and resume)"
+            )
+        self.warn(f"{what} (example {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}); scored {self.timeout_score:g} (reward.timeout_score)")
 
     def close(self) -> None:
         for w in self._pool:
