@@ -172,8 +172,8 @@ __all__ = ["PODSConfig", "PODSTrainer", "SUPPORTED_TRL", "PODS_RULES", "D3S_RULE
 D3S_RULES = ("d3s_intra", "d3s_cross")
 PODS_RULES = tuple(name for name in RULES if name not in D3S_RULES)
 # The spec's settings a TRL user sets as pods_<name>; scale_std and std_over follow TRL's own scale_rewards.
-_TRL_SET = ("scale_std", "std_over")
-_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DownsampleSpec) if f.name not in _TRL_SET)
+_FROM_TRL = ("scale_std", "std_over")  # set by TRL's own scale_rewards and aggregation, see pods_spec
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DownsampleSpec) if f.name not in _FROM_TRL)
 _HELP = field_comments(DownsampleSpec)
 
 
