@@ -290,6 +290,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What `podsrl` prints and exits with for each kind of error a run can end with (docs/distributed.md).
+_ERRORS = (
+    (ConfigError, "error", errors.EXIT_CONFIG),
+    (RewardError, "reward error", errors.EXIT_REWARD),
+    (EngineError, "engine error", errors.EXIT_ENGINE),
+    (CheckpointWriteError, "checkpoint error", errors.EXIT_CHECKPOINT),
+)
+_USER_FACING = tuple(kind for kind, _, _ in _ERRORS)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -299,18 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = _split_overrides(settings + rest, parser)
         return args.func(args, overrides)
-    except ConfigError as err:
-        print(f"podsrl: error: {err}", file=sys.stderr)
-        return errors.EXIT_CONFIG
-    except RewardError as err:
-        print(f"podsrl: reward error: {err}", file=sys.stderr)
-        return errors.EXIT_REWARD
-    except EngineError as err:
-        print(f"podsrl: engine error: {err}", file=sys.stderr)
-        return errors.EXIT_ENGINE
-    except CheckpointWriteError as err:
-        print(f"podsrl: checkpoint error: {err}", file=sys.stderr)
-        return errors.EXIT_CHECKPOINT
+    except _USER_FACING as err:  # one line naming the cause and the fix, never a traceback
+        label, code = next((label, code) for kind, label, code in _ERRORS if isinstance(err, kind))
+        print(f"podsrl: {label}: {err}", file=sys.stderr)
+        return code
     except Preempted as err:  # the stop signals are ignored from here on (StopSignals.restore)
         print(f"podsrl: {err.advice()}", file=sys.stderr)
         return errors.EXIT_PREEMPTED

@@ -325,18 +325,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_processes_uneven_kept_counts(tiny_model_dir, tmp_path):
-    script = tmp_path / "ddp_pods.py"
-    script.write_text(DDP_SCRIPT)
+def launch_two_processes(script: Path, tiny_model_dir: Path, tmp_path: Path, *, timeout: int) -> None:
+    """``accelerate launch`` ``script`` on 2 gloo processes (args: model, this folder, an output
+    folder); it must exit 0 and print DDP-OK."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": "1"}
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
         str(script), str(tiny_model_dir), str(Path(__file__).parent), str(tmp_path / "out"),
     ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "DDP-OK" in result.stdout
+
+
+def test_two_processes_uneven_kept_counts(tiny_model_dir, tmp_path):
+    script = tmp_path / "ddp_pods.py"
+    script.write_text(DDP_SCRIPT)
+    launch_two_processes(script, tiny_model_dir, tmp_path, timeout=240)
 
 
 @pytest.mark.slow

@@ -19,9 +19,6 @@ kept counts.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from unittest.mock import Mock
@@ -35,7 +32,7 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from podsrl.integrations.trl import PODSConfig, PODSTrainer, _normalize_then_sum  # noqa: E402
-from test_trl import N_PROMPTS, _free_port, common_args, dataset, fake_generation, generation_batch, length_reward, loss_and_grads  # noqa: E402
+from test_trl import N_PROMPTS, common_args, dataset, fake_generation, generation_batch, launch_two_processes, length_reward, loss_and_grads  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -542,12 +539,4 @@ if trainer.accelerator.is_main_process:
 def test_two_processes_multi_turn_uneven_kept_counts(tiny_model_dir, tmp_path):
     script = tmp_path / "ddp_tools.py"
     script.write_text(DDP_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": "1"}
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        str(script), str(tiny_model_dir), str(Path(__file__).parent), str(tmp_path / "out"),
-    ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert "DDP-OK" in result.stdout
+    launch_two_processes(script, tiny_model_dir, tmp_path, timeout=300)
