@@ -78,6 +78,15 @@ def test_tiny_spread_is_not_inflated_by_epsilon():
     torch.testing.assert_close(group_advantages(rewards, unbiased=False), torch.tensor([[-1.0, 1.0]], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("std_over", ["group", "batch"])
+def test_spread_below_float32_square_range_stays_finite(std_over):
+    # (1e-30)^2 underflows to 0 in float32: squaring r - mean directly divided by a zero std (inf).
+    rewards = torch.tensor([[0.0, 1e-30], [0.0, 1e-30]])
+    adv = group_advantages(rewards, unbiased=False, std_over=std_over)
+    torch.testing.assert_close(adv, torch.tensor([[-1.0, 1.0], [-1.0, 1.0]]))  # population std over either scope
+    torch.testing.assert_close(adv, group_advantages(rewards.double(), unbiased=False, std_over=std_over).float())
+
+
 def test_dtype_is_preserved():
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         assert group_advantages(torch.tensor([[0.0, 1.0]], dtype=dtype)).dtype == dtype

@@ -32,6 +32,10 @@ Choices made where the papers are silent:
   it is not the std of the centred values, so between-group spread counts, as in TRL. Groups whose
   kept rewards are all equal still get advantage 0, so a step whose pooled rewards are all equal
   does too.
+- **The std is taken of the rewards divided by their range** (max - min of S, or of the pooled
+  sets for the batch std), then the range is divided out again: the same number, but squaring
+  ``r - mean`` directly underflows to 0 in float32 when rewards differ by less than about 1e-19,
+  which would divide a non-constant group by a zero std (an infinite advantage).
 - Rollouts outside S get advantage 0 (they are not trained on).
 - The result has the dtype of ``rewards``; reduced-precision inputs are computed in float32.
 """
@@ -124,13 +128,16 @@ def group_advantages(
     if scale_std and std_over == "batch":
         total = keep.sum()  # pooled count over every group's set
         pooled_mean = torch.where(keep, r, 0.0).sum() / total.clamp(min=1)
-        pooled_dev = torch.where(keep, r - pooled_mean, 0.0)  # [B, n]
+        span = torch.where(keep, r, -torch.inf).amax() - torch.where(keep, r, torch.inf).amin()
+        span = torch.where(span > 0, span, 1.0)  # the pooled range; not positive only if no group is informative
+        pooled_dev = torch.where(keep, r - pooled_mean, 0.0) / span  # [B, n], in [-1, 1]
         var = pooled_dev.square().sum() / ((total - 1) if unbiased else total).clamp(min=1)
-        centred = centred / torch.where(var > 0, var.sqrt(), 1.0)  # var is 0 only if no group is informative
+        centred = centred / span / torch.where(var > 0, var.sqrt(), 1.0)
     elif scale_std:
         dof = (count - 1) if unbiased else count  # [B, 1]
-        var = centred.square().sum(dim=1, keepdim=True) / dof.clamp(min=1)  # [B, 1]
-        std = torch.where(informative, var.sqrt(), 1.0)  # [B, 1]
-        centred = centred / std
+        span = torch.where(informative, kept_max - kept_min, 1.0)  # [B, 1], > 0
+        unit = centred / span  # [B, n]; an informative group has an entry of magnitude >= 1/2
+        var = unit.square().sum(dim=1, keepdim=True) / dof.clamp(min=1)  # [B, 1], > 0 where informative
+        centred = unit / torch.where(informative, var.sqrt(), 1.0)
     advantages = torch.where(informative & keep, centred, 0.0)  # [B, n]
     return advantages.to(rewards.dtype)
