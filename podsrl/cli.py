@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from podsrl import errors
-from podsrl.errors import CheckpointWriteError, ConfigError, EngineError, RewardError
+from podsrl.errors import CheckpointWriteError, ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.run.preemption import Preempted
 from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_settings
 
@@ -296,6 +296,7 @@ _ERRORS = (
     (RewardError, "reward error", errors.EXIT_REWARD),
     (EngineError, "engine error", errors.EXIT_ENGINE),
     (CheckpointWriteError, "checkpoint error", errors.EXIT_CHECKPOINT),
+    (RunWriteError, "write error", errors.EXIT_CHECKPOINT),
 )
 _USER_FACING = tuple(kind for kind, _, _ in _ERRORS)
 

@@ -9,7 +9,7 @@ learns nothing.
 The others stop a run that was going well because its surroundings failed; each message names what
 failed and the run directory to resume (the trainer adds it): `EngineError` (the rollout engine
 died), `CheckpointWriteError` (a checkpoint could not be written, e.g. a full disk; the previous one
-is intact). A preempted run (``podsrl.run.preemption.Preempted``) and a hung rank
+is intact), `RunWriteError` (a line of metrics.jsonl or eval.jsonl could not be written). A preempted run (``podsrl.run.preemption.Preempted``) and a hung rank
 (``podsrl.train.heartbeat``) have exit codes of their own too, so that a job script or a scheduler
 can tell "resume me" from "fix me".
 """
@@ -18,7 +18,7 @@ can tell "resume me" from "fix me".
 EXIT_CONFIG = 2  # ConfigError: fix the command or the config
 EXIT_REWARD = 3  # RewardError: fix the reward function
 EXIT_ENGINE = 69  # EngineError (EX_UNAVAILABLE): the rollout engine died; resume
-EXIT_CHECKPOINT = 74  # CheckpointWriteError (EX_IOERR): free space, then resume
+EXIT_CHECKPOINT = 74  # CheckpointWriteError, RunWriteError (EX_IOERR): free space, then resume
 EXIT_PREEMPTED = 75  # stopped by a signal after a checkpoint (EX_TEMPFAIL): resume, e.g. on requeue
 EXIT_HUNG = 124  # a rank hung or was lost (as timeout(1)); every rank exits
 EXIT_INTERRUPTED = 130  # Ctrl-C
@@ -44,3 +44,8 @@ class EngineError(RuntimeError):
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (ENOSPC, EIO, a quota): the message names the directory,
     the error, and the space it needed against the space free; the previous checkpoint is intact."""
+
+
+class RunWriteError(RuntimeError):
+    """A run file other than a checkpoint (metrics.jsonl, eval.jsonl) could not be written (ENOSPC,
+    EIO, a quota): the message names the file and the error; the trainer adds the run to resume."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -452,6 +453,11 @@ shutil.copy(job, out / "config.toml")
 if out.parent.name == "fail":
     print("boom from the fake run")
     sys.exit(3)
+if out.parent.name == "slow":  # stops like podsrl train on a stop signal
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))
+    (out / "started").touch()
+    time.sleep(60)
 time.sleep(1.0)
 rows = [{"step": 0, "train_seconds": 0.0, "accuracy": 0.1, "problems": 10},
         {"step": 3, "train_seconds": 305.0, "accuracy": 0.5, "problems": 10}]
@@ -532,6 +538,38 @@ def test_a_failing_parallel_run_lets_the_others_finish_then_fails(tmp_path):
     assert (compare.run_dir(out, "grpo", 0) / compare.DONE_FILE).is_file()  # the other run finished
     assert not (compare.run_dir(out, "fail", 0) / compare.DONE_FILE).exists()
     assert compare.read_launches(compare.run_dir(out, "fail", 0))[0]["exit_code"] == 3
+
+
+@pytest.mark.usefixtures("fake_runs")
+def test_a_stop_signal_is_passed_on_to_the_running_runs_and_exits_75(tmp_path, capsys):
+    import os
+    import signal
+    import threading
+
+    plan = _plan(tmp_path, seeds=2, table={"grpo": METHODS["grpo"], "slow": METHODS["pods"]})
+    out = tmp_path / "out"
+    started = compare.run_dir(out, "slow", 0) / "started"
+
+    def scheduler():  # SIGTERM to podsrl compare alone, once the second run is training
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=scheduler, daemon=True).start()
+    args = argparse.Namespace(config=str(tmp_path / "cmp.toml"), out=str(out), seeds=None, methods=None, report_only=False,
+                              devices=None, parallel=None)  # fmt: skip
+    t0 = time.monotonic()
+    assert compare.main(args, []) == 75
+    assert time.monotonic() - t0 < 30  # the child stopped at once instead of sleeping its 60 s out
+    printed = capsys.readouterr()
+    assert "SIGTERM: passed on to the 1 running run(s)" in printed.out
+    assert "stopped by SIGTERM" in printed.err and "(3 run(s) left)" in printed.err and "run the same command again" in printed.err
+    assert (compare.run_dir(out, "grpo", 0) / compare.DONE_FILE).is_file()
+    assert compare.read_launches(compare.run_dir(out, "slow", 0))[0]["exit_code"] == 75
+    assert not compare.run_dir(out, "grpo", 1).exists()  # no new run started after the signal
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_concurrency_settings_are_checked(tmp_path):

@@ -300,6 +300,39 @@ def test_a_checkpoint_that_hits_enospc_keeps_the_previous_one(make_config, tmp_p
     assert _steps(run) == [1, 2, 3]
 
 
+def test_a_metrics_line_that_hits_enospc_stops_the_run_naming_the_file(make_config, tmp_path, monkeypatch, one_thread):
+    config = _config(make_config, tmp_path, **{"train.max_steps": 3, "train.checkpoint_every": 1})
+    from podsrl.run import metrics
+
+    real_append = metrics._append
+
+    def full_disk_at_step_2(path, line):
+        if path.name == "metrics.jsonl" and json.loads(line)["step"] == 2:
+            with open(path, "a") as f:
+                f.write(line[:7])  # a torn line, as a full disk leaves it
+            raise metrics.RunWriteError(f"could not write {path}: No space left on device; free space there")
+        real_append(path, line)
+
+    monkeypatch.setattr(metrics, "_append", full_disk_at_step_2)
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
+    assert code == EXIT_CHECKPOINT and "Traceback" not in err
+    for fragment in ("podsrl: write error: could not write", "metrics.jsonl", "No space left", f"podsrl train --resume {run}"):
+        assert fragment in err, f"{fragment!r} missing from {err!r}"
+    monkeypatch.undo()
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot"])
+    assert code == 0, err
+    assert _steps(run) == [1, 2, 3]  # the torn line is gone, the steps after the checkpoint are redone
+
+
+def test_metrics_append_turns_an_os_error_into_a_run_write_error(tmp_path):
+    from podsrl.errors import RunWriteError
+    from podsrl.run.metrics import _append
+
+    with pytest.raises(RunWriteError, match=r"could not write .*missing.*metrics.jsonl"):
+        _append(tmp_path / "missing" / "metrics.jsonl", "{}\n")
+
+
 def test_checkpoint_failure_retry_goes_on(make_config, tmp_path, monkeypatch, one_thread):
     config = _config(make_config, tmp_path, **{"train.max_steps": 3, "train.checkpoint_every": 1, "train.checkpoint_failure": "retry"})
     real_save = ckpt.save_file

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,8 +28,8 @@ from podsrl import config as config_mod
 from podsrl.compare.layout import LOG_FILE, mark_done, run_dir, run_status, write_launch
 from podsrl.compare.plan import Plan
 from podsrl.compare.report import build_report, write_report
-from podsrl.config import Config
-from podsrl.errors import ConfigError
+from podsrl.config import Config, catchable_signal
+from podsrl.errors import EXIT_PREEMPTED, ConfigError
 
 _POLL_SECONDS = 0.5
 
@@ -128,9 +129,10 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
         # Each child would otherwise start a thread per core: K children oversubscribe the CPU.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // min(parallel, len(todo))))
     queue, running, failed = deque(todo), [], []
+    stop = _Forward(sorted({name for job in todo for name in job.cfg.train.stop_signals}))
     try:
         while queue or running:
-            while queue and len(running) < parallel and not failed:
+            while queue and len(running) < parallel and not failed and stop.received is None:
                 job = queue.popleft()
                 job.device = min(slots, key=lambda d: sum(j.device == d for j in running))
                 _start(job, env, quiet=parallel > 1)
@@ -144,6 +146,7 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
             if not running:
                 break  # a run failed and the others have finished
             time.sleep(_POLL_SECONDS)
+            stop.pass_on(running, log)
             for job in [j for j in running if j.proc.poll() is not None]:
                 running.remove(job)
                 rc = _end(job, parallel)
@@ -151,6 +154,9 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
                 if rc == 0:
                     log(f"podsrl compare: {job.head}: finished ({minutes:.1f} min of wall-clock)")
                     on_success(job)
+                elif rc == EXIT_PREEMPTED and stop.received is not None:
+                    failed.append((job, rc))
+                    log(f"podsrl compare: {job.head}: saved a checkpoint and stopped ({minutes:.1f} min of wall-clock)")
                 else:
                     failed.append((job, rc))
                     if parallel > 1:
@@ -160,8 +166,27 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
     except KeyboardInterrupt:
         _stop(running, parallel)
         raise
+    finally:
+        stop.restore()
+    _raise_failure(stop.received, failed, len(queue), parallel)
+
+
+def _raise_failure(received: signal.Signals | None, failed: list[tuple[_Job, int]], not_started: int, parallel: int) -> None:
+    """RunFailed for the first failed run, or for a stop signal passed on to the runs (exit 75)."""
+    if received is not None and (failed or not_started) and all(rc == EXIT_PREEMPTED for _, rc in failed):
+        raise RunFailed(
+            f"podsrl compare: stopped by {received.name}: the runs in progress saved a checkpoint and stopped "
+            f"({not_started + len(failed)} run(s) left); finished runs are kept: run the same command again to go on",
+            EXIT_PREEMPTED,
+        )
     if failed:
         job, rc = failed[0]
+        if rc == EXIT_PREEMPTED:  # the run itself got a stop signal (not through this process)
+            raise RunFailed(
+                f"podsrl compare: the run {job.what} ({job.path}) was stopped by a signal after saving a checkpoint "
+                "(exit code 75); finished runs are kept: run the same command again to resume it",
+                rc,
+            )
         where = f"its output is in {job.path / LOG_FILE}" if parallel > 1 else "its output is above"
         more = f" ({len(failed) - 1} more run(s) failed too)" if len(failed) > 1 else ""
         raise RunFailed(
@@ -203,6 +228,39 @@ def _end(job: _Job, parallel: int) -> int:
     job.tmp.cleanup()
     write_launch(job.path, device=job.device, parallel=parallel, runs_on_device=job.runs_on_device, exit_code=rc)
     return rc
+
+
+class _Forward:
+    """While the children run: the first of ``train.stop_signals`` this process receives (SIGTERM
+    from a scheduler, SLURM's ``--signal``) is passed on to every running child, which finishes its
+    step, checkpoints and exits with code 75; no new run starts. A child that got the signal
+    directly too (the same process group) ignores the second one (podsrl.run.preemption)."""
+
+    def __init__(self, names: list[str]):
+        self.received: signal.Signals | None = None
+        self._passed_on = False
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (catchable_signal(name) for name in names):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum)
+
+    def pass_on(self, running: list[_Job], log) -> None:
+        if self.received is None or self._passed_on:
+            return
+        self._passed_on = True
+        alive = [j for j in running if j.proc.poll() is None]
+        log(f"podsrl compare: {self.received.name}: passed on to the {len(alive)} running run(s), which checkpoint and stop; no new run starts")
+        for job in alive:
+            job.proc.send_signal(self.received)
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
 
 
 def _stop(running: list[_Job], parallel: int) -> None:

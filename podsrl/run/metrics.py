@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from podsrl.errors import ConfigError
+from podsrl.errors import ConfigError, RunWriteError
 from podsrl.run.rundir import write_text_atomic
 
 
@@ -82,8 +82,7 @@ class RunLogger:
             self.wandb = wandb.init(project=t.wandb_project, dir=str(self.run_dir), config=cfg.to_dict(), resume="allow")
 
     def log_step(self, metrics: dict, state) -> None:
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(_finite(metrics)) + "\n")
+        _append(self.metrics_path, json.dumps(_finite(metrics)) + "\n")
         self.bar.update(1)
         self.bar.set_postfix_str(
             f"reward {metrics['reward_mean']:.2f} kept {metrics.get('reward_kept_mean', float('nan')):.2f} "
@@ -94,8 +93,7 @@ class RunLogger:
 
     def log_eval(self, result, state) -> None:
         row = {"step": state.step, "train_seconds": state.train_seconds, **result.to_dict()}
-        with open(self.run_dir / "eval.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+        _append(self.run_dir / "eval.jsonl", json.dumps(row) + "\n")
         self.last_eval = f"{100 * result.accuracy:.0f}%"
         self._scalars({"accuracy": result.accuracy, **result.pass_at_k}, state.step, prefix="eval/")
 
@@ -126,6 +124,16 @@ class NullLogger:
 
     def close(self) -> None:
         pass
+
+
+def _append(path: Path, line: str) -> None:
+    """One JSON line at the end of ``path``. A write that fails (a full disk) is a RunWriteError
+    naming the file; a torn line it may leave is dropped on resume (``_truncate_jsonl``)."""
+    try:
+        with open(path, "a") as f:
+            f.write(line)
+    except OSError as err:
+        raise RunWriteError(f"could not write {path}: {err.strerror or err}; free space there") from err
 
 
 def _finite(metrics: dict) -> dict:

@@ -38,7 +38,7 @@ from torch import Tensor
 from podsrl.config import Config
 from podsrl.core.downsample import Selection, downsample, step_seed
 from podsrl.engines import Engine, Rollouts, Sampling, make_engine, resolve_engine
-from podsrl.errors import ConfigError, EngineError
+from podsrl.errors import ConfigError, EngineError, RunWriteError
 from podsrl.grading.pool import RewardPool
 from podsrl.grading.rewards import RewardSpec, compute_rewards, resolve_specs
 from podsrl.models import Policy, load_policy
@@ -358,8 +358,8 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
         return _run(s, claim, model, optimizer, scheduler, state, resume=resume, log=log)
     except KeyboardInterrupt as err:  # name the run and how to go on (the CLI prints it)
         raise rundir.RunInterrupted(claim.path, ckpt.latest(claim.path)) from err
-    except EngineError as err:
-        raise EngineError(f"{err}{rundir.resume_advice(claim.path, ckpt.latest(claim.path))}") from err
+    except (EngineError, RunWriteError) as err:
+        raise type(err)(f"{err}{rundir.resume_advice(claim.path, ckpt.latest(claim.path))}") from err
     finally:
         s.close()
         claim.close()
