@@ -16,8 +16,8 @@
 User mistakes (bad config values, missing files, unknown names) print one line naming the field and
 the fix, with exit code 2, never a traceback. A run stopped by its surroundings says what happened
 and how to resume, with an exit code of its own (``podsrl.errors``; the table is in
-docs/distributed.md): 3 a reward function failed, 69 the rollout engine died, 74 a checkpoint could
-not be written, 75 preempted by a stop signal after a checkpoint, 124 a rank hung (exited from the
+docs/distributed.md): 3 a reward function failed, 69 the rollout engine died, 74 a checkpoint (or a line of
+metrics.jsonl / eval.jsonl) could not be written, 75 preempted by a stop signal after a checkpoint, 124 a rank hung (exited from the
 heartbeat), 130 Ctrl-C.
 """
 

@@ -129,7 +129,7 @@ def group_advantages(
         total = keep.sum()  # pooled count over every group's set
         pooled_mean = torch.where(keep, r, 0.0).sum() / total.clamp(min=1)
         span = torch.where(keep, r, -torch.inf).amax() - torch.where(keep, r, torch.inf).amin()
-        span = torch.where(span > 0, span, 1.0)  # the pooled range; not positive only if no group is informative
+        span = torch.where(span > 0, span, 1.0)  # the pooled range; 0 only if every kept reward is equal (no group is informative)
         pooled_dev = torch.where(keep, r - pooled_mean, 0.0) / span  # [B, n], in [-1, 1]
         var = pooled_dev.square().sum() / ((total - 1) if unbiased else total).clamp(min=1)
         centred = centred / span / torch.where(var > 0, var.sqrt(), 1.0)
