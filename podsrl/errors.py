@@ -9,8 +9,8 @@ learns nothing.
 The others stop a run that was going well because its surroundings failed; each message names what
 failed and the run directory to resume (the trainer adds it): `EngineError` (the rollout engine
 died), `CheckpointWriteError` (a checkpoint could not be written, e.g. a full disk; the previous one
-is intact), `RunWriteError` (a line of metrics.jsonl or eval.jsonl could not be written). A preempted run (``podsrl.run.preemption.Preempted``) and a hung rank
-(``podsrl.train.heartbeat``) have exit codes of their own too, so that a job script or a scheduler
+is intact), `RunWriteError` (a line of metrics.jsonl or eval.jsonl could not be written). A
+preempted run (``podsrl.run.preemption.Preempted``) and a hung rank (``podsrl.train.heartbeat``) have exit codes of their own too, so that a job script or a scheduler
 can tell "resume me" from "fix me".
 """
 
