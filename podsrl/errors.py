@@ -10,8 +10,9 @@ The others stop a run that was going well because its surroundings failed; each 
 failed and the run directory to resume (the trainer adds it): `EngineError` (the rollout engine
 died), `CheckpointWriteError` (a checkpoint could not be written, e.g. a full disk; the previous one
 is intact), `RunWriteError` (a line of metrics.jsonl or eval.jsonl could not be written). A
-preempted run (``podsrl.run.preemption.Preempted``) and a hung rank (``podsrl.train.heartbeat``) have exit codes of their own too, so that a job script or a scheduler
-can tell "resume me" from "fix me".
+preempted run (``podsrl.run.preemption.Preempted``) and a hung rank (``podsrl.train.heartbeat``)
+have exit codes of their own too, so that a job script or a scheduler can tell "resume me" from
+"fix me".
 """
 
 # Exit codes of `podsrl train` (docs/distributed.md has the table); the 6x-7x ones follow sysexits.h.
