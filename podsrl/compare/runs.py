@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,8 +27,9 @@ from podsrl import config as config_mod
 from podsrl.compare.layout import LOG_FILE, mark_done, run_dir, run_status, write_launch
 from podsrl.compare.plan import Plan
 from podsrl.compare.report import build_report, write_report
-from podsrl.config import Config, catchable_signal
+from podsrl.config import Config
 from podsrl.errors import EXIT_PREEMPTED, ConfigError
+from podsrl.run.preemption import StopSignals
 
 _POLL_SECONDS = 0.5
 
@@ -129,7 +129,10 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
         # Each child would otherwise start a thread per core: K children oversubscribe the CPU.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // min(parallel, len(todo))))
     queue, running, failed = deque(todo), [], []
-    stop = _Forward(sorted({name for job in todo for name in job.cfg.train.stop_signals}))
+    # While the children run, the first of their train.stop_signals is recorded, passed on to them
+    # (_pass_on), and no new run starts.
+    stop = StopSignals(sorted({name for job in todo for name in job.cfg.train.stop_signals})).install()
+    passed_on = False
     try:
         while queue or running:
             while queue and len(running) < parallel and not failed and stop.received is None:
@@ -146,7 +149,9 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
             if not running:
                 break  # a run failed and the others have finished
             time.sleep(_POLL_SECONDS)
-            stop.pass_on(running, log)
+            if stop.received is not None and not passed_on:
+                passed_on = True
+                _pass_on(stop.received, running, log)
             for job in [j for j in running if j.proc.poll() is not None]:
                 running.remove(job)
                 rc = _end(job, parallel)
@@ -167,7 +172,7 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
         _stop(running, parallel)
         raise
     finally:
-        stop.restore()
+        stop.restore(ignore_after_stop=False)  # the runs checkpoint; this process only reports
     _raise_failure(stop.received, failed, len(queue), parallel)
 
 
@@ -230,37 +235,14 @@ def _end(job: _Job, parallel: int) -> int:
     return rc
 
 
-class _Forward:
-    """While the children run: the first of ``train.stop_signals`` this process receives (SIGTERM
-    from a scheduler, SLURM's ``--signal``) is passed on to every running child, which finishes its
-    step, checkpoints and exits with code 75; no new run starts. A child that got the signal
-    directly too (the same process group) ignores the second one (podsrl.run.preemption)."""
-
-    def __init__(self, names: list[str]):
-        self.received: signal.Signals | None = None
-        self._passed_on = False
-        self._previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (catchable_signal(name) for name in names):
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.received is None:
-            self.received = signal.Signals(signum)
-
-    def pass_on(self, running: list[_Job], log) -> None:
-        if self.received is None or self._passed_on:
-            return
-        self._passed_on = True
-        alive = [j for j in running if j.proc.poll() is None]
-        log(f"podsrl compare: {self.received.name}: passed on to the {len(alive)} running run(s), which checkpoint and stop; no new run starts")
-        for job in alive:
-            job.proc.send_signal(self.received)
-
-    def restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
+def _pass_on(received: signal.Signals, running: list[_Job], log) -> None:
+    """The stop signal this process received (SIGTERM from a scheduler, SLURM's ``--signal``) sent to
+    every running child, which finishes its step, checkpoints and exits with code 75. A child that
+    got the signal directly too (the same process group) ignores the second one (podsrl.run.preemption)."""
+    alive = [j for j in running if j.proc.poll() is None]
+    log(f"podsrl compare: {received.name}: passed on to the {len(alive)} running run(s), which checkpoint and stop; no new run starts")
+    for job in alive:
+        job.proc.send_signal(received)
 
 
 def _stop(running: list[_Job], parallel: int) -> None:

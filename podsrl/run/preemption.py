@@ -80,13 +80,14 @@ class StopSignals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def restore(self) -> None:
+    def restore(self, *, ignore_after_stop: bool = True) -> None:
         """Put the handlers back as they were before :meth:`install`; after a stop signal they are
         left ignoring the stop signals instead: the process is on its way out with exit code 75,
         and the same signal again (torchrun's agent forwards SLURM's, or tears down the job when
-        another rank exits first) must not turn that into a death by signal."""
+        another rank exits first) must not turn that into a death by signal. ``ignore_after_stop=False``
+        puts them back in every case (``podsrl compare``, whose runs are the ones that checkpoint)."""
         for sig, previous in self._previous.items():
-            if self.received is not None:
+            if self.received is not None and ignore_after_stop:
                 signal.signal(sig, signal.SIG_IGN)
             else:  # None: the previous handler was not installed from Python; the default is the closest
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
