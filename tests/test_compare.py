@@ -788,6 +788,30 @@ def test_report_only_reads_runs_without_checkpoints(tmp_path, capsys):
     assert not any(out.rglob("checkpoints")) and (out / "compare.png").stat().st_size > 0
 
 
+def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path):
+    """compare.json ``signal``: each run's mean over its steps of what it trained on (a value a step
+    lacks, or NaN, is skipped; tokens in the loss is a ratio of sums), then the mean over seeds;
+    printed as a third table."""
+    plan = _plan(tmp_path)
+    out = tmp_path / "out"
+    for seed, (zero, adv) in enumerate([((1.0, 0.5), (0.0, 0.4)), ((0.5, 0.5), (0.2, float("nan")))]):
+        path = _write_run(out, plan, "grpo", seed, [(0, 0.1), (100, 0.3)])
+        rows = [{"step": 1, "reward_mean": 0.25, "zero_variance_groups": zero[0], "kept_adv_var": adv[0], "grad_norm": 1.0,
+                 "tokens_kept": 30, "tokens_total": 60},
+                {"step": 2, "reward_mean": 0.75, "zero_variance_groups": zero[1], "kept_adv_var": adv[1], "tokens_kept": 10,
+                 "tokens_total": 20}]  # fmt: skip
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = compare.build_report(plan, out)
+    grpo = report["methods"]["grpo"]
+    assert grpo["signal_per_seed"][0] == {"reward": 0.5, "zero_variance_groups": 0.75, "kept_adv_var": 0.2,
+                                          "tokens_in_loss": 0.5, "grad_norm": 1.0}  # fmt: skip
+    assert grpo["signal_per_seed"][1]["kept_adv_var"] == pytest.approx(0.2)  # the NaN step is skipped
+    assert grpo["signal"]["zero_variance_groups"] == pytest.approx(0.625)
+    assert report["methods"]["pods"]["signal"] == dict.fromkeys(compare.report.SIGNAL)  # no finished run: no numbers
+    table = compare.format_table(report)
+    assert "training signal (metrics.jsonl)" in table and "62%" in table and "50%" in table
+
+
 def test_intervals_module_is_a_leaf_shared_by_evaluation_and_compare():
     from test_layout import import_graph
 

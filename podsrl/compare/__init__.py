@@ -108,13 +108,16 @@ Choices made where the paper is silent (it reports one run per method):
 **Output** in OUT: ``compare.json`` (per method: settings, peak and interval, steps and time to
 target with intervals and per seed, speedups on both axes, AUC and final accuracy with intervals
 and per seed, the paired differences against the baseline, steps, median seconds per step and of
-its generate and update phases from each run's metrics.jsonl, the mean curves on both axes and
+its generate and update phases from each run's metrics.jsonl, the training signal from the same
+file (``signal``: training reward, share of zero-variance groups, variance of the advantages the
+update used, share of tokens in the loss, gradient norm; means over steps, then seeds: what
+explains a difference between rules), the mean curves on both axes and
 every run's curve; the device sharing; the definitions of every summary), ``compare.png`` (four
 panels: accuracy against optimizer steps and against training minutes, seed mean and 95% band,
 one line per method, the target dotted, each method's first point at it marked; below them the
 paired AUC and final-accuracy differences against the baseline as intervals, every seed's
 difference a dot) and the printed tables (:mod:`podsrl.compare.table`): both axes, then the
-robust summaries and paired differences.
+robust summaries and paired differences, then the training signal.
 
 The module layout: :mod:`~podsrl.compare.plan` (what to run), :mod:`~podsrl.compare.layout` (the
 run directories), :mod:`~podsrl.compare.runs` (training them), :mod:`~podsrl.compare.stats` (pure

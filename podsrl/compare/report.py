@@ -50,6 +50,12 @@ DEFINITIONS = {
                  "evaluation with equal counts, or the same steps), else linearly interpolated onto the union of their x",
     "commits": "the podsrl source commits the reported runs were trained with (from their launch.jsonl; '+dirty': "
                "with uncommitted changes)",
+    "signal": "what each step trained on, from metrics.jsonl: the mean over a run's steps, averaged over seeds (signal_per_seed: "
+              "each seed's). reward: mean reward of all sampled rollouts; zero_variance_groups: share of sampled groups whose "
+              "rewards are all equal (zero advantage, no gradient); kept_adv_var: population variance of the advantages the "
+              "update used (comparable between rules that normalise the same way: PODS re-normalises over the m kept, D3S "
+              "keeps the full group's advantages, which are larger); tokens_in_loss: completion tokens of the kept rollouts "
+              "that entered the loss, over all of theirs (below 1 with token selection); grad_norm: before clipping",
     "device_sharing": "runs_per_device: the most runs that trained at once on one device (--parallel, --devices); above 1 "
                       "they shared its time, so wall-clock times are inflated by the sharing and the step axis is the fair one",
 }  # fmt: skip
@@ -158,6 +164,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
             "peak_accuracy": max((r["accuracy"] for r in evals), default=None),
             **{key: f(evals) for key, f in SUMMARIES.items()},
             "median_seconds": _median_phase_seconds(metrics),
+            "signal": _signal(metrics),
             "device": launches[-1].get("device") if launches else None,
             "runs_per_device": max((int(r.get("runs_on_device", 1)) for r in launches), default=None),
             "commits": sorted({r["commit"] for r in launches if r.get("commit")}),
@@ -192,6 +199,8 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
         **_summaries(runs),
         "steps": [r["steps"] for r in runs],
         "median_seconds": _median_phase_seconds(all_metrics),
+        "signal": _mean_over_seeds([r["signal"] for r in runs]),
+        "signal_per_seed": [r["signal"] for r in runs],
         "curves": {
             axis: {"x": c.x, "accuracy": c.accuracy, "band_low": c.band_low, "band_high": c.band_high, "aligned_by": c.aligned_by}
             for axis, c in curves.items()
@@ -278,6 +287,28 @@ def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
         values = [r[f"time/{phase}"] for r in metrics if isinstance(r.get(f"time/{phase}"), (int, float))]
         out[phase] = statistics.median(values) if values else None
     return out
+
+
+SIGNAL = ("reward", "zero_variance_groups", "kept_adv_var", "tokens_in_loss", "grad_norm")
+_SIGNAL_KEYS = {"reward": "reward_mean", "zero_variance_groups": "zero_variance_groups", "kept_adv_var": "kept_adv_var",
+                "grad_norm": "grad_norm"}  # fmt: skip
+
+
+def _signal(metrics: list[dict]) -> dict[str, float | None]:
+    """A run's means over its steps of what it trained on (DEFINITIONS["signal"]); None where
+    metrics.jsonl has no such value."""
+
+    def values(key: str) -> list[float]:
+        return [float(r[key]) for r in metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+
+    out: dict[str, float | None] = {name: statistics.fmean(v) if (v := values(key)) else None for name, key in _SIGNAL_KEYS.items()}
+    kept, total = sum(values("tokens_kept")), sum(values("tokens_total"))
+    out["tokens_in_loss"] = kept / total if total else None
+    return {name: out[name] for name in SIGNAL}
+
+
+def _mean_over_seeds(signals: list[dict[str, float | None]]) -> dict[str, float | None]:
+    return {name: statistics.fmean(v) if (v := [s[name] for s in signals if s[name] is not None]) else None for name in SIGNAL}
 
 
 def _eval_problems(entries: dict[str, dict]) -> int | None:

@@ -2,7 +2,8 @@
 at which the seed mean first reaches the target (95% intervals over the seeds' own first points),
 the speedups on both axes, and the cost of a step. Second, the robust summaries: AUC and final
 accuracy with their intervals over seeds, and each method minus the baseline paired by seed with
-the paired t-interval, starred where it excludes zero. The report's notes follow."""
+the paired t-interval, starred where it excludes zero. Third, what each method trained on (from
+metrics.jsonl). The report's notes follow."""
 
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def format_table(report: dict[str, Any]) -> str:
         )
     head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
                 "first evaluations at it]; speedup: the baseline's over the method's")  # fmt: skip
-    return "\n".join(head + lines + [""] + _summary_table(report) + [f"note: {n}" for n in report["notes"]])
+    return "\n".join(head + lines + [""] + _summary_table(report) + [""] + _signal_table(report)
+                     + [f"note: {n}" for n in report["notes"]])  # fmt: skip
 
 
 def _grid(rows: list[tuple[str, ...]]) -> list[str]:
@@ -114,3 +116,22 @@ def _difference(d: dict[str, Any] | None, is_baseline: bool) -> str:
         return f"{100 * d['mean']:+.1f} ({k} pair, no CI)"
     low, high = (100 * v for v in d["ci95"])
     return f"{100 * d['mean']:+.1f} [{low:+.1f}, {high:+.1f}]{'*' if d['excludes_zero'] else ''} ({k})"
+
+
+def _signal_table(report: dict[str, Any]) -> list[str]:
+    """What each method trained on (compare.json ``signal``; DEFINITIONS["signal"])."""
+    rows = [("method", "train reward", "zero-variance groups", "kept adv variance", "tokens in loss", "grad norm")]
+    for name, e in report["methods"].items():
+        sig = e.get("signal") or {}
+        cells = [_fmt(sig.get("reward"), "{:.3f}"), _fmt(sig.get("zero_variance_groups"), "{:.0%}"),
+                 _fmt(sig.get("kept_adv_var"), "{:.3f}"), _fmt(sig.get("tokens_in_loss"), "{:.0%}"),
+                 _fmt(sig.get("grad_norm"), "{:.2f}")]  # fmt: skip
+        rows.append((name, *cells))
+    head = ["training signal (metrics.jsonl): mean over each run's steps, then over seeds; zero-variance groups: of the "
+            "sampled groups; kept adv variance: of the advantages the update used (D3S keeps the full group's, PODS "
+            "re-normalises over the m kept: compare like with like)"]  # fmt: skip
+    return head + _grid(rows)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else spec.format(value)
