@@ -7,7 +7,7 @@ forever is timed out, counted and the run goes on; a checkpoint write that fails
 the previous one loadable; an engine failure names the engine and the run to resume.
 ``torchrun --nproc-per-node=2`` (gloo, the tiny model): a rank killed at step 3 under
 ``--max-restarts=1`` with ``--resume auto`` (the job restarts and ends with the weights of an
-uninterrupted run); SIGTERM to one rank at a random moment (every rank stops after the same step,
+uninterrupted run); SIGTERM to one rank in the middle of step 2 (every rank stops after the same step,
 exit code 75, ``--resume`` continues exactly); a rank that hangs in its reward (every process exits
 within the heartbeat's bound, naming the rank and its phase). A killed vLLM engine is slow-marked.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -48,8 +47,9 @@ from test_distributed import _env
 ROOT = Path(__file__).resolve().parents[1]
 
 # The test's own reward, with faults chosen by environment variables: PODSRL_TEST_FAULT =
-# "kill:RANK:CALL" (SIGKILL, as the OOM killer would) or "hang:RANK:CALL" (sleep, after writing the
-# time to PODSRL_TEST_MARK) at that rank's CALL-th call, on the first attempt only (torchrun's
+# "kill:RANK:CALL" (SIGKILL, as the OOM killer would), "term:RANK:CALL" (SIGTERM, as a scheduler's
+# preemption would, and go on) or "hang:RANK:CALL" (sleep, after writing the time to
+# PODSRL_TEST_MARK) at that rank's CALL-th call, on the first attempt only (torchrun's
 # restarts count in TORCHELASTIC_RESTART_COUNT); PODSRL_TEST_PIDS: a directory where each rank
 # writes its pid; PODSRL_TEST_SLEEP_ONCE: a file created by the one call that sleeps forever.
 FAULTY_REWARD = '''
@@ -71,6 +71,8 @@ def faulty_reward(completion, example):
     if kind and rank == fault_rank and _calls == int(call) and attempt == "0":
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
         if kind == "hang":
             Path(os.environ["PODSRL_TEST_MARK"]).write_text(str(time.time()))
             time.sleep(3600)
@@ -568,17 +570,15 @@ def test_torchrun_restarts_a_killed_rank_and_ends_as_if_uninterrupted(dist_confi
 def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(dist_config, uninterrupted, tmp_path):
     run, pids = tmp_path / "run", tmp_path / "pids"
     pids.mkdir()
-    proc = _launch([str(dist_config), "--out", str(run)], env={"PODSRL_TEST_PIDS": str(pids)})
-    deadline = time.monotonic() + 300
-    while not _steps(run) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    delay = random.uniform(0.0, 1.5)  # somewhere in the next step or so
-    time.sleep(delay)
-    os.kill(int((pids / "rank1-0").read_text()), signal.SIGTERM)
-    code, out = _finish(proc, pids=pids)
+    # SIGTERM reaches rank 1 alone, in the middle of step 2 (its 13th reward call of 8 a step): a
+    # signal sent from here after some delay was not one test, as a fast machine could finish the
+    # five steps first.
+    fault = {"PODSRL_TEST_FAULT": "term:1:13", "PODSRL_TEST_PIDS": str(pids)}
+    code, out = _finish(_launch([str(dist_config), "--out", str(run)], env=fault), pids=pids)
     stops = re.findall(r"stopped by SIGTERM after step (\d+); resume with `podsrl train --resume (\S+)`", out)
-    assert code != 0 and len(stops) == 2 and stops[0] == stops[1], f"delay {delay:.2f} s\n{out[-3000:]}"
+    assert code != 0 and len(stops) == 2 and stops[0] == stops[1], out[-3000:]
     step = int(stops[0][0])
+    assert step == 2, out[-3000:]  # the step it arrived in is finished and checkpointed, no further one
     assert stops[0][1] == str(run) and out.count("exitcode  : 75") == 2, out[-3000:]  # both ranks: the documented code
     assert _steps(run) == list(range(1, step + 1)) and ckpt.latest(run).name == f"step-{step:06d}"
     code, out = _finish(_launch(["--resume", str(run)]))
