@@ -709,6 +709,28 @@ def test_robust_summaries_and_paired_differences_in_the_report(tmp_path):
     assert height > 900 and width > 1300  # four panels: curves on both axes, paired AUC and final differences
 
 
+def test_pairwise_differences_between_methods_other_than_the_baseline(tmp_path):
+    """compare.json ``pairwise``: a - b by seed for every pair of non-baseline methods (the
+    orderings between rules), over the seeds both finished; printed as its own table."""
+    plan = _mixed_plan(tmp_path)
+    out = tmp_path / "out"
+    _write_mixed_runs(out, plan)
+    table = compare.format_table(compare.build_report(plan, out))
+    assert "between methods" not in table  # "never" has no finished run yet: no pair to show
+    for seed, accs in enumerate([(0.4, 0.5, 0.6), (0.5, 0.6, 0.4)]):  # AUC 0.5 and 0.5, final 0.6 and 0.4
+        _write_run(out, plan, "never", seed, [(0, 0.2)] + [(100 * (i + 1), a) for i, a in enumerate(accs)])
+    report = compare.build_report(plan, out)
+    (pair,) = report["pairwise"]  # grpo is the baseline: only pods - never
+    assert (pair["a"], pair["b"]) == ("pods", "never")
+    # PODS seeds 0-1: AUC 0.6, 0.7; final 0.7, 0.6. d_auc = (0.1, 0.2), d_final = (0.1, 0.2): 0.15 +- 12.706 x 0.0707 / sqrt(2).
+    half = 12.706 * math.sqrt(0.005) / math.sqrt(2)
+    for key in ("auc", "final_accuracy"):
+        assert pair[key]["seeds"] == [0, 1] and pair[key]["per_seed"] == pytest.approx([0.1, 0.2])
+        assert pair[key]["ci95"] == pytest.approx([0.15 - half, 0.15 + half], abs=1e-3) and pair[key]["excludes_zero"] is False
+    assert "pairwise" in report["definitions"]
+    assert "pods - never  +15.0 [-48.5, +78.5] (2)" in compare.format_table(report)
+
+
 def test_mixed_seed_plan_runs_and_reports_each_methods_own_seeds(tmp_path, monkeypatch):
     import podsrl.train.loop
 

@@ -98,6 +98,8 @@ Choices made where the paper is silent (it reports one run per method):
   (:mod:`podsrl.intervals`). compare.json (``paired_vs_baseline``, ``paired_excluding_zero``), the
   table (a star) and its notes say which differences exclude zero. Methods with more seeds than
   the baseline are paired over the seeds they share; their unpaired summaries use all their seeds.
+  Every other pair of methods (a before b in the plan) is paired the same way, a - b, for the
+  orderings between rules (compare.json ``pairwise``; the table "between methods").
 - **Intervals.** The peak's 95% interval is a Student-t interval over the seeds' accuracies at the
   peak point (mean +- t_{0.975, k-1} s / sqrt(k)). The step's and the time's 95% intervals are
   Student-t intervals over the seeds' own first evaluations at or above the target (each seed's

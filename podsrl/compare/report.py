@@ -46,6 +46,8 @@ DEFINITIONS = {
     "paired_vs_baseline": "per summary, method minus baseline for the same seed index (same training seed: same prompt order, "
                           "same evaluation problems), over the seeds both finished: mean difference, paired t 95% interval "
                           "(mean +- t_{0.975,k-1} s_d / sqrt(k)), and whether that interval excludes zero (null below 2 pairs)",
+    "pairwise": "every pair of methods other than the baseline, in the plan's order (a before b): per summary, a minus b "
+                "for the same seed index, as paired_vs_baseline; for orderings between methods (PODS's rules, D3S against PODS)",
     "alignment": "seeds aligned by evaluation index when their evaluations are the same points of training (time-based "
                  "evaluation with equal counts, or the same steps), else linearly interpolated onto the union of their x",
     "commits": "the podsrl source commits the reported runs were trained with (from their launch.jsonl; '+dirty': "
@@ -127,6 +129,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         "paired_excluding_zero": [
             f"{name} {key}" for name, e in entries.items() for key, d in (e["paired_vs_baseline"] or {}).items() if d["excludes_zero"]
         ],
+        "pairwise": _pairwise(entries, plan.baseline),
         "device_sharing": sharing,
         "commits": sorted({c for entry in entries.values() for run in entry["runs"] for c in run["commits"]}),
         "definitions": DEFINITIONS,
@@ -251,6 +254,15 @@ def _paired_differences(entries: dict[str, dict], baseline: str) -> list[str]:
         notes.append(f"paired differences vs {baseline} (points) whose 95% interval includes zero (not resolved): "
                      f"{'; '.join(including)}")  # fmt: skip
     return notes
+
+
+def _pairwise(entries: dict[str, dict], baseline: str) -> list[dict[str, Any]]:
+    """compare.json ``pairwise``: a minus b, paired by seed, for every pair of non-baseline methods."""
+    names = [name for name in entries if name != baseline]
+    return [
+        {"a": a, "b": b, **{key: _summary_json(paired_difference(_by_seed(entries[a], key), _by_seed(entries[b], key))) for key in SUMMARIES}}
+        for i, a in enumerate(names) for b in names[i + 1:]
+    ]  # fmt: skip
 
 
 def _by_seed(entry: dict[str, Any], key: str) -> dict[int, float | None]:

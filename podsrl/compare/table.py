@@ -2,8 +2,8 @@
 at which the seed mean first reaches the target (95% intervals over the seeds' own first points),
 the speedups on both axes, and the cost of a step. Second, the robust summaries: AUC and final
 accuracy with their intervals over seeds, and each method minus the baseline paired by seed with
-the paired t-interval, starred where it excludes zero. Third, what each method trained on (from
-metrics.jsonl). The report's notes follow."""
+the paired t-interval, starred where it excludes zero; then every other pair of methods the same
+way. Third, what each method trained on (from metrics.jsonl). The report's notes follow."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def format_table(report: dict[str, Any]) -> str:
         )
     head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
                 "first evaluations at it]; speedup: the baseline's over the method's")  # fmt: skip
-    return "\n".join(head + lines + [""] + _summary_table(report) + [""] + _signal_table(report)
+    return "\n".join(head + lines + [""] + _summary_table(report) + [""] + _pairwise_table(report) + _signal_table(report)
                      + [f"note: {n}" for n in report["notes"]])  # fmt: skip
 
 
@@ -93,6 +93,16 @@ def _summary_table(report: dict[str, Any]) -> list[str]:
     head = [f"robust summaries: AUC = mean accuracy over the evaluations after step 0; final = at the budget; "
             f"differences: method - {base} for the same seed (* = the paired interval excludes zero)"]  # fmt: skip
     return head + _grid(rows)
+
+
+def _pairwise_table(report: dict[str, Any]) -> list[str]:
+    """Every pair of non-baseline methods, a - b paired by seed (compare.json ``pairwise``)."""
+    pairs = [p for p in report.get("pairwise", []) if p["auc"]["mean"] is not None]
+    if not pairs:
+        return []
+    rows = [("a - b", "AUC, points [paired 95% CI]", "final, points [paired 95% CI]")]
+    rows += [(f"{p['a']} - {p['b']}", _difference(p["auc"], False), _difference(p["final_accuracy"], False)) for p in pairs]
+    return ["between methods: a - b for the same seed (* = the paired interval excludes zero)"] + _grid(rows) + [""]
 
 
 def _mean_ci(mean: float | None, ci: list[float] | None) -> str:
