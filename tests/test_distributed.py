@@ -167,6 +167,27 @@ def test_sharded_greedy_eval_equals_one_process(tmp_path, tiny_model_dir, reward
         assert one[key] == both[key], key
 
 
+def test_only_rank_0_checks_the_run_directory(tmp_path, make_config, monkeypatch):
+    """Under FSDP nothing is collective while the model is set up, so rank 0 may have opened (and
+    locked) the run directory before rank 1 gets to check it: rank 1 must take rank 0's answer, not
+    probe the lock itself and find it taken by its own job."""
+    from podsrl.run import rundir
+    from podsrl.train import loop
+
+    path = tmp_path / "run"
+    held = rundir.prepare(path)
+    held.open()  # rank 0 of this job, already past its checks
+    try:
+        with pytest.raises(ConfigError, match="in use"):
+            rundir.prepare(path)  # what rank 1 did itself before
+        rank1 = distributed.Dist(rank=1, world=2, backend="gloo")
+        monkeypatch.setattr(rank1, "broadcast_object", lambda obj: (True, rundir.RunDir(path=path)))  # rank 0's answer
+        claim = loop._check_run_dir(make_config(), rank1, path, resume=False, overwrite=False)
+        assert claim.path == path
+    finally:
+        held.close()
+
+
 # ------------------------------------------------------------------------------ bad launches
 
 

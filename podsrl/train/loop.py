@@ -345,10 +345,7 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
     if cfg.train.resume == "auto" and not (resume or overwrite):  # the same command starts and restarts
         run_dir, resume, overwrite = dist.from_main(lambda: preemption.auto_resume(run_dir, cfg))
         log(f"podsrl: train.resume = 'auto': {'resuming' if resume else 'restarting' if overwrite else 'starting'} {run_dir}")
-    # Checks only (every rank): the directory is made once the task, rewards and model have loaded.
-    claim = rundir.prepare(
-        run_dir if run_dir is not None else resolve_run_dir(cfg), cfg, resume=resume, overwrite=overwrite, unique=run_dir is None
-    )
+    claim = _check_run_dir(cfg, dist, run_dir, resume=resume, overwrite=overwrite)
     s = setup(cfg, dist)
     model = s.policy.model
     model.train()
@@ -363,6 +360,16 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
     finally:
         s.close()
         claim.close()
+
+
+def _check_run_dir(cfg: Config, dist: Dist, run_dir: Path | None, *, resume: bool, overwrite: bool) -> rundir.RunDir:
+    """Checks only, creating nothing (the directory is made once the task, rewards and model have
+    loaded). Rank 0 alone checks, and every rank gets its answer or its error: another rank probing
+    the lock could find it taken by rank 0 of this very job, which under FSDP (no collective while
+    the model is set up) may already have opened the directory."""
+    return dist.from_main(  # the default name holds the time: rank 0's clock names it
+        lambda: rundir.prepare(run_dir or resolve_run_dir(cfg), cfg, resume=resume, overwrite=overwrite, unique=run_dir is None)
+    )
 
 
 def _open_run_dir(claim: rundir.RunDir, dist: Dist) -> Path:
