@@ -27,9 +27,12 @@ A run directory holds one run (``config.toml``, ``metrics.jsonl``, ``eval.jsonl`
 - **Atomic rewrites.** :func:`write_text_atomic` (write a temporary sibling, fsync, rename) is how
   every run file is rewritten; appends of whole lines are left to the readers' torn-line rule.
 
-Distributed runs: :func:`prepare` is read-only and may run on every rank; :meth:`RunDir.open`,
-:meth:`RunDir.write_config` and :meth:`RunDir.close` write and belong to rank 0, which then
-broadcasts ``RunDir.path`` (a default name's suffix is only chosen in ``open``).
+Distributed runs: everything here belongs to rank 0. :func:`prepare` is read-only, but its lock
+probe on another rank can find the lock taken by rank 0 of the same job (under FSDP nothing is
+collective while the model loads, so rank 0 may already have called :meth:`RunDir.open`): the
+trainer runs it on rank 0 and broadcasts the result. :meth:`RunDir.open`, :meth:`RunDir.write_config`
+and :meth:`RunDir.close` write; rank 0 then broadcasts ``RunDir.path`` (a default name's suffix is
+only chosen in ``open``).
 """
 
 from __future__ import annotations
