@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import tiny_config_dict  # noqa: E402
+from conftest import exit_without_teardown, tiny_config_dict  # noqa: E402
 
 from podsrl.run import checkpoint as ckpt  # noqa: E402
 from podsrl.train import distributed  # noqa: E402
@@ -87,3 +87,4 @@ def main(spec_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    exit_without_teardown()

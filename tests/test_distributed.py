@@ -146,7 +146,7 @@ def test_sharded_greedy_eval_equals_one_process(tmp_path, tiny_model_dir, reward
     script.write_text(
         "import json, sys, torch\n"
         "sys.path.insert(0, %r)\n"
-        "from conftest import tiny_config_dict\n"
+        "from conftest import exit_without_teardown, tiny_config_dict\n"
         "from podsrl.train import distributed, loop as trainer\n"
         "from podsrl.run.checkpoint import TrainState\n"
         "from podsrl.config import from_dict\n"
@@ -156,7 +156,8 @@ def test_sharded_greedy_eval_equals_one_process(tmp_path, tiny_model_dir, reward
         "s = trainer.setup(cfg, d)\n"
         "r = trainer.run_eval(s, TrainState())\n"
         "if d.is_main: open(sys.argv[1], 'w').write(json.dumps(r.to_dict()))\n"
-        "d.close()\n" % (str(Path(__file__).parent), str(tiny_model_dir), str(reward_file))
+        "d.close()\n"
+        "exit_without_teardown()\n" % (str(Path(__file__).parent), str(tiny_model_dir), str(reward_file))
     )
     alone = subprocess.run([sys.executable, str(script), str(tmp_path / "one.json")], env=_env(), capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr[-3000:]

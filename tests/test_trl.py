@@ -314,6 +314,9 @@ if trainer.accelerator.is_main_process:
     assert rows[0][-1] == (1, 0, 2), rows  # nothing kept: one zero-weight row per process, no hang
     assert any(slots > kept for _, kept, slots in rows[0]), rows
     print("DDP-OK", rows[0])
+
+from conftest import exit_without_teardown
+exit_without_teardown()  # done and checked: skip torch's teardown (conftest)
 '''
 
 

@@ -533,6 +533,9 @@ if trainer.accelerator.is_main_process:
     # row 3: every kept episode called the tool, so each row carries a tool mask with a masked tool result.
     assert [r[4] for r in everyone[0] + everyone[1]] == [2, 2, 2, 2], everyone
     print("DDP-OK", everyone)
+
+from conftest import exit_without_teardown
+exit_without_teardown()  # done and checked: skip torch's teardown (conftest)
 '''
 
 
