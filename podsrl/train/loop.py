@@ -38,7 +38,7 @@ from torch import Tensor
 from podsrl.config import Config
 from podsrl.core.downsample import Selection, downsample, step_seed
 from podsrl.engines import Engine, Rollouts, Sampling, make_engine, resolve_engine
-from podsrl.errors import ConfigError, EngineError, RunWriteError
+from podsrl.errors import EngineError, RunWriteError
 from podsrl.grading.pool import RewardPool
 from podsrl.grading.rewards import RewardSpec, compute_rewards, resolve_specs
 from podsrl.models import Policy, load_policy
@@ -374,16 +374,7 @@ def _check_run_dir(cfg: Config, dist: Dist, run_dir: Path | None, *, resume: boo
 
 def _open_run_dir(claim: rundir.RunDir, dist: Dist) -> Path:
     """Rank 0 creates and locks the run directory; every rank gets its path, or its error."""
-    opened: str | ConfigError | None = None
-    if dist.is_main:
-        try:
-            opened = str(claim.open())
-        except ConfigError as err:
-            opened = err
-    opened = dist.broadcast_object(opened)
-    if isinstance(opened, ConfigError):
-        raise opened
-    return Path(opened)
+    return dist.from_main(claim.open)
 
 
 def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckpt.TrainState, *, resume: bool, log) -> Path:
