@@ -199,6 +199,9 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", f"must be > 0 and finite, got {self.lr!r}")
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+    # Without a KL term a kept rollout whose advantage is exactly 0 adds exactly 0 to the gradient
+    # (podsrl/train/update.py): it takes no forward or backward pass, the normalisers stay the batch's.
+    skip_zero_advantage: bool = True  # skip zero-advantage rows in the update (exact); false: every kept row runs
         for name in ("beta1", "beta2"):  # AdamW refuses others with a traceback
             _check(0 <= getattr(self, name) < 1, f"optim.{name}", f"must be in [0, 1) (a moment's decay rate), got {getattr(self, name)!r}")
         _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")

@@ -25,6 +25,11 @@ def length_reward(completion, example):
     return len(completion) / 40.0
 
 
+def half_silent_reward(completion, example):
+    """Signal only on problems with an odd answer: the other groups have advantage 0 everywhere."""
+    return len(completion) / 40.0 if int(example.answer) % 2 else 0.0
+
+
 def raising_reward(completion, example):
     raise ValueError("boom from the test reward")
 

@@ -45,6 +45,11 @@ CASES = {
     "fsdp_max_variance": {"distributed.parallel": "fsdp"},
     "fsdp_d3s_cross_tokens": {"distributed.parallel": "fsdp", "select.rule": "d3s_cross", "select.token_fraction": 0.5},
     "fsdp_dapo_rank1_empty": {"distributed.parallel": "fsdp", "select.filter_zero_variance": True},
+    # Rank 1's groups have no signal (advantage 0): skipped, it runs no row (FSDP: padding forwards).
+    "d3s_tokens_uniform_skip": {"select.rule": "d3s_intra", "select.token_fraction": 0.5},
+    "d3s_tokens_uniform_noskip": {"select.rule": "d3s_intra", "select.token_fraction": 0.5, "optim.skip_zero_advantage": False},
+    "fsdp_uniform_skip": {"distributed.parallel": "fsdp"},
+    "fsdp_uniform_noskip": {"distributed.parallel": "fsdp", "optim.skip_zero_advantage": False},
 }
 
 
@@ -64,7 +69,7 @@ def step_results(tmp_path_factory, tiny_model_dir, reward_file):
     out = tmp_path_factory.mktemp("dist-steps")
     cases = {}
     for name, overrides in CASES.items():
-        case = {"overrides": {**BASE, **overrides}, "uniform_second_half": name.endswith("rank1_empty")}
+        case = {"overrides": {**BASE, **overrides}, "uniform_second_half": name.endswith("rank1_empty") or "_uniform_" in name}
         if name.startswith("fsdp"):  # FSDP needs a launcher: its reference is torchrun with 1 process
             case["overrides"]["model.lora"] = False
         cases[name] = case
@@ -100,6 +105,22 @@ def test_two_ranks_step_equals_one(step_results, case):
     assert m2["world_size"] == 2 and len(m2["rank_time/update"]) == 2
     if case.endswith("rank1_empty"):  # the DAPO filter left rank 1 without a row, and nothing hung
         assert m2["kept"] == 4 and m2["zero_variance_groups"] == 0.5
+
+
+@pytest.mark.parametrize("case", ["d3s_tokens_uniform", "fsdp_uniform"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_skipping_zero_advantage_rows_changes_nothing(step_results, case, world):
+    """The same step with and without skipping the rows whose advantage is 0 (all of rank 1's)."""
+    skip = load_file(str(step_results / f"{case}_skip-w{world}.safetensors"))
+    full = load_file(str(step_results / f"{case}_noskip-w{world}.safetensors"))
+    for k in full:
+        err = float((skip[k] - full[k]).norm() / full[k].norm().clamp(min=1e-12))
+        assert err < 1e-6, f"{case} on {world} process(es): {k} relative difference {err:.1e}"
+    m_skip = json.loads((step_results / f"{case}_skip-w{world}.json").read_text())
+    m_full = json.loads((step_results / f"{case}_noskip-w{world}.json").read_text())
+    assert m_skip["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5)
+    assert m_skip["tokens_kept"] == m_full["tokens_kept"] and m_skip["tokens_total"] == m_full["tokens_total"]
+    assert m_full["rows_run"] == m_full["kept"] == 8 and m_skip["rows_run"] <= 4  # the uniform half: none ran
 
 
 # ------------------------------------------------------------------------------ end to end

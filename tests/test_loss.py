@@ -60,18 +60,31 @@ def test_asymmetric_clipping():
     assert metrics.clip_frac_low == pytest.approx(0.2)
 
 
-def test_token_mask_changes_sequence_lengths():
+def test_token_mask_keeps_the_sequence_lengths():
+    """The mask picks the policy-gradient tokens; |o_i| stays every completion token (80/20 paper)."""
     token_mask = torch.tensor([[True, False, True], [False, True, True]])
-    # counted: seq 0 tokens 0, 2 (1 + 0.5 = 1.5 over 2); seq 1 token 1 (-1.6 over 1)
+    # in the pg term: seq 0 tokens 0, 2 (1 + 0.5 = 1.5, over its 3 tokens); seq 1 token 1 (-1.6, over 2)
     loss, metrics = loss_of(*_example(), token_mask=token_mask)
-    assert loss.item() == pytest.approx(-(1.5 / 2 - 1.6) / 2, rel=1e-6)
-    assert metrics.tokens == 3
+    assert loss.item() == pytest.approx(-(1.5 / 3 - 1.6 / 2) / 2, rel=1e-6)
+    assert metrics.tokens == 3 and metrics.completion_tokens == 5
+    loss, _ = loss_of(*_example(), token_mask=token_mask, aggregation="token")
+    assert loss.item() == pytest.approx(-(1.5 - 1.6) / 5, rel=1e-6)
 
 
-def test_sequence_without_counted_tokens_still_counts_in_total():
+def test_sequence_without_selected_tokens_still_counts_in_total():
     token_mask = torch.tensor([[True, True, True], [False, False, False]])
     loss, _ = loss_of(*_example(), token_mask=token_mask)
     assert loss.item() == pytest.approx(-(2.7 / 3) / 2, rel=1e-6)
+
+
+def test_kl_covers_every_completion_token_under_a_token_mask():
+    logprobs, old, adv, mask = _example()
+    ref = logprobs.detach() + 0.1  # k3 = e^0.1 - 1.1 on every token
+    k3 = math.exp(0.1) - 1.1
+    token_mask = torch.tensor([[True, False, False], [False, False, False]])
+    loss, metrics = loss_of(logprobs, old, adv, mask, token_mask=token_mask, ref_logprobs=ref, beta=0.5, aggregation="token")
+    assert loss.item() == pytest.approx(-1.0 / 5 + 0.5 * k3, rel=1e-5)
+    assert metrics.kl == pytest.approx(k3, rel=1e-5)
 
 
 def test_kl_term_hand_value():
@@ -79,7 +92,7 @@ def test_kl_term_hand_value():
     ref = logprobs.detach() + 0.1  # ref - logp = 0.1 everywhere: k3 = e^0.1 - 0.1 - 1
     k3 = math.exp(0.1) - 1.1
     loss, metrics = loss_of(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5, aggregation="token")
-    assert metrics.kl == pytest.approx(k3, rel=1e-5)  # mean per counted token
+    assert metrics.kl == pytest.approx(k3, rel=1e-5)  # mean per completion token
     assert loss.item() == pytest.approx(0.22 + 0.5 * k3, rel=1e-5)
     loss, metrics = loss_of(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5)
     assert loss.item() == pytest.approx(0.5 + 0.5 * k3, rel=1e-5)  # sequence means of a constant
@@ -96,8 +109,9 @@ def test_kl_term_hand_value():
 # ----------------------------------------------------------------------------- reference
 
 
-def reference_loss(logprobs, old, adv, mask, *, eps_low, eps_high, aggregation, ref=None, beta=0.0, max_len=None):
-    """Plain loops over sequences and tokens, one scalar at a time."""
+def reference_loss(logprobs, old, adv, mask, *, eps_low, eps_high, aggregation, token_mask=None, ref=None, beta=0.0, max_len=None):
+    """Plain loops over sequences and tokens, one scalar at a time; ``token_mask`` gates the
+    policy-gradient term only."""
     N, T = logprobs.shape
     sequence_terms, token_sum, tokens = [], 0.0, 0
     for i in range(N):
@@ -108,6 +122,8 @@ def reference_loss(logprobs, old, adv, mask, *, eps_low, eps_high, aggregation, 
             ratio = torch.exp(logprobs[i, t] - old[i, t])
             clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
             term = -torch.minimum(ratio * adv[i], clipped * adv[i])
+            if token_mask is not None and not token_mask[i, t]:
+                term = term * 0.0
             if ref is not None and beta > 0:
                 d = ref[i, t] - logprobs[i, t]
                 term = term + beta * (torch.exp(d) - d - 1)
@@ -147,7 +163,7 @@ def test_value_and_gradient_match_loop_reference(aggregation, seed):
     )
     (grad,) = torch.autograd.grad(loss, logprobs)
     expected = reference_loss(
-        logprobs, old, adv, mask & token_mask, ref=ref, beta=0.1, aggregation=aggregation, max_len=max_len, **kwargs
+        logprobs, old, adv, mask, token_mask=token_mask, ref=ref, beta=0.1, aggregation=aggregation, max_len=max_len, **kwargs
     )
     (expected_grad,) = torch.autograd.grad(expected, logprobs)
     torch.testing.assert_close(loss, expected)
@@ -161,7 +177,7 @@ def test_micro_batches_sum_to_full_batch(aggregation):
     full, full_metrics = loss_of(logprobs, old, adv, mask, token_mask=token_mask, **common)
     (full_grad,) = torch.autograd.grad(full, logprobs)
 
-    totals = dict(total_sequences=8, total_tokens=full_metrics.tokens)
+    totals = dict(total_sequences=8, total_tokens=full_metrics.completion_tokens)
     for splits in ([1] * 8, [3, 5], [2, 2, 4]):
         summed = 0.0
         start = 0

@@ -6,35 +6,48 @@ per-token objective (maximised) is the PPO/GRPO clipped surrogate
     min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
 
 (DAPO "clip-higher" when eps_high > eps_low); the loss returned is its negative, aggregated over
-the counted tokens, plus beta times the k3 estimator of KL(pi_theta || pi_ref),
+the completion tokens, plus beta times the k3 estimator of KL(pi_theta || pi_ref),
 exp(ref - logp) - (ref - logp) - 1, aggregated the same way. PODS (arXiv 2504.13818, Sec. 3)
 uses the GRPO objective over the m selected rollouts (1/m in front); D3S (arXiv 2509.22115)
-additionally masks tokens (``token_mask``, from :mod:`podsrl.core.token_selection`).
+additionally selects tokens (``token_mask``, from :mod:`podsrl.core.token_selection`).
 
-Aggregations (:data:`AGGREGATIONS`), with counted tokens c_{i,t} = mask AND token_mask:
+Aggregations (:data:`AGGREGATIONS`), over the completion tokens (``mask``):
 
-- ``sequence`` (GRPO, the paper's formula): mean over each sequence's counted tokens, summed
+- ``sequence`` (GRPO, the paper's formula): mean over each sequence's completion tokens, summed
   over sequences, divided by ``total_sequences``.
-- ``token`` (DAPO): sum over all counted tokens / ``total_tokens``.
-- ``constant`` (Dr. GRPO): sum over counted tokens / (``total_sequences`` * ``max_completion_len``).
+- ``token`` (DAPO): sum over all completion tokens / ``total_tokens``.
+- ``constant`` (Dr. GRPO): sum over completion tokens / (``total_sequences`` * ``max_completion_len``).
+
+**A token mask selects where the policy gradient flows, nothing else.** Token i,t's surrogate is
+multiplied by ``token_mask[i, t]``; every normaliser (|o_i| of ``sequence``, the token count of
+``token``) stays over all completion tokens, and the KL term covers every completion token. This is
+the objective of the 80/20 paper that D3S's token level extends (Wang et al., arXiv 2506.01939:
+1/sum_i |o_i| outside, the indicator I[H_{i,t} >= tau] inside the sum) and what TRL's GRPOTrainer
+computes with ``top_entropy_quantile``, so ``podsrl train`` and :class:`podsrl.integrations.trl.PODSTrainer`
+train D3S identically. The D3S paper gives no formula of its own (no code is public). Normalising
+by the selected tokens instead would give a rollout with one selected token a whole sequence's
+weight in ``sequence``, and the KL is a regulariser of the whole distribution, not a carrier of the
+advantage signal that the token score picks out. With K the kept fraction, the policy-gradient
+term is therefore about K times smaller than the unmasked one (the paper's choice; a larger
+learning rate is the knob, not the normaliser).
 
 Choices made where the papers are silent:
 
 - ``total_sequences`` / ``total_tokens`` (``batch``, :class:`BatchCounts`) default to this call's N
-  and counted-token count. A trainer that splits a batch into micro-batches passes the whole
+  and completion-token count. A trainer that splits a batch into micro-batches passes the whole
   batch's numbers, so that the sum of the micro-batch losses (and gradients) equals the full-batch
-  loss exactly.
-- With a token mask, |o_i| in ``sequence`` is the number of *counted* tokens of sequence i; a
-  sequence with none contributes 0 but still counts in ``total_sequences``.
+  loss exactly; a trainer that skips rows whose advantage is 0 (no KL term) passes the numbers of
+  the batch including them, and the gradient is unchanged.
+- A sequence without completion tokens contributes 0 but still counts in ``total_sequences``.
 - Empty mask: loss 0, still attached to the graph (backward gives zero gradients), never NaN.
-- Positions that are not counted get log-ratio 0 before the exponential, so padding with -inf or
+- Positions outside ``mask`` get log-ratio 0 before the exponential, so padding with -inf or
   garbage log-probs cannot produce NaN in the forward or the backward pass.
 - The loss is computed in float32 at least (bf16 log-probs are upcast).
 - Metrics describe this call: ``loss`` and ``pg_loss`` are this call's additive contributions
-  (they sum over micro-batches like the loss); ``kl`` (mean k3 per counted token), the clip
-  fractions and ``ratio_mean`` are means over this call's counted tokens (weight them by
-  ``tokens`` to combine micro-batches). ``kl`` is reported whenever ``ref_logprobs`` is given,
-  even with beta = 0.
+  (they sum over micro-batches like the loss); the clip fractions and ``ratio_mean`` are means over
+  the tokens in the policy-gradient term (``tokens``), ``kl`` (mean k3) over all completion tokens
+  (``completion_tokens``): weight them by those counts to combine micro-batches. ``kl`` is reported
+  whenever ``ref_logprobs`` is given, even with beta = 0.
 """
 
 from __future__ import annotations
@@ -54,12 +67,13 @@ class LossMetrics:
 
     loss: float  # pg_loss + beta * kl
     pg_loss: float  # clipped-surrogate part of the loss
-    kl: float | None  # mean k3 KL to the reference per counted token, None without ref_logprobs
-    clip_frac_low: float  # fraction of counted tokens with rho < 1 - eps_low and A < 0
-    clip_frac_high: float  # fraction of counted tokens with rho > 1 + eps_high and A > 0
-    ratio_mean: float  # mean rho over counted tokens (1.0 when none)
-    tokens: int  # counted tokens in this call
+    kl: float | None  # mean k3 KL to the reference per completion token, None without ref_logprobs
+    clip_frac_low: float  # fraction of policy-gradient tokens with rho < 1 - eps_low and A < 0
+    clip_frac_high: float  # fraction of policy-gradient tokens with rho > 1 + eps_high and A > 0
+    ratio_mean: float  # mean rho over policy-gradient tokens (1.0 when none)
+    tokens: int  # tokens in this call's policy-gradient term (completion tokens in token_mask)
     sequences: int  # sequences in this call (N)
+    completion_tokens: int  # completion tokens in this call (mask): the KL's and the normalisers' tokens
 
     def to_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
@@ -68,22 +82,22 @@ class LossMetrics:
 Aggregation = Callable[[Tensor, Tensor, int, int, "int | None"], Tensor]
 
 
-def _sequence_mean(per_token: Tensor, counted: Tensor, total_sequences: int, total_tokens: int, max_len: int | None) -> Tensor:
-    per_sequence = per_token.sum(dim=1) / counted.sum(dim=1).clamp(min=1)  # [N]
+def _sequence_mean(per_token: Tensor, mask: Tensor, total_sequences: int, total_tokens: int, max_len: int | None) -> Tensor:
+    per_sequence = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [N]
     return per_sequence.sum() / max(total_sequences, 1)
 
 
-def _token_mean(per_token: Tensor, counted: Tensor, total_sequences: int, total_tokens: int, max_len: int | None) -> Tensor:
+def _token_mean(per_token: Tensor, mask: Tensor, total_sequences: int, total_tokens: int, max_len: int | None) -> Tensor:
     return per_token.sum() / max(total_tokens, 1)
 
 
-def _constant_norm(per_token: Tensor, counted: Tensor, total_sequences: int, total_tokens: int, max_len: int | None) -> Tensor:
+def _constant_norm(per_token: Tensor, mask: Tensor, total_sequences: int, total_tokens: int, max_len: int | None) -> Tensor:
     if max_len is None:
         raise ValueError("aggregation 'constant' (Dr. GRPO) needs max_completion_len")
     return per_token.sum() / (max(total_sequences, 1) * max_len)
 
 
-# Each takes (per-token values [N, T], already 0 where not counted; counted [N, T] bool;
+# Each takes (per-token values [N, T], already 0 outside the completion; completion mask [N, T] bool;
 # total_sequences; total_tokens; max_completion_len) and returns a scalar.
 AGGREGATIONS: dict[str, Aggregation] = {
     "sequence": _sequence_mean,
@@ -118,21 +132,23 @@ def _check_inputs(logprobs, old_logprobs, advantages, mask, token_mask, ref_logp
 
 
 @torch.no_grad()
-def _metrics(loss, pg_loss, k3, ratio, adv, counted, eps_low: float, eps_high: float) -> LossMetrics:
-    """ratio, counted [N, T], adv [N, 1] -> the call's LossMetrics (means over its counted tokens)."""
+def _metrics(loss, pg_loss, k3, ratio, adv, counted, mask, eps_low: float, eps_high: float) -> LossMetrics:
+    """ratio, counted (the policy-gradient tokens), mask [N, T], adv [N, 1] -> the call's LossMetrics."""
     tokens = int(counted.sum())
     denominator = max(tokens, 1)
+    completion_tokens = int(mask.sum())
     low = counted & (ratio < 1.0 - eps_low) & (adv < 0)  # [N, T]
     high = counted & (ratio > 1.0 + eps_high) & (adv > 0)  # [N, T]
     return LossMetrics(
         loss=float(loss),
         pg_loss=float(pg_loss),
-        kl=None if k3 is None else float(k3.sum()) / denominator,
+        kl=None if k3 is None else float(k3.sum()) / max(completion_tokens, 1),
         clip_frac_low=int(low.sum()) / denominator,
         clip_frac_high=int(high.sum()) / denominator,
         ratio_mean=float(torch.where(counted, ratio, 0.0).sum()) / tokens if tokens else 1.0,
         tokens=tokens,
         sequences=counted.shape[0],
+        completion_tokens=completion_tokens,
     )
 
 
@@ -161,9 +177,9 @@ class LossSettings:
 
 @dataclass(frozen=True)
 class BatchCounts:
-    """The whole batch's sequences and counted tokens, when a :func:`policy_loss` call is one
-    micro-batch of it: each call is normalised by them, so the micro-batches' losses sum to the
-    full batch's."""
+    """The whole batch's sequences and completion tokens, when a :func:`policy_loss` call is one
+    micro-batch of it (or its rows with a non-zero advantage): each call is normalised by them, so
+    the micro-batches' losses sum to the full batch's."""
 
     sequences: int
     tokens: int
@@ -188,7 +204,8 @@ def policy_loss(
         advantages: [N] one advantage per sequence.
         mask: [N, T] bool, the completion tokens (False on padding).
         settings: clip range, aggregation, KL weight (:class:`LossSettings`).
-        token_mask: [N, T] bool, tokens selected for the loss (D3S / 80-20); None keeps all.
+        token_mask: [N, T] bool, tokens whose policy-gradient term is kept (D3S / 80-20); None keeps
+            all. The normalisers and the KL term stay over ``mask`` (module docstring).
         ref_logprobs: [N, T] log pi_ref for the k3 KL; beta > 0 requires it.
         batch: the whole batch's counts when this call is a micro-batch (default: this call's).
 
@@ -203,30 +220,30 @@ def policy_loss(
         raise ValueError(f"beta={beta} > 0 needs ref_logprobs for the KL term")
     aggregate = AGGREGATIONS[settings.aggregation]
 
-    counted = mask if token_mask is None else mask & token_mask  # [N, T]
-    tokens = int(counted.sum())
+    tokens = int(mask.sum())  # completion tokens: the normalisers' and the KL's
     total_sequences, total_tokens = (N, tokens) if batch is None else (batch.sequences, batch.tokens)
     if total_sequences < N:
         raise ValueError(f"batch.sequences={total_sequences} is smaller than this call's N={N}")
     if total_tokens < tokens:
-        raise ValueError(f"batch.tokens={total_tokens} is smaller than this call's {tokens} counted tokens")
+        raise ValueError(f"batch.tokens={total_tokens} is smaller than this call's {tokens} completion tokens")
+    in_pg = mask if token_mask is None else mask & token_mask  # [N, T] the policy-gradient term's tokens
 
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     logp = logprobs.to(dtype)  # [N, T]
-    log_ratio = torch.where(counted, logp - old_logprobs.to(dtype).detach(), 0.0)  # [N, T]
-    ratio = log_ratio.exp()  # [N, T], 1 where not counted
+    log_ratio = torch.where(mask, logp - old_logprobs.to(dtype).detach(), 0.0)  # [N, T]
+    ratio = log_ratio.exp()  # [N, T], 1 outside the completion
     adv = advantages.to(dtype).detach()[:, None]  # [N, 1]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [N, T]
-    per_token = torch.where(counted, -surrogate, 0.0)  # [N, T]
-    pg_loss = aggregate(per_token, counted, total_sequences, total_tokens, max_completion_len)
+    per_token = torch.where(in_pg, -surrogate, 0.0)  # [N, T]
+    pg_loss = aggregate(per_token, mask, total_sequences, total_tokens, max_completion_len)
 
     k3 = None
     loss = pg_loss
     if ref_logprobs is not None:
-        ref_minus_logp = torch.where(counted, ref_logprobs.to(dtype).detach() - logp, 0.0)  # [N, T]
-        k3 = torch.where(counted, ref_minus_logp.exp() - ref_minus_logp - 1.0, 0.0)  # [N, T]
+        ref_minus_logp = torch.where(mask, ref_logprobs.to(dtype).detach() - logp, 0.0)  # [N, T]
+        k3 = torch.where(mask, ref_minus_logp.exp() - ref_minus_logp - 1.0, 0.0)  # [N, T]
         if beta > 0.0:
-            loss = pg_loss + beta * aggregate(k3, counted, total_sequences, total_tokens, max_completion_len)
+            loss = pg_loss + beta * aggregate(k3, mask, total_sequences, total_tokens, max_completion_len)
 
-    metrics = _metrics(loss, pg_loss, k3, ratio, adv, counted, eps_low, eps_high)
+    metrics = _metrics(loss, pg_loss, k3, ratio, adv, in_pg, mask, eps_low, eps_high)
     return loss, metrics

@@ -1,0 +1,213 @@
+"""Rows whose advantage is exactly 0 take no forward pass, and the update is the one they would give.
+
+- Skipping equals not skipping (``skip_zero_advantage``): the accumulated gradient (relative 1e-5 of
+  its norm, float32 summation order) and the weights after one AdamW step (relative 1e-6), for every
+  loss aggregation, several micro-batch sizes, D3S token selection (|A| x H and entropy-only) and
+  two policy iterations; the same over a few training steps of the whole loop.
+- The skipped rows really take no forward: the scoring pass of |A| x H sees only the rows with a
+  signal, the entropy-only score every row, a KL term turns skipping off.
+- A step whose rows all have advantage 0 still steps the optimizer (AdamW's weight decay and
+  momentum move the weights on a zero gradient), without a forward pass.
+- One policy iteration uses the update's own forward as pi_old even when a scoring pass ran (KL):
+  the ratio is exactly 1 under dropout.
+
+Two processes (DDP and FSDP) are in tests/test_distributed.py (the ``*_skip`` / ``*_noskip`` cases).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import update_settings
+from podsrl.core.loss import AGGREGATIONS
+from podsrl.train import update as update_module
+from podsrl.train.update import UpdateBatch, run_update
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_model_dir, one_thread):
+    from podsrl.config import ModelConfig
+    from podsrl.models import load_policy
+
+    torch.manual_seed(0)
+    return load_policy(ModelConfig(name=str(tiny_model_dir)))
+
+
+def _batch(tokenizer, zeros: list[int]) -> UpdateBatch:
+    """10 rollouts of 3 prompts (groups of 4, 3, 3) of different lengths; advantage 0 at ``zeros``."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [tokenizer(f"What is {i} + {i * 7}?{' Please.' * i}")["input_ids"] for i in range(3)]
+    groups = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    advantages = torch.randn(len(groups), generator=g)
+    advantages[zeros] = 0.0
+    return UpdateBatch(
+        prompt_ids=[prompts[p] for p in groups],
+        completion_ids=[torch.randint(100, 5000, (2 + (3 * i) % 7,), generator=g).tolist() for i in range(len(groups))],
+        advantages=advantages,
+    )
+
+
+ZEROS = [0, 2, 3, 5, 6, 8, 9]  # 7 of 10 rows without signal, as in a GRPO step (78% zero-variance groups)
+
+
+class _Recorder(torch.optim.AdamW):
+    """AdamW that keeps a copy of the gradients it steps with."""
+
+    def step(self, closure=None):
+        self.recorded = [p.grad.detach().clone() for group in self.param_groups for p in group["params"]]
+        return super().step(closure)
+
+
+def _step(model, batch, *, skip: bool, micro_batch_size: int = 4, **options):
+    """One update of a copy of ``model``; (weights, gradients, stats, rows per forward call)."""
+    model = copy.deepcopy(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _Recorder(params, lr=1e-4, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    settings = dict(pad_id=0, temperature=1.0, eps_low=0.2, eps_high=0.28, aggregation="sequence", max_completion_len=16, grad_clip=0.0)
+    settings.update(options)
+    forwards: list[int] = []
+    real = update_module.forward_logprobs
+
+    def counting(model, packed, **kwargs):
+        forwards.append(packed.completion_ids.shape[0])
+        return real(model, packed, **kwargs)
+
+    # A KL term's reference: the LoRA base, or a frozen copy for full fine-tuning.
+    reference = copy.deepcopy(model) if settings.get("beta") and not hasattr(model, "disable_adapter") else None
+    update_module.forward_logprobs = counting
+    try:
+        stats = run_update(model, optimizer, scheduler, batch, update_settings(micro_batch_size=micro_batch_size, skip_zero_advantage=skip, **settings),
+                           reference=reference)  # fmt: skip
+    finally:
+        update_module.forward_logprobs = real
+    return [p.detach().clone() for p in params], optimizer.recorded, stats, forwards
+
+
+def _assert_same_update(a, b, what: str) -> None:
+    (wa, ga, sa, _), (wb, gb, sb, _) = a, b
+    for i, (x, y) in enumerate(zip(ga, gb)):
+        err = float((x - y).norm() / y.norm().clamp(min=1e-12))
+        assert err < 1e-5, f"{what}: gradient {i} relative difference {err:.1e}"
+    for i, (x, y) in enumerate(zip(wa, wb)):
+        err = float((x - y).norm() / y.norm().clamp(min=1e-12))
+        assert err < 1e-6, f"{what}: weights {i} relative difference {err:.1e}"
+    assert sa.loss == pytest.approx(sb.loss, abs=1e-6)
+    assert sa.grad_norm == pytest.approx(sb.grad_norm, rel=1e-5)
+    assert (sa.sequences, sa.tokens_total, sa.tokens_kept) == (sb.sequences, sb.tokens_total, sb.tokens_kept)
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param({}, id="grpo"),
+        pytest.param({"token_fraction": 0.4, "temperature": 0.7}, id="d3s-adv-entropy"),
+        pytest.param({"token_fraction": 0.4, "token_score": "entropy"}, id="entropy-80-20"),
+        pytest.param({"policy_iterations": 2, "grad_clip": 1.0}, id="2-iterations"),
+    ],
+)
+def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_policy, aggregation, extra):
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, ZEROS)
+    full = _step(model, batch, skip=False, micro_batch_size=4, aggregation=aggregation, **extra)
+    for micro_batch_size in (1, 3, 16):
+        skipped = _step(model, batch, skip=True, micro_batch_size=micro_batch_size, aggregation=aggregation, **extra)
+        _assert_same_update(skipped, full, f"{aggregation}, micro-batch {micro_batch_size}")
+        stats = skipped[2]
+        assert stats.rows_run == 3 and stats.sequences == 10
+        assert stats.tokens_run == sum(len(batch.completion_ids[i]) for i in range(10) if i not in ZEROS)
+    assert full[2].rows_run == 10 and full[2].tokens_run == full[2].tokens_total
+
+
+def test_skipped_rows_take_no_forward(tiny_policy):
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, ZEROS)
+    *_, forwards = _step(model, batch, skip=True, micro_batch_size=16)
+    assert forwards == [3]  # the update's one micro-batch: the three rows with a signal
+    *_, forwards = _step(model, batch, skip=True, micro_batch_size=16, token_fraction=0.5)
+    assert forwards == [3, 3]  # D3S |A| x H: the scoring pass needs only those rows too
+    *_, forwards = _step(model, batch, skip=True, micro_batch_size=16, token_fraction=0.5, token_score="entropy")
+    assert forwards == [10, 3]  # entropy-only: every row is scored, three are updated
+    *_, forwards = _step(model, batch, skip=True, micro_batch_size=16, policy_iterations=2)
+    assert forwards == [3, 3, 3]  # pi_old, then two iterations
+    _, _, stats, forwards = _step(model, batch, skip=True, micro_batch_size=16, beta=0.1)
+    assert forwards == [10, 10, 10] and stats.rows_run == 10  # a KL term needs every row: nothing skipped (+ reference)
+    *_, forwards = _step(model, batch, skip=False, micro_batch_size=16)
+    assert forwards == [10]
+
+
+def test_a_step_without_signal_still_steps_the_optimizer(tiny_policy):
+    """Every advantage 0 (GRPO's first steps on a hard task): no forward, but AdamW still moves the
+    weights by its momentum and weight decay, exactly as with the zero gradient of a full pass."""
+    model, tokenizer = tiny_policy.model, tiny_policy.tokenizer
+    first, silent = _batch(tokenizer, [0, 1]), _batch(tokenizer, list(range(10)))
+    m = copy.deepcopy(model)
+    params = [p for p in m.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    settings = dict(pad_id=0, micro_batch_size=4, temperature=1.0, grad_clip=0.0)
+    run_update(m, optimizer, scheduler, first, update_settings(**settings))  # momentum to carry
+    results = []
+    for skip in (False, True):
+        m2 = copy.deepcopy(m)
+        params2 = [p for p in m2.parameters() if p.requires_grad]
+        optimizer2 = torch.optim.AdamW(params2, lr=1e-3, weight_decay=0.1)
+        optimizer2.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # its own moments
+        scheduler2 = torch.optim.lr_scheduler.LambdaLR(optimizer2, lambda i: 1.0)
+        stats = run_update(m2, optimizer2, scheduler2, silent, update_settings(skip_zero_advantage=skip, **settings))
+        assert stats.grad_norm == 0.0 and stats.loss == 0.0
+        assert stats.rows_run == (0 if skip else 10)
+        assert all(not torch.equal(b, p) for b, p in zip(params, params2))  # it moved
+        results.append([p.detach().clone() for p in params2])
+    for a, b in zip(*results):  # zero gradients both ways: the same AdamW step, bit for bit
+        assert torch.equal(a, b)
+
+
+def test_one_iteration_with_a_kl_term_uses_its_own_forward_as_pi_old(tiny_model_dir):
+    """Under dropout the scoring pass's forward differs from the update's: pi_old must be the
+    update's own (detached), so that the on-policy ratio is exactly 1."""
+    from podsrl.config import ModelConfig
+    from podsrl.models import load_policy
+
+    torch.manual_seed(0)
+    policy = load_policy(ModelConfig(name=str(tiny_model_dir), lora=True, lora_rank=4, lora_alpha=8, lora_dropout=0.5))
+    model, batch = policy.model, _batch(policy.tokenizer, [])
+    model.train()
+    _, _, stats, forwards = _step(model, batch, skip=True, micro_batch_size=16, beta=0.1)
+    assert len(forwards) == 3  # scoring pass, reference, update
+    assert stats.ratio_mean == 1.0 and stats.clip_frac_low == 0.0 and stats.clip_frac_high == 0.0
+    assert stats.kl is not None
+
+
+def test_training_steps_give_the_same_weights_with_and_without_skipping(make_config, reward_spec):
+    """Three steps of the whole loop (sampling, rewards, GRPO, update) on the tiny model, with a reward
+    that leaves the groups of even answers without signal."""
+    from podsrl.run import checkpoint as ckpt
+    from podsrl.train import loop as trainer
+
+    weights, rows = [], []
+    for skip in (False, True):
+        cfg = make_config(**{"optim.skip_zero_advantage": skip, "select.rule": "all", "select.m": None, "train.prompts_per_step": 4,
+                             "reward.names": [reward_spec("half_silent_reward")]})  # fmt: skip
+        s = trainer.setup(cfg)
+        model = s.policy.model
+        model.train()
+        optimizer, scheduler = trainer.make_optimizer(cfg, model)
+        state = ckpt.TrainState()
+        ran = 0
+        for _ in range(3):
+            metrics = trainer.train_step(s, model, optimizer, scheduler, state)
+            state.step += 1
+            ran += metrics["rows_run"]
+            assert metrics["rows_run"] <= metrics["kept"]
+        s.close()
+        weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        rows.append(ran)
+    for name, want in weights[0].items():
+        err = float((weights[1][name] - want).norm() / want.norm().clamp(min=1e-12))
+        assert err < 1e-6, f"{name}: relative difference {err:.1e}"
+    assert rows[1] < rows[0] == 3 * 4 * 4  # the groups of even answers were skipped
