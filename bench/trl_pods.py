@@ -12,7 +12,10 @@ all three:
 - ``grpo16``: TRL ``GRPOTrainer``, ``num_generations=16``: B*16 completions sampled and trained on.
 - ``grpo64``: TRL ``GRPOTrainer``, ``num_generations=64``: B*64 sampled and trained on.
 - ``pods64``: ``podsrl.integrations.trl.PODSTrainer``, ``num_generations=64``, ``pods_m=16``,
-  max-variance: B*64 sampled, B*16 trained on.
+  max-variance: B*64 sampled, B*16 trained on; kept rows whose advantage is 0 (a group whose 16
+  kept rewards are equal) skip the loss's forward and backward (``pods_skip_zero_advantage``, the
+  default; ``--no-skip`` turns it off, as in the figures of 2026-11-23, which predate it). The
+  fraction of kept rows that ran the loss is printed per run.
 
 Everything else is the same: the model (float32, full fine-tuning), podsrl's arithmetic prompts in
 the chat template, podsrl's correctness reward (``as_trl_reward``), transformers ``generate`` at
@@ -112,6 +115,7 @@ def worker(spec: dict) -> dict:
             gradient_accumulation_steps=micro_steps,
             pods_rule="max_variance",
             pods_m=m,
+            pods_skip_zero_advantage=spec["skip"],
         )
         cls = PODSTrainer
 
@@ -167,12 +171,14 @@ def worker(spec: dict) -> dict:
     trainer.train()
     steps = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
     kept = [e["pods/kept"] for e in trainer.state.log_history if "pods/kept" in e]
+    loss_rows = [e["pods/loss_rows_fraction"] for e in trainer.state.log_history if "pods/loss_rows_fraction" in e]
     return {
         "step": steps,
         "sampling": timer.sampling,
         "update": [s - g for s, g in zip(steps, timer.sampling)],
         "peak_mib": timer.peak_mib,
         "trained_rows": kept or [B * n] * len(steps),
+        "loss_rows_fraction": loss_rows or [1.0] * len(steps),
         "micro_batches": args.gradient_accumulation_steps,
         "model": spec["model"],
         "torch": torch.__version__,
@@ -213,6 +219,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is dropped)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three workers")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-skip", action="store_true", help="PODS: run the loss on kept rows of advantage 0 too")
     parser.add_argument("--quick", action="store_true", help="tiny random model, B=1, 8 tokens, 2 steps, 1 round")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -231,7 +238,7 @@ def main() -> None:
 
     model = resolve_model_path(args.model)
     spec = dict(model=model, device=args.device, bf16=args.bf16, prompts=args.prompts, max_tokens=args.max_tokens,
-                steps=args.steps, seed=args.seed)  # fmt: skip
+                steps=args.steps, seed=args.seed, skip=not args.no_skip)  # fmt: skip
     print(f"model {args.model} ({'bf16' if args.bf16 else 'fp32'}, full fine-tuning) on {args.device}; B={args.prompts} "
           f"prompts/step, <= {args.max_tokens} completion tokens, micro-batches of {MICRO} completions; "
           f"{args.rounds} round(s) x {args.steps} steps per worker, first step dropped\n", flush=True)  # fmt: skip
@@ -250,7 +257,7 @@ def main() -> None:
             info[name] = out
             print(f"[round {r + 1}] {name:<7} step {', '.join(f'{t:.2f}' for t in out['step'])} s; update "
                   f"{', '.join(f'{t:.2f}' for t in out['update'])} s (first dropped); trained rows "
-                  f"{out['trained_rows']}; peak +{out['peak_mib']:.0f} MiB; process {out['wall_seconds']:.0f} s", flush=True)  # fmt: skip
+                  f"{out['trained_rows']} (loss ran on {', '.join(f'{f:.2f}' for f in out['loss_rows_fraction'])}); peak +{out['peak_mib']:.0f} MiB; process {out['wall_seconds']:.0f} s", flush=True)  # fmt: skip
 
     print(f"\n{'worker':<8} {'n':>3} {'trained':>8} {'micro-batches':>14} {'step s':>8} {'sampling s':>11} {'update s':>9} {'peak MiB':>9}")
     med: dict[str, float] = {}

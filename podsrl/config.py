@@ -40,7 +40,7 @@ def _one_of(value: object, valid: typing.Iterable[str], name: str) -> None:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "smollm2-135m-instruct"  # hub id, local directory, or an embedded model's name
-    dtype: str = "float32"  # "float32" | "bfloat16" | "float16": the policy's weights and compute
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16": the policy's weights and compute; training takes float32, or bfloat16 with LoRA
     lora: bool = False  # False: full fine-tuning
     lora_rank: int = 64  # LoRA rank r (with lora = true)
     lora_alpha: int = 64  # LoRA scale numerator: the adapter's update is scaled by lora_alpha / lora_rank
@@ -98,9 +98,16 @@ class RewardConfig:
     timeout_score: float = 0.0  # the value of a call that timed out (with timeout_seconds)
     max_timeout_fraction: float = 0.25  # stop the run when one reward function times out on more than this fraction of a step's completions
     workers: int = 1  # worker processes scoring user rewards in parallel (with timeout_seconds)
+    # Read by rollout.early_stop only, and then checked on every reward (podsrl/core/early_stop.py).
+    values: list[float] | None = None  # every value the total reward can take, e.g. [0, 1]; None: from the functions' `reward_values` (built-ins: 0 or 1)
 
     def __post_init__(self) -> None:
         _check(len(self.names) > 0, "reward.names", "give at least one reward function")
+        _check(
+            self.values is None or (len(self.values) > 0 and all(math.isfinite(v) for v in self.values)),
+            "reward.values",
+            f"must be a non-empty list of finite numbers (or none), got {self.values!r}",
+        )
         _check(
             self.timeout_seconds is None or self.timeout_seconds > 0,
             "reward.timeout_seconds",
@@ -142,8 +149,14 @@ class RolloutConfig:
     kv_cache_gib: float | None = None  # vLLM KV cache; None: GPU from gpu_memory_utilization, CPU 2 GiB
     enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
     max_model_len: int = 1024  # vLLM: longest prompt + completion, in tokens
+    # Exact early stopping (podsrl/core/early_stop.py): a group stops once more rollouts could not
+    # change the law of what it trains on; rules or rewards without such a criterion are refused.
+    early_stop: str = "off"  # "off": n rollouts per prompt | "exact": sample in rounds, stop each group as soon as it is exact
+    round_size: int | None = None  # with early_stop: rollouts per prompt per round; None: the step's m
 
     def __post_init__(self) -> None:
+        _one_of(self.early_stop, ("off", "exact"), "rollout.early_stop")
+        _check(self.round_size is None or self.round_size >= 1, "rollout.round_size", f"must be >= 1 (or none: the step's m), got {self.round_size!r}")
         from podsrl.engines import ENGINE_CHOICES
 
         _one_of(self.engine, ENGINE_CHOICES, "rollout.engine")
@@ -175,7 +188,11 @@ class LossConfig:
     def __post_init__(self) -> None:
         from podsrl.core.loss import AGGREGATIONS
 
-        _check(self.eps_low >= 0, "loss.eps_low", "must be >= 0")
+        _check(
+            0 <= self.eps_low < 1,
+            "loss.eps_low",
+            f"must be in [0, 1) (the ratio is clipped below at 1 - eps_low, which must stay > 0), got {self.eps_low!r}",
+        )
         _check(self.eps_high is None or self.eps_high >= 0, "loss.eps_high", "must be >= 0")
         _one_of(self.aggregation, AGGREGATIONS, "loss.aggregation")
         _check(self.beta >= 0, "loss.beta", "must be >= 0")
@@ -189,19 +206,19 @@ class OptimConfig:
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.99  # AdamW second-moment decay
     warmup_steps: int = 0  # linear learning-rate warm-up over this many steps; 0: none
-    lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 at train.max_steps)
+    lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 at train.max_steps, which it needs)
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     micro_batch_size: int = 16  # sequences per forward/backward; gradients are accumulated
     # Run each distinct prompt of a micro-batch once and the completions on its repeated KV cache
     # (exact; see podsrl/train/sequences.py). Off: every rollout runs its whole [prompt; completion].
     share_prompts: bool = True  # forward each prompt once per micro-batch (exact); false: every rollout runs its prompt
+    # Without a KL term a kept rollout whose advantage is exactly 0 adds exactly 0 to the gradient
+    # (podsrl/train/update.py): it takes no forward or backward pass, the normalisers stay the batch's.
+    skip_zero_advantage: bool = True  # skip zero-advantage rows in the update (exact); false: every kept row runs
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", f"must be > 0 and finite, got {self.lr!r}")
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-    # Without a KL term a kept rollout whose advantage is exactly 0 adds exactly 0 to the gradient
-    # (podsrl/train/update.py): it takes no forward or backward pass, the normalisers stay the batch's.
-    skip_zero_advantage: bool = True  # skip zero-advantage rows in the update (exact); false: every kept row runs
         for name in ("beta1", "beta2"):  # AdamW refuses others with a traceback
             _check(0 <= getattr(self, name) < 1, f"optim.{name}", f"must be in [0, 1) (a moment's decay rate), got {getattr(self, name)!r}")
         _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
@@ -354,6 +371,27 @@ class Config:
 
     def __post_init__(self) -> None:
         self.select.check_n(self.rollout.n, "rollout.n")
+        if self.rollout.early_stop != "off":
+            _check(
+                self.distributed.parallel != "fsdp",
+                "rollout.early_stop",
+                "sampling in rounds is not supported with distributed.parallel = 'fsdp' (generation is a collective "
+                "there, and ranks stop after different numbers of rounds); use 'ddp' or rollout.early_stop = \"off\"",
+            )
+        if self.optim.lr_schedule == "cosine":  # decays over train.max_steps: a time budget alone would leave it constant
+            _check(
+                self.train.max_steps is not None,
+                "optim.lr_schedule",
+                "'cosine' decays the rate to 0 at train.max_steps, which is not set (a train.max_seconds budget alone "
+                "has no step count to decay over); set train.max_steps, or use optim.lr_schedule = \"constant\"",
+            )
+            _check(
+                self.train.max_steps > self.optim.warmup_steps,
+                "optim.lr_schedule",
+                f"'cosine' decays over the steps after the warm-up, and optim.warmup_steps = {self.optim.warmup_steps} is not "
+                f"below train.max_steps = {self.train.max_steps}: no step is left to decay over; lower optim.warmup_steps "
+                "or raise train.max_steps",
+            )
         if self.distributed.parallel == "fsdp":
             _check(
                 not self.model.lora,

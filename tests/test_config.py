@@ -30,6 +30,9 @@ BAD_OVERRIDES = [
     pytest.param(["rollout.engine=sglang"], ["rollout.engine", "'sglang'", "auto", "transformers", "vllm"], id="unknown-engine"),
     pytest.param(["loss.aggregation=mean"], ["loss.aggregation", "sequence", "token", "constant"], id="unknown-aggregation"),
     pytest.param(["optim.lr_schedule=linear"], ["optim.lr_schedule", "cosine"], id="unknown-lr-schedule"),
+    pytest.param(["optim.lr_schedule=cosine", "train.max_steps=none"], ["optim.lr_schedule", "'cosine'", "train.max_steps", "set train.max_steps"], id="cosine-without-max-steps"),
+    pytest.param(["optim.lr_schedule=cosine", "train.max_steps=10", "optim.warmup_steps=10"], ["optim.warmup_steps = 10", "train.max_steps = 10", "'cosine'"], id="cosine-all-warmup"),
+    pytest.param(["loss.eps_low=1"], ["loss.eps_low", "[0, 1)", "1"], id="eps-low-one"),
     pytest.param(["select.m_schedule=fast"], ["select.m_schedule", "linear"], id="unknown-m-schedule"),
     pytest.param(["shuffle.seed=1"], ["unknown config section", "shuffle", "select", "rollout"], id="unknown-section"),
     pytest.param(["select.q=3"], ["unknown setting select.q", "rule", "m_final"], id="unknown-setting"),
@@ -296,7 +299,7 @@ def test_to_toml_round_trips_any_text(system_prompt, instruction, out_dir):
 @settings(max_examples=60, deadline=None)
 @given(
     lr=st.floats(min_value=1e-12, max_value=10, allow_subnormal=False),
-    eps=st.floats(min_value=0, max_value=1e6),
+    eps=st.floats(min_value=0, max_value=1, exclude_max=True),  # loss.eps_low is in [0, 1)
     max_seconds=st.one_of(st.none(), st.floats(min_value=1e-9, max_value=1e12)),
 )
 def test_to_toml_round_trips_floats_exactly(lr, eps, max_seconds):

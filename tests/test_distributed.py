@@ -161,6 +161,23 @@ def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file, paral
     assert "step-000003" in ev.stdout and "accuracy:" in ev.stdout
 
 
+def test_torchrun_with_early_stop(tmp_path, tiny_model_dir, reward_file):
+    """Exact early stopping in rounds: each rank samples its own block, no collective per round."""
+    from podsrl.config import to_toml
+
+    rewards = tmp_path / "parity.py"
+    rewards.write_text("def parity(completion, example):\n    return float(len(completion) % 2)\n\n\nparity.reward_values = (0.0, 1.0)\n")
+    overrides = {**BASE, "reward.names": [f"{rewards}:parity"], "rollout.n": 8, "rollout.early_stop": "exact", "rollout.round_size": 2,
+                 "select.m": 2, "eval.at_start": False, "eval.at_end": False}  # fmt: skip
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
+    done = _torchrun("-m", "podsrl", "train", str(config), "--out", str(tmp_path / "run"), "--no-plot")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    B = BASE["train.prompts_per_step"]
+    assert all(r["world_size"] == 2 and 2 * B <= r["rollouts_generated"] <= 8 * B and r["sample_rounds"] >= 1 for r in rows)
+
+
 def test_sharded_greedy_eval_equals_one_process(tmp_path, tiny_model_dir, reward_file):
     """Evaluation split over 2 ranks (5 problems: uneven blocks) gives one process's numbers."""
     script = tmp_path / "ev.py"

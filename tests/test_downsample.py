@@ -128,7 +128,8 @@ def test_public_api_is_the_core():
     # TRL's config and podsrl's [select] have the same fields (TRL's scale_rewards sets scale_std and std_over).
     names = lambda cls: {f.name for f in dataclasses.fields(cls)}  # noqa: E731
     spec_fields = names(DownsampleSpec) - {"scale_std", "std_over"}
-    assert {f.removeprefix("pods_") for f in names(trl.PODSConfig) if f.startswith("pods_")} == spec_fields
+    # ... and TRL's update settings beside them (podsrl train's [optim] has its twin, skip_zero_advantage).
+    assert {f.removeprefix("pods_") for f in names(trl.PODSConfig) if f.startswith("pods_")} == spec_fields | {"skip_zero_advantage"}
     assert names(SelectConfig) == names(DownsampleSpec)
     for name in spec_fields:
         assert trl.PODSConfig.__dataclass_fields__[f"pods_{name}"].default == DownsampleSpec.__dataclass_fields__[name].default

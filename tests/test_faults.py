@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from podsrl.config import from_dict, load, to_toml
-from podsrl.errors import EXIT_CHECKPOINT, EXIT_ENGINE, EXIT_HUNG, EXIT_PREEMPTED, ConfigError, EngineError, RewardError
+from podsrl.errors import EXIT_CHECKPOINT, EXIT_ENGINE, EXIT_HUNG, EXIT_PREEMPTED, CheckpointWriteError, ConfigError, EngineError, RewardError
 from podsrl.grading.pool import RewardPool
 from podsrl.grading.rewards import compute_rewards
 from podsrl.run import checkpoint as ckpt
@@ -302,6 +302,42 @@ def test_a_checkpoint_that_hits_enospc_keeps_the_previous_one(make_config, tmp_p
     assert _steps(run) == [1, 2, 3]
 
 
+def test_the_free_space_of_a_failed_checkpoint_is_measured_after_the_partial_file_is_released(tmp_path, monkeypatch):
+    # Issue 32: the message said 12.9 MB free while the failed write's partial file was still open
+    # (deleted, but its blocks held until closed); df showed 24 MB once the process had exited.
+    import weakref
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+    partial: list = []
+
+    def enospc(obj, path, *args, **kwargs):
+        file = open(path, "wb")  # as torch's zip writer: open when the error is raised ...
+        file.write(b"x" * 4096)
+        partial.append(weakref.ref(file))
+        loop = [file]
+        loop.append(loop)  # ... and released only when the garbage collector gets to it
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    seen = []
+
+    def disk_usage(path):
+        file = partial[0]() if partial else None
+        seen.append({"open": file is not None and not file.closed, "partial dir": any((tmp_path / "checkpoints").glob(".tmp-*"))})
+        return shutil_usage(total=10**9, used=10**9 - 24_000_000, free=24_000_000)
+
+    import collections
+
+    shutil_usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(ckpt.torch, "save", enospc)
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", disk_usage)
+    with pytest.raises(CheckpointWriteError) as err:
+        ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1))
+    assert seen == [{"open": False, "partial dir": False}]  # measured once the partial copy was gone
+    assert "No space left on device" in str(err.value) and "24.0 MB free there" in str(err.value)
+
+
 def test_a_metrics_line_that_hits_enospc_stops_the_run_naming_the_file(make_config, tmp_path, monkeypatch, one_thread):
     config = _config(make_config, tmp_path, **{"train.max_steps": 3, "train.checkpoint_every": 1})
     from podsrl.run import metrics
@@ -429,6 +465,23 @@ def test_verdict_catching_up_setup_and_done_ranks_are_not_hangs():
     done = {0: _beat(0, 5, 9), 1: _beat(1, 3, 3, done=True)}
     heartbeat.observe(seen, done, now=100.0)
     assert heartbeat.verdict(seen, done, now=100.0, bound=10.0) is None  # a rank that left is not waited for
+
+
+def test_verdict_a_slow_but_live_rank_is_not_a_hang():
+    # Issue 32: rank 1 is always a collective behind (its reward takes longer), but it enters every
+    # collective within 2.4 s; its short waits must not add up to one 20 s "hang".
+    seen: dict = {}
+    for t in range(0, 60):  # one beat a second; rank 1 catches up 3 s into each 4 s step, never seen level
+        step = t // 4
+        beats = {0: _beat(0, t, collectives=2 * step + 2), 1: _beat(1, t, collectives=2 * step + 1, phase="reward")}
+        heartbeat.observe(seen, beats, now=float(t))
+        assert heartbeat.verdict(seen, beats, now=float(t), bound=20.0) is None, t
+    # Once it stops entering collectives, the clock runs from its last advance.
+    for t in range(60, 82):
+        beats = {0: _beat(0, t, collectives=32), 1: _beat(1, t, collectives=29, phase="reward")}
+        heartbeat.observe(seen, beats, now=float(t))
+    assert heartbeat.verdict(seen, beats, now=76.0, bound=20.0) is None
+    assert "has kept rank 0 waiting for 21 s" in heartbeat.verdict(seen, beats, now=77.0, bound=20.0)
 
 
 def test_verdict_names_a_lost_rank():

@@ -213,6 +213,73 @@ def test_resume_may_raise_the_budget_and_records_what_changed(run_copy):
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
 
 
+class _FakeWandb:
+    """A stand-in ``wandb`` module: records every ``init`` and what each run logs."""
+
+    def __init__(self):
+        self.inits: list[dict] = []
+        self.logged: list[tuple[int, dict]] = []
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        fake = self
+
+        class Run:
+            def log(self, values, step):
+                fake.logged.append((step, values))
+
+            def finish(self):
+                pass
+
+        return Run()
+
+
+def test_a_resumed_run_resumes_its_weights_and_biases_run(make_config, tmp_path, monkeypatch):
+    # Issue 32: resume="allow" without an id started a new W&B run on every resume.
+    import types
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=fake.init))
+    settings = {**QUIET, "eval.at_end": False, "train.wandb": True}
+    run = trainer.train(make_config(**{**settings, "train.max_steps": 1}), run_dir=tmp_path / "run", log=lambda *_: None)
+    trainer.train(make_config(**{**settings, "train.max_steps": 2}), run_dir=run, resume=True, log=lambda *_: None)
+    first, second = fake.inits
+    assert first["id"] and second["id"] == first["id"] and first["resume"] == second["resume"] == "allow"
+    assert first["dir"] == second["dir"] == str(run) and first["project"] == "podsrl"
+    assert [step for step, values in fake.logged if "train/reward_mean" in values] == [1, 2]
+    trainer.train(make_config(**{**settings, "train.max_steps": 1}), run_dir=run, overwrite=True, log=lambda *_: None)
+    assert fake.inits[2]["id"] != first["id"]  # a new run in the directory: a new W&B run
+
+
+def test_a_bfloat16_full_finetuning_run_of_an_older_version_resumes_in_float32(run_copy):
+    # Issue 32 refuses bfloat16 full fine-tuning (AdamW on bf16 weights); a run trained so before
+    # resumes with --model.dtype=float32 (its weights and optimizer state are upcast exactly).
+    from safetensors.torch import load_file, save_file
+
+    run, _ = run_copy
+    text = (run / "config.toml").read_text()
+    assert 'dtype = "float32"' in text
+    (run / "config.toml").write_text(text.replace('dtype = "float32"', 'dtype = "bfloat16"', 1))
+    for step in sorted((run / "checkpoints").glob("step-*")):
+        weights = load_file(str(step / "weights.safetensors"))
+        save_file({k: v.bfloat16() for k, v in weights.items()}, str(step / "weights.safetensors"))
+        blob = torch.load(step / "state.pt", weights_only=False)
+        for state in blob["optimizer"]["state"].values():
+            state.update({k: v.bfloat16() for k, v in state.items() if k != "step" and v.is_floating_point()})
+        torch.save(blob, step / "state.pt")
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot", "--train.max_steps=3"])
+    assert_user_error(code, err, "model.dtype = 'bfloat16'", "--model.dtype=float32")
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot", "--train.max_steps=3", "--model.dtype=float32"])
+    assert code == 0, err
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+    assert load(run / "config.toml").model.dtype == "float32"
+    weights = load_file(str(run / "checkpoints" / "step-000003" / "weights.safetensors"))
+    assert all(v.dtype == torch.float32 for v in weights.values())
+    # Lowering the precision on resume is still refused.
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot", "--train.max_steps=4", "--model.dtype=bfloat16", "--model.lora=false"])
+    assert code == 2 and "model.dtype" in err
+
+
 # --------------------------------------------------------------------- resume and checkpoints
 
 

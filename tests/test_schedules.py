@@ -74,3 +74,15 @@ def test_scheduled_m_validation():
         scheduled_m(8, 4, 9, "linear", 0.5)
     with pytest.raises(ValueError, match="n must be"):
         scheduled_m(0, 1, 1, "linear", 0.5)
+
+
+def test_training_progress_runs_from_the_first_step_to_the_last():
+    from podsrl.core.schedules import training_progress
+
+    assert [training_progress(s, 5) for s in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert training_progress(0, 1) == 0.0 and training_progress(3) == 0.0  # one step; no budget
+    # A clock budget: 3 steps of 10 s done, 100 s budget -> 30 / (100 - 10); within a mean step: 1.
+    assert training_progress(3, seconds=30.0, max_seconds=100.0) == pytest.approx(30 / 90)
+    assert training_progress(9, seconds=92.0, max_seconds=100.0) == 1.0
+    assert training_progress(0, seconds=0.0, max_seconds=100.0) == 0.0
+    assert training_progress(2, 5, seconds=80.0, max_seconds=100.0) == 1.0  # the further of the two

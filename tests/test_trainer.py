@@ -18,7 +18,7 @@ import torch
 
 from podsrl.run import checkpoint as ckpt
 from podsrl.train import loop as trainer
-from podsrl.errors import CheckpointWriteError, RewardError
+from podsrl.errors import CheckpointWriteError, ConfigError, RewardError
 from podsrl.run.metrics import read_jsonl
 from conftest import update_settings
 from podsrl.train.update import UpdateBatch, micro_batch_order, run_update
@@ -475,6 +475,9 @@ def test_d3s_token_selection_keeps_fewer_tokens_on_a_schedule(make_config, tmp_p
     cfg = make_config(
         **{
             "select.rule": "d3s_intra",
+            "select.m": 2,
+            "select.m_final": 4,
+            "select.m_schedule": "linear",
             "select.token_fraction": 0.5,
             "select.token_fraction_final": 1.0,
             "select.token_schedule": "linear",
@@ -486,11 +489,61 @@ def test_d3s_token_selection_keeps_fewer_tokens_on_a_schedule(make_config, tmp_p
     assert cfg.select.uses_token_selection and cfg.select.advantages_over_group
     rows = read_jsonl(trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None) / "metrics.jsonl")
     first, second = rows
-    assert first["token_fraction"] == 0.5 and second["token_fraction"] == pytest.approx(0.75)
+    # The schedules start at the first step and end at the last one (issue 32: the last step had
+    # progress (max_steps - 1) / max_steps, so m_final and token_fraction_final were never used).
+    assert (first["m"], first["token_fraction"]) == (2, 0.5) and (second["m"], second["token_fraction"]) == (4, 1.0)
     assert first["tokens_kept"] < first["tokens_total"]
     assert first["tokens_kept"] == pytest.approx(0.5 * first["tokens_total"], abs=1)
     assert first["tokens_kept"] < second["tokens_kept"] <= second["tokens_total"]
     assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in rows)
+
+
+def test_progress_runs_from_the_first_step_to_the_last(make_config):
+    progress = lambda cfg, step, seconds=0.0: trainer.progress(cfg, ckpt.TrainState(step=step, train_seconds=seconds))  # noqa: E731
+    steps = make_config(**{"train.max_steps": 5, "train.max_seconds": None})
+    assert [progress(steps, k) for k in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]  # step 4 is the last one taken
+    assert progress(make_config(**{"train.max_steps": 1, "train.max_seconds": None}), 0) == 0.0  # one step: the start
+    # A time budget: steps of 10 s in 100 s start at 0, 10, ..., 90 s; the one at 90 s is the last.
+    timed = make_config(**{"train.max_steps": None, "train.max_seconds": 100.0})
+    assert [progress(timed, k, 10.0 * k) for k in range(10)] == pytest.approx([k / 9 for k in range(10)])
+    assert progress(timed, 0, 0.0) == 0.0 and progress(timed, 1, 150.0) == 1.0  # a first step longer than the budget
+    both = make_config(**{"train.max_steps": 11, "train.max_seconds": 100.0})  # the further of the two
+    assert progress(both, 5, 10.0 * 5) == pytest.approx(max(5 / 10, 50 / 90))
+
+
+@pytest.mark.parametrize(
+    "settings, fragments",
+    [
+        ({"model.dtype": "bfloat16"}, ["model.dtype = 'bfloat16'", "full fine-tuning", "no float32 master copy", "model.dtype = 'float32'", "model.lora = true"]),
+        ({"model.dtype": "bfloat16", "distributed.parallel": "fsdp"}, ["model.dtype = 'bfloat16'", "distributed.mixed_precision"]),
+        ({"model.dtype": "float16"}, ["model.dtype = 'float16'", "GradScaler", "'bfloat16'", "'float32'"]),
+        ({"model.dtype": "float16", "model.lora": True}, ["model.dtype = 'float16'", "GradScaler"]),
+    ],
+    ids=["bf16-full", "bf16-fsdp", "fp16-full", "fp16-lora"],
+)
+def test_low_precision_that_would_train_wrongly_is_refused(make_config, tmp_path, settings, fragments):
+    # Issue 32: bf16 full fine-tuning ran AdamW on bf16 weights (no float32 master copy: small
+    # updates round away), and float16 trained without loss scaling. Refused before anything loads.
+    cfg = make_config(**settings)
+    with pytest.raises(ConfigError) as err:  # wherever the optimizer is made
+        trainer.make_optimizer(cfg, torch.nn.Linear(2, 2))
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+    if cfg.distributed.parallel != "fsdp":  # (fsdp needs torchrun)
+        with pytest.raises(ConfigError) as early:  # before the model loads
+            trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+        assert str(early.value) == str(err.value)
+        assert not (tmp_path / "run").exists()
+
+
+def test_lora_on_a_bfloat16_base_trains_float32_adapter_weights(make_config):
+    cfg = make_config(**{"model.dtype": "bfloat16", "model.lora": True, "model.lora_rank": 4})
+    _, model, optimizer, before, metrics = _one_step(cfg)
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(p.dtype == torch.float32 for p in trained.values())  # what AdamW updates
+    assert all(p.dtype == torch.bfloat16 for n, p in model.named_parameters() if not p.requires_grad)
+    assert all(not torch.equal(p, before[n]) for n, p in trained.items() if "lora_B" in n)
+    assert math.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
 
 
 def test_policy_iterations_take_several_optimizer_steps_per_batch(make_config):

@@ -196,6 +196,84 @@ def test_train_d3s_with_token_selection_and_dapo_filter(tiny_model_dir, tmp_path
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
 
 
+def one_constant_group(completions, answer, **columns):
+    """The first prompt's group scores a constant (zero advantage, or dropped by the DAPO filter)."""
+    return [0.5 if a == "1" else r for a, r in zip(answer, length_reward(completions))]
+
+
+LOSS_CONFIG = {"luspo": {"importance_sampling_level": "sequence"}}
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("loss_type", ["grpo", "sapo", "dr_grpo", "luspo", "dapo"])
+def test_padding_rows_are_neutral(tiny_model_dir, tmp_path, loss_type, skip):
+    """Issue 32: K = 3 kept rows over steps_per_generation = 2 micro-batches makes one padding row.
+    TRL's grpo/sapo/luspo mean (dr_grpo: divide) over a micro-batch's rows, padding included; the
+    gradient of the round, split and accumulated as TRL's training step does, must be that of the K
+    real rows alone, which TRL's own loss gives when it sees only them in one micro-batch."""
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    n = 4
+    config = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, loss_type=loss_type, **LOSS_CONFIG.get(loss_type, {}))
+    args = PODSConfig(**common_args(tmp_path, n, **config), pods_rule="max_variance", pods_m=3,
+                      pods_filter_zero_variance=True, pods_skip_zero_advantage=skip)  # fmt: skip
+    assert args.steps_per_generation == 2
+    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[one_constant_group], args=args, train_dataset=dataset())
+    trainer.model.to(torch.float64)  # the micro-batches' gradients largely cancel (advantages sum to 0): fp64 shows the sum
+    fake_generation(trainer)
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(generation_batch(n))
+    real = output["completion_mask"].sum(1) > 0  # [4]: the padding row has no completion token
+    assert real.tolist().count(False) == 1 and trainer.last_selection.keep.sum() == 3
+
+    def grads_of(batches, accumulation):
+        trainer.model.zero_grad()
+        trainer.current_gradient_accumulation_steps = accumulation
+        for batch in batches:
+            trainer.compute_loss(trainer.model, batch).backward()
+        return {k: p.grad.detach().clone() for k, p in trainer.model.named_parameters() if p.grad is not None}
+
+    torch.manual_seed(0)
+    got = grads_of(split_tensor_dict(shuffle_sequence_dict(output), 2), accumulation=2)  # TRL's _prepare_inputs
+    # TRL's loss on the 3 real rows as one micro-batch; dapo divides by num_items_in_batch x GA / spg.
+    only_real = {k: (v[real] if isinstance(v, torch.Tensor) and v.dim() else v) for k, v in output.items()}
+    only_real.pop("pods_rows_per_micro_batch")
+    expected = grads_of([only_real], accumulation=2 if loss_type == "dapo" else 1)
+    assert expected.keys() == got.keys() and expected
+    for name in expected:
+        # A padding row counted in the mean would scale it by 3/4. (Llama's rotary tables stay float32.)
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-6, atol=1e-6 * float(expected[name].abs().max()))
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "sapo", "bnpo"])
+def test_skipping_zero_advantage_rows_keeps_the_update(tiny_model_dir, tmp_path, loss_type):
+    """Issue 31: with beta = 0 a row of advantage 0 adds nothing to the gradient; skipping it (on by
+    default) leaves the weights after an optimizer step as they are without skipping (plain SGD, so
+    that a wrong scale would show), with rule all (GRPO) and over 2 accumulated micro-batches."""
+    n = 4
+    config = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, loss_type=loss_type, max_steps=1,
+                  optim="sgd", learning_rate=0.1, beta=0.0, scale_rewards="none")  # fmt: skip
+    weights, logs = {}, {}
+    for skip in (True, False):
+        args = PODSConfig(**common_args(tmp_path / str(skip), n, **config), pods_rule="all", pods_skip_zero_advantage=skip)
+        trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[one_constant_group], args=args, train_dataset=dataset())
+        fake_generation(trainer)
+        before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+        trainer.train()
+        weights[skip] = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+        logs[skip] = next(entry for entry in trainer.state.log_history if "pods/loss_rows" in entry)
+    # The first prompt's 4 rows have advantage 0: skipped, except where bnpo's normaliser forbids it.
+    skipped = loss_type != "bnpo"
+    assert logs[True]["pods/loss_rows_fraction"] == (0.5 if skipped else 1.0) and logs[False]["pods/loss_rows_fraction"] == 1.0
+    assert logs[True]["pods/loss_rows"] == (2.0 if skipped else 4.0)  # per micro-batch, mean over the 2
+    for name, value in weights[False].items():
+        torch.testing.assert_close(weights[True][name], value, rtol=1e-6, atol=1e-9)
+        update = value - before[name]
+        if update.abs().max() > 0:
+            torch.testing.assert_close(weights[True][name] - before[name], update, rtol=1e-4, atol=1e-4 * float(update.abs().max()))
+    assert any(bool((weights[False][k] != before[k]).any()) for k in before)
+
+
 def test_config_validation(tmp_path):
     base = dict(output_dir=str(tmp_path), num_generations=8, per_device_train_batch_size=8, use_cpu=True, report_to="none")
     assert PODSConfig(**base, pods_rule="max_variance").pods_spec().m_start(8) == 2  # n // 4, as podsrl train
@@ -345,6 +423,50 @@ def launch_two_processes(script: Path, tiny_model_dir: Path, tmp_path: Path, *, 
 def test_two_processes_uneven_kept_counts(tiny_model_dir, tmp_path):
     script = tmp_path / "ddp_pods.py"
     script.write_text(DDP_SCRIPT)
+    launch_two_processes(script, tiny_model_dir, tmp_path, timeout=240)
+
+
+DDP_SKIP_SCRIPT = '''
+import sys, torch
+from accelerate.utils import gather_object
+sys.path.insert(0, sys.argv[2])
+from test_trl import dataset, fake_generation, length_reward
+from podsrl.integrations.trl import PODSConfig, PODSTrainer
+
+torch.set_num_threads(1)
+
+def even_constant(completions, answer, **columns):
+    return [0.5 if int(a) % 2 == 0 else r for a, r in zip(answer, length_reward(completions))]
+
+# 3 prompts x n=4 over 2 processes, 2 micro-batches each; m=3 keeps K=9 rows (zero-advantage ones in
+# groups that score a constant): 12 slots, 3 of them padding, then zero-advantage rows skipped.
+weights, rows = {}, {}
+for skip in (True, False):
+    args = PODSConfig(output_dir=sys.argv[3], num_generations=4, per_device_train_batch_size=3,
+                      gradient_accumulation_steps=2, max_completion_length=8, max_steps=1, report_to="none",
+                      use_cpu=True, save_strategy="no", logging_steps=1, beta=0.0, loss_type="grpo", optim="sgd",
+                      learning_rate=0.1, pods_rule="max_variance", pods_m=3, pods_skip_zero_advantage=skip, seed=3)
+    trainer = PODSTrainer(model=sys.argv[1], reward_funcs=[even_constant], args=args, train_dataset=dataset(12))
+    fake_generation(trainer)
+    trainer.train()
+    weights[skip] = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    rows[skip] = next(e["pods/loss_rows_fraction"] for e in trainer.state.log_history if "pods/loss_rows" in e)
+if trainer.accelerator.is_main_process:
+    assert rows[True] < 1.0 and rows[False] == 1.0, rows
+    for name, value in weights[False].items():
+        torch.testing.assert_close(weights[True][name], value, rtol=1e-6, atol=1e-9)
+    print("DDP-OK", rows)
+
+from conftest import exit_without_teardown
+exit_without_teardown()
+'''
+
+
+def test_two_processes_skipping_keeps_the_update(tiny_model_dir, tmp_path):
+    """Skipping zero-advantage rows and padding over 2 processes (uneven rows per process after the
+    skip): the weights after the step are those without skipping."""
+    script = tmp_path / "ddp_skip.py"
+    script.write_text(DDP_SKIP_SCRIPT)
     launch_two_processes(script, tiny_model_dir, tmp_path, timeout=240)
 
 

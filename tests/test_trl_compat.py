@@ -12,8 +12,9 @@ Cases: TRL's own entropy filter (``top_entropy_quantile``) without podsrl token 
 caller's batch; ``args`` None or a plain GRPOConfig; tools (a toy tool); ``environment_factory`` (a
 toy environment that owns the reward); images (a tiny LLaVA built from a config); reward
 aggregation ``normalize_then_sum``; ``scale_rewards="batch"``; completions no reward function
-scored (None); and two processes (``accelerate launch``, gloo) on the multi-turn path with uneven
-kept counts.
+scored (None); podsrl's ``policy_loss`` with a token mask against TRL's ``_compute_loss`` with
+its entropy mask (issue 32: one D3S loss); and two processes (``accelerate launch``, gloo) on the
+multi-turn path with uneven kept counts.
 """
 
 from __future__ import annotations
@@ -143,6 +144,111 @@ def test_trl_entropy_filter_without_podsrl_tokens_is_grpo(tiny_model_dir, tmp_pa
         trainer.get_high_entropy_mask = lambda e, m, t, _o=original, _c=calls[name]: _c.append(_o(e, m, t)) or _c[-1]
     assert_same_update(grpo, pods, generation_batch(n), EXACT)
     assert len(calls["pods"]) == 1 and torch.equal(calls["pods"][0], calls["grpo"][0])  # the same token mask
+
+
+def test_podsrl_quantile_mask_is_trls_entropy_mask():
+    """The threshold rule PODSTrainer now takes from podsrl's core is TRL's, ties, padding and bf16 included."""
+    from podsrl.core.token_selection import quantile_threshold_mask
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        entropies = torch.rand(5, 7, generator=g)
+        if trial % 3 == 0:
+            entropies = (entropies * 4).round() / 4  # many ties
+        if trial % 4 == 1:
+            entropies = entropies.bfloat16()
+        mask = (torch.rand(5, 7, generator=g) < 0.7).long()
+        level = float(torch.rand(1, generator=g))
+        expected = GRPOTrainer.get_high_entropy_mask(stand_in(), entropies, mask, level)
+        assert torch.equal(quantile_threshold_mask(entropies, mask, level), expected)
+        assert torch.equal(PODSTrainer.get_high_entropy_mask(stand_in(), entropies, mask, level), expected)
+    empty = torch.zeros(2, 3, dtype=torch.long)
+    assert not quantile_threshold_mask(torch.rand(2, 3), empty, 0.5).any()
+    # The threshold is over the pool given (other processes' tokens, in PODSTrainer): median of [0, 10] = 5.
+    scores, valid = torch.tensor([[1.0, 5.0, 9.0]]), torch.tensor([[True, True, False]])
+    assert quantile_threshold_mask(scores, valid, 0.5, pool=torch.tensor([0.0, 10.0])).tolist() == [[False, True, False]]
+    assert quantile_threshold_mask(scores, valid, 0.5).tolist() == [[False, True, False]]  # median of [1, 5] = 3
+
+
+# ----------------------------------------------------------------------------- one D3S loss (issue 32)
+
+# TRL's loss_type -> podsrl's aggregation. bnpo and dapo are both "token"; they differ in the count
+# they divide by: bnpo this micro-batch's completion tokens, dapo the generation batch's
+# (num_items_in_batch), which podsrl passes as BatchCounts.tokens.
+TRL_AGGREGATIONS = {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}
+
+
+def trl_loss_harness(loss_type: str, beta: float, top_entropy_quantile: float, max_completion_length: int):
+    """A GRPOTrainer that never ran __init__, with the attributes TRL 1.16's ``_compute_loss`` reads
+    set as a one-process, train-mode run would set them. Only ``_get_per_token_logps_and_entropies``
+    (the model's forward) is replaced, by the log-probs and entropies a test gives; the entropy mask,
+    the surrogate, the KL term and the aggregation are TRL's own code."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    trainer = object.__new__(GRPOTrainer)
+    trainer.__dict__.update(
+        loss_type=loss_type, beta=beta, top_entropy_quantile=top_entropy_quantile,
+        max_completion_length=max_completion_length, epsilon_low=0.2, epsilon_high=0.28,
+        importance_sampling_level="token", off_policy_mask_threshold=None, use_vllm=False,
+        vllm_importance_sampling_correction=False, aux_loss_enabled=False, _entropy_bonus_enabled=False,
+        current_gradient_accumulation_steps=2, model=SimpleNamespace(training=True),
+        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=2),
+        accelerator=SimpleNamespace(num_processes=1, gather=lambda x: x, reduce=lambda x, reduction: x,
+                                    pad_across_processes=lambda x, dim, pad_index: x),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )  # fmt: skip
+    return trainer
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", sorted(TRL_AGGREGATIONS))
+def test_policy_loss_with_a_token_mask_is_trls_entropy_masked_loss(loss_type, beta):
+    """podsrl.core.loss.policy_loss(token_mask=...) against TRL's _compute_loss with
+    top_entropy_quantile (the 80/20 rule), value and gradient: the mask multiplies only the policy
+    gradient term; the normalisers and the KL term stay over every completion token."""
+    from podsrl.core.loss import BatchCounts, LossSettings, policy_loss
+    from podsrl.core.token_selection import quantile_threshold_mask
+
+    N, T, quantile, accumulation = 6, 9, 0.4, 2
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([9, 1, 4, 7, 0, 5])  # row 4 has no completion token
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # [N, T] bool
+    logprobs = (-torch.rand(N, T, generator=g) * 3).requires_grad_(True)  # [N, T]
+    old = logprobs.detach() + 0.3 * torch.randn(N, T, generator=g)  # ratios far enough from 1 to clip
+    ref = logprobs.detach() + 0.5 * torch.randn(N, T, generator=g)
+    advantages = torch.randn(N, generator=g)
+    entropies = torch.rand(N, T, generator=g)
+    generation_tokens = 3 * int(mask.sum())  # dapo: the generation batch's tokens (num_items_in_batch)
+
+    trainer = trl_loss_harness(loss_type, beta, quantile, max_completion_length=T)
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logprobs, entropies, None)
+    inputs = {
+        "prompt_ids": torch.ones(N, 2, dtype=torch.long), "prompt_mask": torch.ones(N, 2, dtype=torch.long),
+        "completion_ids": torch.ones(N, T, dtype=torch.long), "completion_mask": mask.long(),
+        "advantages": advantages, "old_per_token_logps": old, "ref_per_token_logps": ref,
+        "num_items_in_batch": torch.tensor(float(generation_tokens)),
+    }  # fmt: skip
+    trl_loss = GRPOTrainer._compute_loss(trainer, None, inputs)
+    (trl_grad,) = torch.autograd.grad(trl_loss, logprobs)
+
+    token_mask = quantile_threshold_mask(entropies, mask, 1 - quantile)  # TRL's rule, podsrl's core
+    assert 0 < int(token_mask.sum()) < int(mask.sum())
+    # TRL divides every micro-batch loss by the accumulation steps (dapo: by its share of
+    # num_items_in_batch instead); podsrl's BatchCounts say the same with whole-batch counts.
+    counts = {
+        "grpo": BatchCounts(sequences=N * accumulation, tokens=int(mask.sum())),
+        "bnpo": BatchCounts(sequences=N, tokens=int(mask.sum()) * accumulation),
+        "dapo": BatchCounts(sequences=N, tokens=generation_tokens * accumulation // 2),  # x GA / steps_per_generation
+        "dr_grpo": BatchCounts(sequences=N * accumulation, tokens=int(mask.sum())),
+    }[loss_type]
+    settings = LossSettings(eps_low=0.2, eps_high=0.28, aggregation=TRL_AGGREGATIONS[loss_type], beta=beta, max_completion_len=T)
+    loss, metrics = policy_loss(logprobs, old, advantages, mask, settings, token_mask=token_mask, ref_logprobs=ref, batch=counts)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    assert metrics.tokens == int(token_mask.sum()) and metrics.completion_tokens == int(mask.sum())
+    torch.testing.assert_close(loss, trl_loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grad, trl_grad, rtol=1e-6, atol=1e-8)
+    assert bool((grad[~token_mask & mask] != 0).any()) == (beta > 0)  # only the KL reaches unselected tokens
 
 
 # ----------------------------------------------------------------------------- the caller's batch and args

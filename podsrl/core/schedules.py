@@ -19,6 +19,11 @@ Choices made where the paper is silent:
   (reached at p = (num_steps - 1) / num_steps). Needs num_steps >= 2.
 - :func:`scheduled_m` rounds to the nearest integer, halves up (floor(x + 0.5), not Python's
   banker's rounding), then clamps to [1, n].
+- **Progress** (:func:`training_progress`, the one rule every trainer uses): the step about to be
+  taken over the last step's index, so the first step has 0 and the last one 1 and the schedules
+  reach their final values (``step / max_steps`` would stop at (N - 1) / N). With a wall-clock
+  budget instead, the training clock over the budget less one mean step (a step that starts within
+  a mean step of the budget is expected to be the last); with both, the further of the two.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-__all__ = ["Schedule", "SCHEDULES", "schedule_value", "scheduled_m"]
+__all__ = ["Schedule", "SCHEDULES", "schedule_value", "scheduled_m", "training_progress"]
 
 Schedule = Callable[[float, float, float, int], float]
 
@@ -81,3 +86,16 @@ def scheduled_m(n: int, m_start: int, m_end: int, kind: str, progress: float, *,
             raise ValueError(f"{name} must be in [1, n={n}], got {m}")
     value = schedule_value(kind, m_start, m_end, progress, num_steps=num_steps)
     return min(max(math.floor(value + 0.5), 1), n)
+
+
+def training_progress(step: int, max_steps: int | None = None, *, seconds: float = 0.0, max_seconds: float | None = None) -> float:
+    """Progress in [0, 1] of the step about to be taken (``step`` steps done, ``seconds`` of training
+    so far): step / (max_steps - 1), and / or seconds / (max_seconds - seconds / step); the further
+    of the budgets given (module docstring). No budget, or one step: 0."""
+    parts = [0.0]
+    if max_steps:
+        parts.append(step / (max_steps - 1) if max_steps > 1 else 0.0)
+    if max_seconds and step > 0:
+        left = max_seconds - seconds / step  # the last step starts by then
+        parts.append(seconds / left if left > 0 else 1.0)
+    return min(1.0, max(parts))

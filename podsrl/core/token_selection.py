@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["token_scores", "top_fraction_mask", "entropy_top_fraction_mask"]
+__all__ = ["token_scores", "top_fraction_mask", "entropy_top_fraction_mask", "quantile_threshold_mask"]
 
 
 def token_scores(advantages: Tensor, entropy: Tensor) -> Tensor:
@@ -72,3 +72,32 @@ def top_fraction_mask(scores: Tensor, valid: Tensor, fraction: float) -> Tensor:
 def entropy_top_fraction_mask(entropy: Tensor, valid: Tensor, fraction: float) -> Tensor:
     """"80/20" rule: keep the top ``fraction`` of valid tokens by entropy. [N, T] -> [N, T] bool."""
     return top_fraction_mask(entropy, valid, fraction)
+
+
+def quantile_threshold_mask(scores: Tensor, valid: Tensor, level: float, *, pool: Tensor | None = None) -> Tensor:
+    """Keep the valid tokens whose score is at least the ``level``-quantile of ``pool``.
+
+    The threshold rule of TRL's ``top_entropy_quantile`` (the 80/20 paper's), as opposed to
+    :func:`top_fraction_mask`'s exact count: q = ``torch.quantile(pool, level)`` (linear
+    interpolation between order statistics, float32), and token i,t is kept when valid and
+    ``scores[i, t] >= q``. Ties at q are all kept, so about (not exactly) a ``1 - level`` fraction
+    of the pool survives; ``level`` 0 keeps every valid token.
+
+    Scope: the threshold is over ``pool`` only, which the caller chooses. By default it is
+    ``scores[valid]``, this call's tokens; :class:`podsrl.integrations.trl.PODSTrainer` passes the
+    valid scores of one micro-batch gathered from every process (TRL's scope), whereas
+    ``podsrl train`` selects over the whole batch with :func:`top_fraction_mask`. An empty pool
+    keeps nothing (as TRL).
+
+    scores [N, T] float, valid [N, T] bool (or 0/1), level in [0, 1], pool [P] float -> [N, T] bool.
+    """
+    if scores.dim() != 2 or scores.shape != valid.shape:
+        raise ValueError(f"scores and valid must both be [N, T], got {tuple(scores.shape)} and {tuple(valid.shape)}")
+    if not 0.0 <= level <= 1.0:
+        raise ValueError(f"level must be in [0, 1], got {level!r}")
+    valid = valid.bool()
+    pool = scores[valid] if pool is None else pool
+    if pool.numel() == 0:
+        return torch.zeros_like(valid)
+    threshold = torch.quantile(pool.float(), level)  # scalar
+    return (scores.float() >= threshold) & valid  # float32 compare: a bf16 score is not rounded against q

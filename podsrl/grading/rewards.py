@@ -26,6 +26,7 @@ does not learn.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import re
@@ -91,6 +92,11 @@ REWARDS: dict[str, RewardFn] = {
     "correctness": correctness,
     "format": format_reward,
 }
+
+# The values a reward function can return, declared for exact early stopping
+# (podsrl.core.early_stop); a user function may declare its own as ``fn.reward_values = (0.0, 1.0)``.
+correctness.reward_values = (0.0, 1.0)
+format_reward.reward_values = (0.0, 1.0)
 
 
 @lru_cache(maxsize=None)  # a user file is imported once, not once per training step
@@ -197,6 +203,23 @@ def compute_rewards(
         for i in range(len(completions))
     ]
     return RewardResult(total=total, per_reward=per_reward, timeouts=timeouts)
+
+
+def declared_values(specs: Sequence[RewardSpec], *, extra: dict[str, float] | None = None, limit: int = 4096) -> tuple[float, ...] | None:
+    """Every value the weighted total of ``specs`` can take, from each function's ``reward_values``
+    (plus ``extra[name]``, e.g. the score of a call that timed out); None when a function declares
+    none, or when there would be more than ``limit`` combinations."""
+    sets = []
+    for spec in specs:
+        values = getattr(get_reward(spec.name), "reward_values", None)
+        if values is None:
+            return None
+        values = {float(v) for v in values} | ({float(extra[spec.name])} if extra and spec.name in extra else set())
+        sets.append(sorted(values))
+    if math.prod(len(v) for v in sets) > limit:
+        return None
+    totals = {math.fsum(spec.weight * v for spec, v in zip(specs, combo)) for combo in itertools.product(*sets)}
+    return tuple(sorted(totals))
 
 
 def _as_spec(spec: RewardSpec | tuple[str, float]) -> RewardSpec:

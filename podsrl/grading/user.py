@@ -159,4 +159,6 @@ def from_batched(fn: Callable[..., Sequence[float | None]], spec: str = "") -> C
         return values[0]  # podsrl checks it is a finite number (RewardError otherwise)
 
     reward.__name__ = getattr(fn, "__name__", "reward")
+    if hasattr(fn, "reward_values"):  # its declared values (rollout.early_stop), kept through the wrapper
+        reward.reward_values = fn.reward_values
     return reward

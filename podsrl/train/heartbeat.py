@@ -18,8 +18,10 @@ wait for it in their next collective. Two ways to bound that wait:
   checkpoint ...) with the innermost line. Rank 0's watchdog reads every beat and decides
   (:func:`verdict`); every other rank reads the verdict key and watches rank 0's tick.
 
-A rank is **hung** when another rank has entered more collectives than it for longer than the
-bound: the others are waiting for it, and it has not come. It is **lost** when its tick has not
+A rank is **hung** when another rank has entered more collectives than it and it has entered none
+itself for longer than the bound: the others are waiting for it, and it has not come. (A rank that is
+always a little behind but keeps entering collectives is slow, not hung: each new collective it
+enters restarts the clock.) It is **lost** when its tick has not
 changed for longer than the bound (its process is frozen, holding the GIL in C code, or its node
 is gone). Either way every rank prints the same message, naming the rank, its host and pid, its
 phase and line, and exits with code 124 (``podsrl.errors.EXIT_HUNG``) from the watchdog thread
@@ -101,6 +103,7 @@ class Seen:
     tick: int = -1
     changed: float = 0.0  # when its tick last changed (first: when watching began)
     behind_since: float | None = None  # since when another rank has entered more collectives
+    collectives: int = -1  # its collective count at the last observation
 
 
 def observe(seen: dict[int, Seen], beats: dict[int, Beat | None], now: float) -> None:
@@ -113,9 +116,12 @@ def observe(seen: dict[int, Seen], beats: dict[int, Beat | None], now: float) ->
             continue
         if beat.tick != s.tick:
             s.tick, s.changed = beat.tick, now
+        advanced, s.collectives = beat.collectives != s.collectives, beat.collectives
         if beat.done or beat.phase == "setup" or beat.collectives >= most:
             s.behind_since = None
-        elif s.behind_since is None:
+        elif s.behind_since is None or advanced:
+            # Behind, but it entered a collective since the last look: slow, not stuck. The clock
+            # restarts, so that many short waits for a slow rank never add up to one "hang".
             s.behind_since = now
 
 

@@ -2,7 +2,10 @@
 
 One step (``train_step``) of B prompts:
   1. sample n rollouts per prompt with the engine (current weights);
-  2. score them with the reward functions -> rewards [B, n] (``score``);
+  2. score them with the reward functions -> rewards [B, n] (``score``); with rollout.early_stop
+     = "exact", steps 1-2 run in rounds and a group stops once more rollouts could not change the
+     law of what it trains on (``sample``, :mod:`podsrl.core.early_stop`): NaN marks the rollouts
+     never sampled;
   3. downsample (:func:`podsrl.core.downsample.downsample`, the call every trainer makes): keep
      B*m rollouts by the selection rule, m from its schedule, and compute their advantages over the
      kept subset (PODS) or the full group (GRPO, D3S);
@@ -37,11 +40,13 @@ from torch import Tensor
 
 from podsrl.config import Config
 from podsrl.core.downsample import Selection, downsample, step_seed
+from podsrl.core.early_stop import check_values, stop_criterion, why_not_exact
+from podsrl.core.schedules import training_progress
 from podsrl.engines import Engine, Rollouts, Sampling, make_engine, resolve_engine
-from podsrl.errors import EngineError, RunWriteError
+from podsrl.errors import ConfigError, EngineError, RunWriteError
 from podsrl.grading.pool import RewardPool
-from podsrl.grading.rewards import RewardSpec, compute_rewards, resolve_specs
-from podsrl.models import Policy, load_policy
+from podsrl.grading.rewards import RewardSpec, compute_rewards, declared_values, resolve_specs
+from podsrl.models import Policy, check_training_dtype, load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import export, preemption, rundir
 from podsrl.tasks import Example, Task, format_user_message, load_task
@@ -68,6 +73,7 @@ class Setup:
     reference: torch.nn.Module | None
     dist: Dist = field(default_factory=Dist)  # this process's rank and world (world 1: alone)
     reward_pool: RewardPool | None = None  # user rewards in worker processes (reward.timeout_seconds)
+    reward_values: tuple[float, ...] | None = None  # every value the total reward can take; None: undeclared
 
     def close(self) -> None:
         self.engine.close()
@@ -117,6 +123,7 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     torch.manual_seed(cfg.train.seed)
     task = build_task(cfg)
     rewards = resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights)))
+    reward_values = _reward_values(cfg, rewards)
     policy = load_policy(cfg.model, device=rank_device(cfg.model.device, dist.local_rank, dist.world) if dist.active else None)
     if dist.active:
         if dist.sharded:
@@ -146,10 +153,27 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
         reference=reference,
         dist=dist,
         reward_pool=RewardPool.from_config(cfg.reward, cfg.reward.names),
+        reward_values=reward_values,
     )
 
 
+def _reward_values(cfg: Config, rewards: list[RewardSpec]) -> tuple[float, ...] | None:
+    """The declared values of the total reward (reward.values, else the functions' declarations; a
+    user function's timed-out call scores reward.timeout_score); with rollout.early_stop = "exact",
+    a ConfigError when the run's rule and rewards have no exact stopping criterion."""
+    timeouts = {spec.name: cfg.reward.timeout_score for spec in rewards if ":" in spec.name} if cfg.reward.timeout_seconds else {}
+    values = tuple(sorted(set(cfg.reward.values))) if cfg.reward.values is not None else declared_values(rewards, extra=timeouts)
+    if cfg.rollout.early_stop == "exact":
+        sel = cfg.select
+        reason = why_not_exact(sel.rule, values=values, advantages_over_group=sel.advantages_over_group, filter_zero_variance=sel.filter_zero_variance)
+        if reason is not None:
+            fix = " or declare the reward's values (reward.values, or `reward_values` on each function)" if "declared" in reason else ""
+            raise ConfigError(f"rollout.early_stop = 'exact': {reason}; set rollout.early_stop = \"off\"{fix}")
+    return values
+
+
 def make_optimizer(cfg: Config, model: torch.nn.Module):
+    check_training_dtype(cfg)  # no AdamW on bfloat16 weights, no float16 without loss scaling
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
         params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(cfg.optim.beta1, cfg.optim.beta2)
@@ -168,13 +192,13 @@ def make_optimizer(cfg: Config, model: torch.nn.Module):
 
 
 def progress(cfg: Config, state: ckpt.TrainState) -> float:
-    """Training progress in [0, 1]: the further of the step and the wall-clock budgets."""
-    parts = []
-    if cfg.train.max_steps:
-        parts.append(state.step / cfg.train.max_steps)
-    if cfg.train.max_seconds:
-        parts.append(state.train_seconds / cfg.train.max_seconds)
-    return min(1.0, max(parts))
+    """Training progress in [0, 1] of the step about to be taken (``state.step``): the core's rule
+    (:func:`podsrl.core.schedules.training_progress`), the first step 0 and the last one 1, so the
+    schedules of m and of the token fraction reach ``select.m_final`` and ``token_fraction_final``.
+    A pure function of the step and the training clock, both in every checkpoint, so a resumed run
+    follows the uninterrupted run's schedule. (A run resumed from a checkpoint of podsrl before
+    issue 32, which used step / N, moves at the same step onto this one: by at most 1/N.)"""
+    return training_progress(state.step, cfg.train.max_steps, seconds=state.train_seconds, max_seconds=cfg.train.max_seconds)
 
 
 # The random streams of a step (podsrl.core.downsample.step_seed); selection draws from its own,
@@ -188,10 +212,7 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     dist.reset_counters()
     torch.manual_seed(step_seed(cfg.train.seed, state.step, _TORCH_STREAM))  # dropout, HF sampling
     idx = _step_prompts(s, state.step)  # this rank's block of the step's B prompts
-    with timer("generate"):
-        rollouts = s.engine.generate([s.train_prompts[i] for i in idx], _sampling(cfg, state.step, dist.rank))
-    with timer("reward"):
-        scored = score(s, rollouts, [s.task.train[i] for i in idx])
+    rollouts, scored = sample(s, state, idx, timer)  # rollouts [b*n] group-major, scored [B, n]
     with timer("select"):
         selection = select(cfg, state, scored.rewards)
     with timer("update"):
@@ -204,7 +225,8 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
 def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor) -> Selection:
     """The step's down-sampling of rewards [B, n] (every rank passes the gathered batch): the core's
     one call (:func:`podsrl.core.downsample.downsample`), as every other trainer makes it."""
-    return downsample(rewards, cfg.select, progress=progress(cfg, state), step=state.step, seed=cfg.train.seed)
+    missing = cfg.rollout.early_stop != "off"  # NaN: a rollout never sampled (podsrl.core.early_stop)
+    return downsample(rewards, cfg.select, progress=progress(cfg, state), step=state.step, seed=cfg.train.seed, allow_missing=missing)
 
 
 def _step_prompts(s: Setup, step: int) -> list[int]:
@@ -215,10 +237,58 @@ def _step_prompts(s: Setup, step: int) -> list[int]:
     return s.dist.shard(idx)
 
 
-def _sampling(cfg: Config, step: int, rank: int) -> Sampling:
+def _sampling(cfg: Config, step: int, rank: int, round: int = 0, n: int | None = None) -> Sampling:
+    """The sampling of ``rank``'s prompts at ``step`` (round ``round`` of early stopping, n rollouts
+    each; round 0 is the sampling of a run without early stopping)."""
     r = cfg.rollout
-    seed = step_seed(cfg.train.seed, step, _SAMPLING_STREAM + 100 * rank)
-    return Sampling(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
+    seed = step_seed(cfg.train.seed, step, _SAMPLING_STREAM + 100 * rank + _ROUND_STREAMS * round)
+    return Sampling(n=r.n if n is None else n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
+
+
+_ROUND_STREAMS = 1_000_000  # stream offset between sampling rounds (above every rank's stream)
+
+
+def sample(s: Setup, state: ckpt.TrainState, idx: list[int], timer) -> tuple[Rollouts, Scored]:
+    """Sample and score this rank's groups (prompts ``idx``): n rollouts each, or with
+    rollout.early_stop = "exact" in rounds of rollout.round_size (default: the step's m), each group
+    until its exact stopping criterion holds (:mod:`podsrl.core.early_stop`) or it has n. Rollouts
+    keep the [b*n] group-major layout; a rollout never sampled is an empty completion whose fields
+    in Scored are NaN. Stopping is decided per rank on its own groups: no collective per round."""
+    cfg, rank = s.cfg, s.dist.rank
+    prompts, examples = [s.train_prompts[i] for i in idx], [s.task.train[i] for i in idx]
+    if cfg.rollout.early_stop == "off":
+        with timer("generate"):
+            rollouts = s.engine.generate(prompts, _sampling(cfg, state.step, rank))
+        with timer("reward"):
+            return rollouts, score(s, rollouts, examples)
+    sel, n, b = cfg.select, cfg.rollout.n, len(idx)
+    m = sel.m_at(n, progress(cfg, state))  # the m downsample will keep at this step
+    criterion = stop_criterion(sel.rule, m, values=s.reward_values, filter_zero_variance=sel.filter_zero_variance)
+    size = cfg.rollout.round_size or m
+    table = torch.full((b, n, 4 + len(s.rewards)), math.nan)  # [b, n, C] the columns of score(), NaN: not sampled
+    completions, texts, truncated = [[] for _ in range(b * n)], [""] * (b * n), [False] * (b * n)
+    running, count, rounds = list(range(b)), 0, 0  # every running group has `count` rollouts
+    while running:
+        k = min(size, n - count)
+        with timer("generate"):
+            out = s.engine.generate([prompts[g] for g in running], _sampling(cfg, state.step, rank, round=rounds, n=k))
+        with timer("reward"):
+            table[running, count : count + k] = _score_columns(s, out, [examples[g] for g in running], k)
+            if s.reward_values is not None:
+                check_values(table[..., 0], s.reward_values)  # the criteria are exact only for declared values
+        for j, g in enumerate(running):
+            for i in range(k):
+                pos, src = g * n + count + i, j * k + i
+                completions[pos], texts[pos], truncated[pos] = out.completion_ids[src], out.texts[src], out.truncated[src]
+        count, rounds = count + k, rounds + 1
+        done = criterion(table[..., 0])  # [b]
+        running = [g for g in running if count < n and not bool(done[g])]
+    rollouts = Rollouts(prompt_ids=prompts, completion_ids=completions, texts=texts, truncated=truncated)
+    with timer("reward"):
+        scored = _gather_scored(s, table)
+    sampled = (~scored.rewards.isnan()).sum(dim=1)  # [B] rollouts sampled per group, every rank's
+    scored.rounds = int(((sampled + size - 1) // size).max()) if sampled.numel() else 0
+    return rollouts, scored
 
 
 @dataclass
@@ -230,17 +300,26 @@ class Scored:
     truncated: Tensor  # 1.0 where the completion hit rollout.max_new_tokens
     per_reward: dict[str, Tensor]  # each reward function's unweighted values, by name
     timeouts: Tensor  # how many reward calls were stopped at reward.timeout_seconds
+    rounds: int = 1  # sampling rounds (rollout.early_stop; the most any rank took)
 
 
 def score(s: Setup, rollouts: Rollouts, examples: list[Example]) -> Scored:
     """Score this rank's groups (group-major, n per example) and gather every rank's: [B, n] fields."""
-    n = s.cfg.rollout.n
+    return _gather_scored(s, _score_columns(s, rollouts, examples, s.cfg.rollout.n))
+
+
+def _score_columns(s: Setup, rollouts: Rollouts, examples: list[Example], n: int) -> Tensor:
+    """This rank's rollouts (group-major, n per example) -> [b, n, C]: reward, length, truncated,
+    each reward function's value, timeouts."""
     result = compute_rewards(rollouts.texts, [ex for ex in examples for _ in range(n)], s.rewards, pool=s.reward_pool)
     columns = [result.total, [len(c) for c in rollouts.completion_ids], rollouts.truncated, *result.per_reward.values(), result.timeouts]
-    local = torch.tensor(columns, dtype=torch.float32).T.reshape(len(examples), n, len(columns))  # [b, n, C]
+    return torch.tensor(columns, dtype=torch.float32).T.reshape(len(examples), n, len(columns))  # [b, n, C]
+
+
+def _gather_scored(s: Setup, local: Tensor) -> Scored:
     table = s.dist.gather_rows(local)  # [B, n, C]: one collective for every field
     rewards, lengths, truncated, *each, timeouts = table.unbind(-1)
-    return Scored(rewards, lengths, truncated, dict(zip(result.per_reward, each)), timeouts)
+    return Scored(rewards, lengths, truncated, dict(zip([spec.name for spec in s.rewards], each)), timeouts)
 
 
 def _update_on_kept(s: Setup, model, optimizer, scheduler, idx: list[int], rollouts: Rollouts, selection: Selection):
@@ -266,11 +345,13 @@ def _step_metrics(s: Setup, state: ckpt.TrainState, scheduler, scored: Scored, s
         "step": state.step + 1,
         **selection.metrics,
         "lr": scheduler.get_last_lr()[0],
-        "completion_len": float(scored.lengths.mean()),
+        "completion_len": float(scored.lengths.nanmean()),  # NaN: never sampled (rollout.early_stop)
         "completion_len_kept": float(scored.lengths[keep].mean()) if keep.any() else 0.0,
-        "truncated": float(scored.truncated.mean()),
-        **{f"reward/{name}": float(values.mean()) for name, values in scored.per_reward.items()},
-        "reward/timeouts": int(scored.timeouts.sum()),  # calls stopped at reward.timeout_seconds
+        "truncated": float(scored.truncated.nanmean()),
+        **{f"reward/{name}": float(values.nanmean()) for name, values in scored.per_reward.items()},
+        "reward/timeouts": int(scored.timeouts.nansum()),  # calls stopped at reward.timeout_seconds
+        "rollouts_generated": int((~scored.rewards.isnan()).sum()),  # B*n, fewer with rollout.early_stop
+        "sample_rounds": scored.rounds,
     }
     if stats is not None:
         metrics.update(stats.metrics())
@@ -342,6 +423,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, ove
 
 
 def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overwrite: bool, log) -> Path:
+    check_training_dtype(cfg)  # before the model loads
     if cfg.train.resume == "auto" and not (resume or overwrite):  # the same command starts and restarts
         run_dir, resume, overwrite = dist.from_main(lambda: preemption.auto_resume(run_dir, cfg))
         log(f"podsrl: train.resume = 'auto': {'resuming' if resume else 'restarting' if overwrite else 'starting'} {run_dir}")
@@ -445,6 +527,8 @@ def _describe(s: Setup, model) -> str:
         f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
         + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
         + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
+        + (f", exact early stopping in rounds of {cfg.rollout.round_size or 'm'} (reward values {list(s.reward_values or [])})"
+           if cfg.rollout.early_stop == "exact" else "")
     )  # fmt: skip
 
 

@@ -1,0 +1,170 @@
+"""The wall-clock ratio of PODS / D3S against GRPO, predicted from per-step costs, checked against runs.
+
+    python bench/cost_model.py                                   # the committed two-digit comparison
+    python bench/cost_model.py --runs runs/compare-fair --seeds 0,1,2
+    python bench/cost_model.py --rho 0.02                        # also predict at sampling/update cost ratio 0.02
+
+The model. A training step of B prompts costs
+
+    t_step = g0 + s * R  +  u0 + u * F + c * S  +  o
+
+- R: rollouts generated (B * n, or fewer with early stopping: metrics ``rollouts_generated``),
+  at s seconds each beyond the fixed g0 (engine overhead, weight sync excluded);
+- F: rows that take the update's forward and backward (``rows_run``; ``kept`` before exact skipping),
+  at u each beyond the fixed u0 (optimizer step, gradient clipping);
+- S: rows scored by D3S's entropy pass (``rows_run`` while ``token_fraction`` < 1, else 0), c each;
+- o: reward, selection and weight sync (the step's rest, taken as measured per method).
+
+g0, s are fitted by least squares on every step's ``time/generate`` against R; u0, u, c on
+``time/update`` against F and S, over the methods and seeds given. The check: summing the
+predicted step times up to the step where each method first reaches the comparison's target
+(compare.json ``steps_to_target``, the seed mean) gives a predicted training time to the target, and
+its ratio to GRPO's is compared with the ratio measured from the runs' own clocks (``train_seconds``
+at that step, the median over the seeds).
+
+Predictions, from the same fitted costs:
+
+- **exact skipping** (``optim.skip_zero_advantage``): F = S = kept x (1 - zero_variance_groups). This
+  holds for binary rewards under GRPO, max-variance and D3S: a kept row's advantage is exactly 0 iff
+  its group's rewards are all equal (max-variance keeps a constant set only from a constant group;
+  D3S centres on the full group's mean, which a reward of 0 or 1 equals only in a constant group).
+  Not for ``random`` or ``max_reward``, which can keep a constant subset of a mixed group; they are
+  left out.
+- **sampling cheap next to the update**: rho = s / u, the cost of one sampled rollout over one
+  updated row, set to the values given (``--rho``; this CPU with vLLM and the H100 figures of
+  docs/results.md are printed for reference), u and every count kept: the wall-clock speedup at
+  the same step counts, with and without skipping.
+
+Last line: ``predicted time speedup vs GRPO, every exact saving: ...; model check: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("grpo", "pods_max_variance", "d3s_intra", "d3s_cross")  # binary rewards: skipping is exact and predictable
+
+
+def _steps(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _config_n(run: Path) -> int:
+    import tomllib
+
+    config = tomllib.loads((run / "config.toml").read_text())
+    return int(config["rollout"]["n"]) * int(config["train"]["prompts_per_step"])
+
+
+def load(runs: Path, seeds: list[int]) -> dict[str, list[list[dict]]]:
+    """method -> [steps of each seed]; every step gets R, F, S (the model's counts) as measured."""
+    out: dict[str, list[list[dict]]] = {}
+    for method in METHODS:
+        for seed in seeds:
+            run = runs / method / f"seed{seed}"
+            if not (run / "metrics.jsonl").exists():
+                continue
+            generated = _config_n(run)
+            steps = _steps(run)
+            for st in steps:
+                st["R"] = st.get("rollouts_generated", generated)
+                st["F"] = st.get("rows_run", st["kept"])
+                st["S"] = st["F"] if st.get("token_fraction", 1.0) < 1.0 else 0
+                st["F_skip"] = st["kept"] * (1.0 - st["zero_variance_groups"])
+                st["S_skip"] = st["F_skip"] if st["S"] else 0.0
+            out.setdefault(method, []).append(steps)
+    return out
+
+
+def fit(data: dict[str, list[list[dict]]]) -> dict[str, float]:
+    steps = [st for seeds in data.values() for run in seeds for st in run]
+    R = np.array([st["R"] for st in steps], dtype=float)
+    g = np.array([st["time/generate"] for st in steps])
+    (g0, s), *_ = np.linalg.lstsq(np.stack([np.ones_like(R), R], 1), g, rcond=None)
+    X = np.stack([np.ones(len(steps)), [st["F"] for st in steps], [st["S"] for st in steps]], 1).astype(float)
+    y = np.array([st["time/update"] for st in steps])
+    (u0, u, c), *_ = np.linalg.lstsq(X, y, rcond=None)
+    return dict(g0=g0, s=s, u0=u0, u=u, c=c)
+
+
+def step_time(st: dict, k: dict, *, skip: bool, rho: float | None = None) -> float:
+    s = k["s"] if rho is None else rho * k["u"]
+    F, S = (st["F_skip"], st["S_skip"]) if skip else (st["F"], st["S"])
+    rest = st["time/step"] - st["time/generate"] - st["time/update"]
+    return k["g0"] + s * st["R"] + k["u0"] + k["u"] * F + k["c"] * S + rest
+
+
+def time_to(runs: list[list[dict]], step: int, k: dict | None, **kw) -> float:
+    """Median over seeds of the training time to ``step``: measured (k None) or predicted."""
+    per_seed = []
+    for run in runs:
+        upto = [st for st in run if st["step"] <= step]
+        per_seed.append(upto[-1]["train_seconds"] if k is None else sum(step_time(st, k, **kw) for st in upto))
+    return statistics.median(per_seed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, default=ROOT / "results/compare-2digit/runs")
+    parser.add_argument("--compare", type=Path, default=None, help="compare.json (default: beside --runs)")
+    parser.add_argument("--seeds", default="1,2,3,4", help="seeds to read (default: the quiet seeds of the committed comparison)")
+    parser.add_argument("--rho", type=float, action="append", default=[], help="also predict at this sampling/update cost ratio")
+    args = parser.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
+    compare = json.loads((args.compare or args.runs.parent / "compare.json").read_text())
+    data = load(args.runs, seeds)
+    if "grpo" not in data:
+        sys.exit(f"cost_model: no GRPO run under {args.runs} for seeds {seeds}")
+    k = fit(data)
+    rho_here = k["s"] / k["u"]
+    print(f"fitted: generate {k['g0']:.2f} s + {k['s']:.4f} s/rollout; update {k['u0']:.2f} s + {k['u']:.3f} s/row "
+          f"+ {k['c']:.3f} s/scored row; rho = s/u = {rho_here:.3f}")  # fmt: skip
+    target = {m: compare["methods"][m]["steps_to_target"] for m in data}
+    base = "grpo"
+    t_base = {key: time_to(data[base], target[base], k if key != "measured" else None, skip=key == "skip")
+              for key in ("measured", "model", "skip")}  # fmt: skip
+    rows, speedups, errors = [], {}, []
+    for method, runs in data.items():
+        if target[method] is None:
+            continue
+        measured = time_to(runs, target[method], None)
+        model = time_to(runs, target[method], k, skip=False)
+        skip = time_to(runs, target[method], k, skip=True)
+        zero = statistics.mean(st["zero_variance_groups"] for run in runs for st in run)
+        row = dict(method=method, seeds=len(runs), step=target[method], zero=zero, measured=measured, model=model, skip=skip,
+                   speed_measured=t_base["measured"] / measured, speed_model=t_base["model"] / model, speed_skip=t_base["skip"] / skip)  # fmt: skip
+        for rho in [*args.rho, rho_here]:
+            row[f"rho {rho:g}"] = (time_to(data[base], target[base], k, skip=True, rho=rho) / time_to(runs, target[method], k, skip=True, rho=rho))
+        rows.append(row)
+        speedups[method] = row["speed_skip"]
+        errors.append(abs(model / measured - 1))
+    print(f"{'method':>18} {'seeds':>5} {'step':>4} {'zero-var':>8} {'measured min':>12} {'model min':>9} "
+          f"{'speedup measured':>16} {'model':>6} {'with skipping':>13}")  # fmt: skip
+    for r in rows:
+        print(f"{r['method']:>18} {r['seeds']:>5} {r['step']:>4.0f} {r['zero']:>8.2f} {r['measured'] / 60:>12.1f} {r['model'] / 60:>9.1f} "
+              f"{r['speed_measured']:>15.2f}x {r['speed_model']:>5.2f}x {r['speed_skip']:>12.2f}x")  # fmt: skip
+    rhos = [*args.rho, 0.0, 0.05, rho_here, 1.0]
+    print("\nspeedup vs GRPO with skipping, at the same step counts, as sampling gets cheaper (rho = s/u):")
+    print(f"{'method':>18} " + " ".join(f"{'rho ' + format(r, 'g'):>10}" for r in rhos))
+    for r in rows:
+        line = []
+        for rho in rhos:
+            method_runs = data[r["method"]]
+            line.append(time_to(data[base], target[base], k, skip=True, rho=rho) / time_to(method_runs, target[r["method"]], k, skip=True, rho=rho))
+        print(f"{r['method']:>18} " + " ".join(f"{x:>9.2f}x" for x in line))
+    print(f"(this CPU with vLLM: rho = {rho_here:.2f}; the H100 with transformers generate, docs/results.md: "
+          f"1.5 s for 128 rollouts against 1.4 s for 128 rows, rho ~ 1.1)")  # fmt: skip
+    summary = ", ".join(f"{m} {v:.2f}x" for m, v in speedups.items() if m != base)
+    print(f"predicted time speedup vs GRPO, every exact saving: {summary}; model check: training time to the target "
+          f"within {100 * max(errors):.0f}% of the measured for every method")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
