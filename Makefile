@@ -50,7 +50,8 @@ bench: setup setup-vllm
 	@$(PY) bench/selection.py | tail -n 1 > .bench-selection.txt
 	@$(PY) bench/engines.py | tail -n 1 > .bench-engines.txt
 	@$(PY) bench/update_cost.py | tail -n 1 > .bench-update.txt
-	@echo "== make bench: summary =="; cat .bench-selection.txt .bench-engines.txt .bench-update.txt
+	@$(PY) bench/zero_signal.py | tail -n 1 > .bench-zero-signal.txt
+	@echo "== make bench: summary =="; cat .bench-selection.txt .bench-engines.txt .bench-update.txt .bench-zero-signal.txt
 
 # TRL is installed in .venv by `make setup` (the trl extra).
 bench-trl: setup setup-vllm

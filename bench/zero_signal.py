@@ -126,7 +126,7 @@ def main() -> None:
           f"micro-batch {args.micro_batch_size}, {torch.get_num_threads()} threads")  # fmt: skip
 
     grad_abs, grad_rel = _gradient_difference(model, batch, pad_id, args.micro_batch_size)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-7)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-7, fused=True)  # as podsrl train
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     cases = {"GRPO": 1.0, "D3S tokens 0.5": 0.5}
     times = {(case, skip): [] for case in cases for skip in (True, False)}

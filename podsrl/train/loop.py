@@ -175,8 +175,12 @@ def _reward_values(cfg: Config, rewards: list[RewardSpec]) -> tuple[float, ...] 
 def make_optimizer(cfg: Config, model: torch.nn.Module):
     check_training_dtype(cfg)  # no AdamW on bfloat16 weights, no float16 without loss scaling
     params = [p for p in model.parameters() if p.requires_grad]
+    # The fused kernel (one pass over every parameter; same update rule) where torch has it: 0.39 ->
+    # 0.09 s a step for SmolLM2-135M on this project's CPU (bench/zero_signal.py). Not on FSDP's
+    # sharded DTensor parameters, which keep torch's default.
+    fused = cfg.distributed.parallel != "fsdp" and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     opt = torch.optim.AdamW(
-        params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(cfg.optim.beta1, cfg.optim.beta2)
+        params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(cfg.optim.beta1, cfg.optim.beta2), fused=fused or None
     )
     total = (cfg.train.max_steps or 0) * cfg.loss.policy_iterations
     warmup = cfg.optim.warmup_steps * cfg.loss.policy_iterations
