@@ -10,9 +10,11 @@ The model. A training step of B prompts costs
 
 - R: rollouts generated (B * n, or fewer with early stopping: metrics ``rollouts_generated``),
   at s seconds each beyond the fixed g0 (engine overhead, weight sync excluded);
-- F: rows that take the update's forward and backward (``rows_run``; ``kept`` before exact skipping),
-  at u each beyond the fixed u0 (optimizer step, gradient clipping);
-- S: rows scored by D3S's entropy pass (``rows_run`` while ``token_fraction`` < 1, else 0), c each;
+- F: completion tokens that take the update's forward and backward (``tokens_run``; ``tokens_total``
+  before exact skipping), at u each beyond the fixed u0 (optimizer step, gradient clipping, one
+  pass over the weights). Tokens rather than rows: the rows per step are fixed except in D3S,
+  where they grow as completions shorten, which confounds a fit on rows; tokens vary in every run;
+- S: completion tokens scored by D3S's entropy pass (F while ``token_fraction`` < 1, else 0), c each;
 - o: reward, selection and weight sync (the step's rest, taken as measured per method).
 
 g0, s are fitted by least squares on every step's ``time/generate`` against R; u0, u, c on
@@ -24,16 +26,23 @@ at that step, the median over the seeds).
 
 Predictions, from the same fitted costs:
 
-- **exact skipping** (``optim.skip_zero_advantage``): F = S = kept x (1 - zero_variance_groups). This
+- **exact skipping** (``optim.skip_zero_advantage``): F = S = tokens_total x (1 - zero_variance_groups). This
   holds for binary rewards under GRPO, max-variance and D3S: a kept row's advantage is exactly 0 iff
   its group's rewards are all equal (max-variance keeps a constant set only from a constant group;
   D3S centres on the full group's mean, which a reward of 0 or 1 equals only in a constant group).
-  Not for ``random`` or ``max_reward``, which can keep a constant subset of a mixed group; they are
-  left out.
-- **sampling cheap next to the update**: rho = s / u, the cost of one sampled rollout over one
-  updated row, set to the values given (``--rho``; this CPU with vLLM and the H100 figures of
-  docs/results.md are printed for reference), u and every count kept: the wall-clock speedup at
-  the same step counts, with and without skipping.
+  (Scaling the tokens by the share of groups assumes groups of equal lengths.) Not for ``random``
+  or ``max_reward``, which can keep a constant subset of a mixed group; they are left out.
+- **sampling cheaper or dearer**: rho = s / u, the cost of sampling one rollout over the cost of
+  updating one completion token, set to the values given (``--rho``; 0, 1, this CPU's, 10 and the
+  H100 figure of docs/results.md, 68, are always printed), u and every count kept: the wall-clock
+  speedup with skipping at the same step counts.
+
+``--update-cost U0,U`` replaces the fitted update cost in the predictions (not in the check) by a
+measured one, e.g. bench/zero_signal.py's two updates of the same batch, with skipping and without
+(2.09 s for 7 rows of ~70 completion tokens, 4.80 s for 32 rows of ~320: U0 = 1.33 s, U = 0.0108 s
+a token, fused AdamW): the committed runs always updated 32 rows in two micro-batches, so they
+cannot tell the update's fixed part (the optimizer step, a pass over the weights per micro-batch)
+from its per-token part, and the fit puts too much into the fixed part, which skipping cannot save.
 
 Last line: ``predicted time speedup vs GRPO, every exact saving: ...; model check: ...``.
 """
@@ -49,6 +58,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+H100_RHO = 68.0  # (1.5 s / 128 rollouts) / (1.4 s / (128 x 64 tokens)), docs/results.md "On a GPU"
 METHODS = ("grpo", "pods_max_variance", "d3s_intra", "d3s_cross")  # binary rewards: skipping is exact and predictable
 
 
@@ -75,9 +85,9 @@ def load(runs: Path, seeds: list[int]) -> dict[str, list[list[dict]]]:
             steps = _steps(run)
             for st in steps:
                 st["R"] = st.get("rollouts_generated", generated)
-                st["F"] = st.get("rows_run", st["kept"])
+                st["F"] = st.get("tokens_run", st["tokens_total"])
                 st["S"] = st["F"] if st.get("token_fraction", 1.0) < 1.0 else 0
-                st["F_skip"] = st["kept"] * (1.0 - st["zero_variance_groups"])
+                st["F_skip"] = st["tokens_total"] * (1.0 - st["zero_variance_groups"])
                 st["S_skip"] = st["F_skip"] if st["S"] else 0.0
             out.setdefault(method, []).append(steps)
     return out
@@ -116,6 +126,7 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, default=None, help="compare.json (default: beside --runs)")
     parser.add_argument("--seeds", default="1,2,3,4", help="seeds to read (default: the quiet seeds of the committed comparison)")
     parser.add_argument("--rho", type=float, action="append", default=[], help="also predict at this sampling/update cost ratio")
+    parser.add_argument("--update-cost", default=None, help="U0,U: the update's fixed seconds and seconds per token, for the predictions")
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     compare = json.loads((args.compare or args.runs.parent / "compare.json").read_text())
@@ -123,19 +134,25 @@ def main() -> None:
     if "grpo" not in data:
         sys.exit(f"cost_model: no GRPO run under {args.runs} for seeds {seeds}")
     k = fit(data)
-    rho_here = k["s"] / k["u"]
-    print(f"fitted: generate {k['g0']:.2f} s + {k['s']:.4f} s/rollout; update {k['u0']:.2f} s + {k['u']:.3f} s/row "
-          f"+ {k['c']:.3f} s/scored row; rho = s/u = {rho_here:.3f}")  # fmt: skip
+    fitted = k  # the fitted costs check the model against the runs' clocks
+    print(f"fitted: generate {k['g0']:.2f} s + {k['s']:.4f} s/rollout; update {k['u0']:.2f} s + {k['u']:.4f} s/token "
+          f"+ {k['c']:.4f} s/scored token")  # fmt: skip
+    if args.update_cost:
+        u0, u = (float(x) for x in args.update_cost.split(","))
+        k = dict(k, u0=u0, u=u, c=k["c"] * u / k["u"])  # the scoring pass keeps its fitted share of a token's cost
+        print(f"predictions with the update cost given: {u0:.2f} s + {u:.4f} s/token")
+    rho_here = k["s"] / k["u"]  # seconds to sample one rollout / to update one completion token
+    print(f"rho = s/u = {rho_here:.1f} (sampling one rollout / updating one completion token)")
     target = {m: compare["methods"][m]["steps_to_target"] for m in data}
     base = "grpo"
-    t_base = {key: time_to(data[base], target[base], k if key != "measured" else None, skip=key == "skip")
-              for key in ("measured", "model", "skip")}  # fmt: skip
+    t_base = {"measured": time_to(data[base], target[base], None), "model": time_to(data[base], target[base], fitted, skip=False),
+              "skip": time_to(data[base], target[base], k, skip=True)}  # fmt: skip
     rows, speedups, errors = [], {}, []
     for method, runs in data.items():
         if target[method] is None:
             continue
         measured = time_to(runs, target[method], None)
-        model = time_to(runs, target[method], k, skip=False)
+        model = time_to(runs, target[method], fitted, skip=False)
         skip = time_to(runs, target[method], k, skip=True)
         zero = statistics.mean(st["zero_variance_groups"] for run in runs for st in run)
         row = dict(method=method, seeds=len(runs), step=target[method], zero=zero, measured=measured, model=model, skip=skip,
@@ -150,17 +167,17 @@ def main() -> None:
     for r in rows:
         print(f"{r['method']:>18} {r['seeds']:>5} {r['step']:>4.0f} {r['zero']:>8.2f} {r['measured'] / 60:>12.1f} {r['model'] / 60:>9.1f} "
               f"{r['speed_measured']:>15.2f}x {r['speed_model']:>5.2f}x {r['speed_skip']:>12.2f}x")  # fmt: skip
-    rhos = [*args.rho, 0.0, 0.05, rho_here, 1.0]
+    rhos = [*args.rho, 0.0, 1.0, rho_here, 10.0, H100_RHO]
     print("\nspeedup vs GRPO with skipping, at the same step counts, as sampling gets cheaper (rho = s/u):")
-    print(f"{'method':>18} " + " ".join(f"{'rho ' + format(r, 'g'):>10}" for r in rhos))
+    print(f"{'method':>18} " + " ".join(f"{'rho ' + format(r, '.3g'):>10}" for r in rhos))
     for r in rows:
         line = []
         for rho in rhos:
             method_runs = data[r["method"]]
             line.append(time_to(data[base], target[base], k, skip=True, rho=rho) / time_to(method_runs, target[r["method"]], k, skip=True, rho=rho))
         print(f"{r['method']:>18} " + " ".join(f"{x:>9.2f}x" for x in line))
-    print(f"(this CPU with vLLM: rho = {rho_here:.2f}; the H100 with transformers generate, docs/results.md: "
-          f"1.5 s for 128 rollouts against 1.4 s for 128 rows, rho ~ 1.1)")  # fmt: skip
+    print(f"(rho {rho_here:.1f}: this CPU with vLLM; rho {H100_RHO:g}: the H100 of docs/results.md with transformers "
+          f"generate, 1.5 s for 128 rollouts against 1.4 s to update 128 rows of 64 tokens)")  # fmt: skip
     summary = ", ".join(f"{m} {v:.2f}x" for m, v in speedups.items() if m != base)
     print(f"predicted time speedup vs GRPO, every exact saving: {summary}; model check: training time to the target "
           f"within {100 * max(errors):.0f}% of the measured for every method")  # fmt: skip
