@@ -17,6 +17,7 @@ Two processes (DDP and FSDP) are in tests/test_distributed.py (the ``*_skip`` / 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -211,3 +212,24 @@ def test_training_steps_give_the_same_weights_with_and_without_skipping(make_con
         err = float((weights[1][name] - want).norm() / want.norm().clamp(min=1e-12))
         assert err < 1e-6, f"{name}: relative difference {err:.1e}"
     assert rows[1] < rows[0] == 3 * 4 * 4  # the groups of even answers were skipped
+
+
+def test_the_sampler_trainer_gap_is_logged_over_the_rows_that_ran(tiny_policy):
+    """The engine's log-probs against the trainer's own (pi_old): ~0 when they agree, the shift when
+    they are off by one, and only over the rows that ran (issue 32: vLLM's log-probs were unused)."""
+    from podsrl.train.sequences import forward_logprobs, pack
+
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, ZEROS)
+    with torch.no_grad():
+        own, _ = forward_logprobs(model, pack(batch.prompt_ids, batch.completion_ids, 0), temperature=0.7)
+    lengths = [len(c) for c in batch.completion_ids]
+    same = [own[i, :n].tolist() for i, n in enumerate(lengths)]
+    shifted = [[x - 0.1 for x in row] for row in same]
+    for sampler, diff in ((same, 0.0), (shifted, 0.1)):
+        b = UpdateBatch(batch.prompt_ids, batch.completion_ids, batch.advantages, sampler_logprobs=sampler)
+        _, _, stats, _ = _step(model, b, skip=True, micro_batch_size=4, temperature=0.7)
+        assert stats.sampler_logp_diff == pytest.approx(diff, abs=1e-5)
+        assert stats.sampler_kl == pytest.approx(math.exp(diff) - 1 - diff, abs=1e-5)
+        assert {"sampler_logp_diff", "sampler_kl"} <= stats.metrics().keys()
+    _, _, stats, _ = _step(model, batch, skip=True, micro_batch_size=4)
+    assert "sampler_logp_diff" not in stats.metrics()  # the transformers engine gives none

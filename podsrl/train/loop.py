@@ -271,6 +271,7 @@ def sample(s: Setup, state: ckpt.TrainState, idx: list[int], timer) -> tuple[Rol
     size = cfg.rollout.round_size or m
     table = torch.full((b, n, 4 + len(s.rewards)), math.nan)  # [b, n, C] the columns of score(), NaN: not sampled
     completions, texts, truncated = [[] for _ in range(b * n)], [""] * (b * n), [False] * (b * n)
+    logprobs: list[list[float]] | None = [[] for _ in range(b * n)]  # the engine's, None if it gives none
     running, count, rounds = list(range(b)), 0, 0  # every running group has `count` rollouts
     while running:
         k = min(size, n - count)
@@ -284,10 +285,14 @@ def sample(s: Setup, state: ckpt.TrainState, idx: list[int], timer) -> tuple[Rol
             for i in range(k):
                 pos, src = g * n + count + i, j * k + i
                 completions[pos], texts[pos], truncated[pos] = out.completion_ids[src], out.texts[src], out.truncated[src]
+                if logprobs is not None and out.logprobs is not None:
+                    logprobs[pos] = out.logprobs[src]
+        if out.logprobs is None:
+            logprobs = None
         count, rounds = count + k, rounds + 1
         done = criterion(table[..., 0])  # [b]
         running = [g for g in running if count < n and not bool(done[g])]
-    rollouts = Rollouts(prompt_ids=prompts, completion_ids=completions, texts=texts, truncated=truncated)
+    rollouts = Rollouts(prompt_ids=prompts, completion_ids=completions, texts=texts, truncated=truncated, logprobs=logprobs)
     with timer("reward"):
         scored = _gather_scored(s, table)
     sampled = (~scored.rewards.isnan()).sum(dim=1)  # [B] rollouts sampled per group, every rank's
@@ -337,6 +342,7 @@ def _update_on_kept(s: Setup, model, optimizer, scheduler, idx: list[int], rollo
         prompt_ids=[s.train_prompts[idx[i // n]] for i in kept],
         completion_ids=[rollouts.completion_ids[i] for i in kept],
         advantages=dist.local_rows(selection.advantages).flatten()[kept],
+        sampler_logprobs=None if rollouts.logprobs is None else [rollouts.logprobs[i] for i in kept],
     )
     settings = UpdateSettings.from_config(s.cfg, pad_id=s.policy.tokenizer.pad_token_id, token_fraction=selection.token_fraction)
     return run_update(model, optimizer, scheduler, batch, settings, reference=s.reference, dist=dist)

@@ -48,7 +48,10 @@ How the rows that run are processed:
 Metrics (:class:`UpdateStats`): ``rows_run`` / ``tokens_run`` are the rows (and their completion
 tokens) that took the update's forward and backward; ``entropy`` covers the rows that had any
 forward pass, and ``clip_frac_low``, ``clip_frac_high``, ``ratio_mean`` and ``kl`` cover the rows
-that ran the update (a skipped row would add a ratio of exactly 1 and no clipping).
+that ran the update (a skipped row would add a ratio of exactly 1 and no clipping), as do
+``sampler_logp_diff`` and ``sampler_kl``: the gap between the engine's sampling log-probs (vLLM
+returns them; ``UpdateBatch.sampler_logprobs``) and the trainer's on the weights that sampled, the
+first iteration's forward.
 ``sequences``, ``tokens_total`` and ``tokens_kept`` count every kept row, run or not.
 """
 
@@ -72,6 +75,7 @@ class UpdateBatch:
     prompt_ids: list[list[int]]  # [K] the kept rollouts' prompts
     completion_ids: list[list[int]]  # [K]
     advantages: Tensor  # [K]
+    sampler_logprobs: list[list[float]] | None = None  # [K] the engine's log-prob of each token (vLLM); None: not given
 
 
 @dataclass(frozen=True)
@@ -132,12 +136,15 @@ class UpdateStats:
     sequences: int  # kept rollouts
     rows_run: int  # kept rollouts that took the update's forward and backward
     tokens_run: int  # their completion tokens
+    sampler_logp_diff: float | None = None  # mean |log pi_trainer - log pi_sampler| per token of the rows that ran
+    sampler_kl: float | None = None  # mean k3 estimate of KL(sampler || trainer) per token of the rows that ran
 
     def metrics(self) -> dict[str, float]:
         """The step's update metrics as logged (``kl`` only with a KL term)."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "sequences"}
-        if self.kl is None:
-            del out["kl"]
+        for key in ("kl", "sampler_logp_diff", "sampler_kl"):  # only with a KL term, only with the sampler's log-probs
+            if out[key] is None:
+                del out[key]
         return out
 
 
@@ -192,13 +199,13 @@ def run_update(
     total_sequences, tokens_total, tokens_kept, rows_run, tokens_run = dist.sum(counts).tolist()  # the whole batch's
     totals = BatchCounts(sequences=total_sequences, tokens=tokens_total)
     mb = _micro_batches(model, batch, signal, settings, dist, at_least_one=True)
-    sums = dict.fromkeys(("loss", "clip_low", "clip_high", "ratio", "pg_tokens", "kl", "kl_tokens", "grad_norm"), 0.0)
-    for _ in range(settings.policy_iterations):
-        _policy_iteration(model, optimizer, scheduler, mb, batch, values, settings, totals, sums, dist)
+    sums = dict.fromkeys(("loss", "clip_low", "clip_high", "ratio", "pg_tokens", "kl", "kl_tokens", "grad_norm", "gap", "gap_k3", "gap_tokens"), 0.0)
+    for iteration in range(settings.policy_iterations):
+        _policy_iteration(model, optimizer, scheduler, mb, batch, values, settings, totals, sums, dist, first=iteration == 0)
     optimizer.zero_grad(set_to_none=True)
     known = [(e, lengths[i]) for i, e in enumerate(values.entropy) if e is not None]
     sums["entropy"], sums["entropy_tokens"] = sum(float(e.sum()) for e, _ in known), sum(n for _, n in known)
-    keys = ("loss", "clip_low", "clip_high", "ratio", "pg_tokens", "kl", "kl_tokens", "entropy", "entropy_tokens")
+    keys = ("loss", "clip_low", "clip_high", "ratio", "pg_tokens", "kl", "kl_tokens", "entropy", "entropy_tokens", "gap", "gap_k3", "gap_tokens")
     sums.update(zip(keys, dist.sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()))
     iterations = settings.policy_iterations
     return UpdateStats(
@@ -214,6 +221,8 @@ def run_update(
         sequences=total_sequences,
         rows_run=rows_run,
         tokens_run=tokens_run,
+        sampler_logp_diff=sums["gap"] / sums["gap_tokens"] if sums["gap_tokens"] else None,
+        sampler_kl=sums["gap_k3"] / sums["gap_tokens"] if sums["gap_tokens"] else None,
     )
 
 
@@ -281,8 +290,9 @@ def _stack(per_row: list[Tensor | None], rows: list[int], p: Packed) -> Tensor |
 
 
 def _policy_iteration(model, optimizer, scheduler, mb: _MicroBatches, batch: UpdateBatch, values: _RowValues, settings: UpdateSettings,
-                      totals: BatchCounts, sums: dict, dist: Dist) -> None:  # fmt: skip
-    """Accumulate every micro-batch's gradient, reduce over ranks, clip, take one optimizer step."""
+                      totals: BatchCounts, sums: dict, dist: Dist, *, first: bool = True) -> None:  # fmt: skip
+    """Accumulate every micro-batch's gradient, reduce over ranks, clip, take one optimizer step; on
+    the ``first`` iteration (the weights that sampled), also the sampler / trainer log-prob gap."""
     device = next(model.parameters()).device
     share = _share_prompts(settings, dist)
     optimizer.zero_grad(set_to_none=True)
@@ -299,6 +309,8 @@ def _policy_iteration(model, optimizer, scheduler, mb: _MicroBatches, batch: Upd
         loss, metrics = policy_loss(logprobs, logprobs.detach() if old is None else old, advantages, p.completion_mask, settings.loss,
                                     token_mask=_stack(values.token_mask, idx, p), ref_logprobs=_stack(values.ref, idx, p), batch=totals)  # fmt: skip
         loss.backward()
+        if first and batch.sampler_logprobs is not None:
+            _sampler_gap(logprobs.detach(), batch.sampler_logprobs, idx, p, sums)
         # Means over tokens, weighted by each call's tokens (and summed over ranks by the caller).
         sums["loss"] += loss.item()
         sums["clip_low"] += metrics.clip_frac_low * metrics.tokens
@@ -317,6 +329,21 @@ def _policy_iteration(model, optimizer, scheduler, mb: _MicroBatches, batch: Upd
     sums["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     optimizer.step()
     scheduler.step()
+
+
+def _sampler_gap(logprobs: Tensor, sampler: list[list[float]], rows: list[int], p: Packed, sums: dict) -> None:
+    """Add this micro-batch's gap between the trainer's log-probs [k, T] (the weights that sampled)
+    and the engine's to ``sums``: sum of |difference| and of the k3 estimate of KL(sampler || trainer),
+    exp(d) - 1 - d with d = log pi_trainer - log pi_sampler, over the completion tokens. Nonzero by
+    float and kernel differences alone; by construction with top_p < 1 (the engine's log-probs are
+    renormalised over the nucleus)."""
+    theirs = torch.zeros_like(logprobs)  # [k, T]
+    for q, i in enumerate(rows):
+        theirs[q, : len(sampler[i])] = torch.tensor(sampler[i], dtype=logprobs.dtype)
+    d = (logprobs.float() - theirs.float())[p.completion_mask]  # [tokens]
+    sums["gap"] += float(d.abs().sum())
+    sums["gap_k3"] += float((d.exp() - 1.0 - d).sum())
+    sums["gap_tokens"] += d.numel()
 
 
 def micro_batch_order(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[int]:
