@@ -31,26 +31,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # update_cost.py, beside this file
 
 PROMPT_LEN = 36
 GROUP = 4  # rollouts kept per prompt (GRPO n = m = 4 in the two-digit comparison)
 
 
 def _load_model(name: str, seed: int):
-    import torch
+    """(model, pad id, vocab size) on the CPU: update_cost.py's loader ('tiny': its random Llama)."""
+    from update_cost import _load_model as load
 
-    torch.manual_seed(seed)
-    if name == "tiny":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        config = LlamaConfig(vocab_size=8192, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
-        return LlamaForCausalLM(config), 0, config.vocab_size
-    from podsrl.config import ModelConfig
-    from podsrl.models import load_policy
-
-    policy = load_policy(ModelConfig(name=name, device="cpu"))
-    return policy.model, policy.tokenizer.pad_token_id, len(policy.tokenizer)
+    return load(name, seed, "cpu")
 
 
 def _batch(rows: int, zero_fraction: float, vocab: int, seed: int):
