@@ -381,9 +381,13 @@ def test_vllm_engine_samples_in_rounds(tmp_path):
     cfg = from_dict({
         "rollout": {"engine": "vllm", "n": 8, "early_stop": "exact", "round_size": 2, "kv_cache_gib": 0.25, "max_new_tokens": 8},
         "select": {"rule": "max_variance", "m": 2},
+        "optim": {"skip_zero_advantage": False},  # every kept row runs the update, so the sampler gap is measured
         "task": {"options": {"num_train": 20, "num_eval": 4}},
         "eval": {"at_start": False, "at_end": False},
         "train": {"max_steps": 1, "max_seconds": None, "prompts_per_step": 4, "progress": False, "export_model": False},
     })  # fmt: skip
     (row,) = read_jsonl(trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None) / "metrics.jsonl")
     assert 4 * 2 <= row["rollouts_generated"] <= 4 * 8 and 1 <= row["sample_rounds"] <= 4 and row["kept"] == 4 * 2
+    # vLLM's log-probs came through the rounds to the update: on the weights that sampled they agree
+    # with the trainer's (tests/test_vllm.py's on-policy bound).
+    assert row["rows_run"] == 8 and row["sampler_logp_diff"] < 0.02 and row["sampler_kl"] < 0.02
