@@ -1,14 +1,18 @@
 """Benchmark: the update with zero-advantage rows skipped against the update that runs them.
 
-    python bench/zero_signal.py               # the embedded SmolLM2-135M, 32 rows, 78% with advantage 0
+    python bench/zero_signal.py               # the embedded SmolLM2-135M, 9 groups of 4, 7 groups (78%) with advantage 0
     python bench/zero_signal.py --quick       # a tiny random Llama: checks the machinery in seconds
-    python bench/zero_signal.py --rows 64 --zero-fraction 0.56 --repeats 7
+    python bench/zero_signal.py --zeros rows  # 78% of the rows at random instead of whole groups
 
 What is measured: podsrl's own ``run_update`` (forward, loss, backward, clip, AdamW step) on one
 batch of kept rollouts shaped like the two-digit comparison's GRPO step (configs/compare-2digit.toml:
-B = 8 prompts of ~36 tokens, m = 4 rollouts each, completions of 4-16 tokens, micro-batches of 16),
-of which ``--zero-fraction`` of the rows (78%: GRPO's measured share of zero-variance groups there)
-have advantage exactly 0 and the others a random non-zero one. Two settings, ``skip_zero_advantage``
+prompts of ~36 tokens, m = 4 rollouts each, completions of 4-16 tokens, micro-batches of 16), with
+9 prompts so that 7 of them, 78% of the rows (GRPO's measured share of zero-variance groups there),
+have advantage exactly 0 and the others a random non-zero one. The zero rows are whole groups
+(``--zeros groups``, the default): with binary rewards a kept row's advantage is exactly 0 iff its
+group's rewards are all equal, so in training a group's rows are skipped together, its prompt with
+them. ``--zeros rows`` draws the zero rows at random instead, leaving most prompts to run for a row
+or two: the worst case for the saving. Two settings, ``skip_zero_advantage``
 on and off, alternate within each round (the order alternates too), so a change in the machine's
 load hits both; the headline is the median of the per-round ratios skip / no-skip (target <= 0.35).
 The same is done for D3S's token selection (fraction 0.5 of the tokens by |A| x H), whose scoring
@@ -44,8 +48,9 @@ def _load_model(name: str, seed: int):
     return load(name, seed, "cpu")
 
 
-def _batch(rows: int, zero_fraction: float, vocab: int, seed: int):
-    """rows rollouts in groups of GROUP; round(zero_fraction * rows) of them with advantage 0."""
+def _batch(rows: int, zero_fraction: float, vocab: int, seed: int, whole_groups: bool = True):
+    """rows rollouts in groups of GROUP; round(zero_fraction * rows) of them with advantage 0, in whole
+    groups (the first ones, rounded to whole groups) or at random."""
     import torch
 
     from podsrl.train.update import UpdateBatch
@@ -54,7 +59,10 @@ def _batch(rows: int, zero_fraction: float, vocab: int, seed: int):
     prompts = [torch.randint(0, vocab, (PROMPT_LEN,), generator=g).tolist() for _ in range((rows + GROUP - 1) // GROUP)]
     completions = [torch.randint(0, vocab, (int(torch.randint(4, 17, (1,), generator=g)),), generator=g).tolist() for _ in range(rows)]
     advantages = torch.randn(rows, generator=g)
-    zeros = torch.randperm(rows, generator=g)[: round(zero_fraction * rows)]
+    if whole_groups:
+        zeros = torch.arange(round(zero_fraction * rows / GROUP) * GROUP)
+    else:
+        zeros = torch.randperm(rows, generator=g)[: round(zero_fraction * rows)]
     advantages[zeros] = 0.0
     return UpdateBatch([prompts[i // GROUP] for i in range(rows)], completions, advantages)
 
@@ -93,7 +101,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="model name or path ('tiny': a random 2-layer Llama)")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 repeats")
-    parser.add_argument("--rows", type=int, default=32, help="kept rollouts in the batch (groups of 4)")
+    parser.add_argument("--rows", type=int, default=36, help="kept rollouts in the batch (groups of 4)")
+    parser.add_argument("--zeros", choices=("groups", "rows"), default="groups", help="zero-advantage rows as whole groups or at random")
     parser.add_argument("--zero-fraction", type=float, default=0.78, help="share of rows with advantage exactly 0")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds (each: both settings, alternating order)")
     parser.add_argument("--micro-batch-size", type=int, default=16)
@@ -111,9 +120,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model, pad_id, vocab = _load_model(args.model, args.seed)
     model.train()
-    batch = _batch(args.rows, args.zero_fraction, vocab, args.seed)
+    batch = _batch(args.rows, args.zero_fraction, vocab, args.seed, whole_groups=args.zeros == "groups")
     zero_rows = int((batch.advantages == 0).sum())
-    print(f"model {args.model}, {args.rows} rows in groups of {GROUP} ({zero_rows} with advantage 0), "
+    print(f"model {args.model}, {args.rows} rows in groups of {GROUP} ({zero_rows} with advantage 0, as {args.zeros}), "
           f"micro-batch {args.micro_batch_size}, {torch.get_num_threads()} threads")  # fmt: skip
 
     grad_abs, grad_rel = _gradient_difference(model, batch, pad_id, args.micro_batch_size)
@@ -138,7 +147,7 @@ def main() -> None:
     print(f"gradient, skip vs no skip: max |difference| {grad_abs:.1e}, max norm-relative {grad_rel:.1e}")
     print(
         f"update time skip/no-skip: {ratios['GRPO']:.3f} (D3S: {ratios['D3S tokens 0.5']:.3f}; "
-        f"{100 * zero_rows / args.rows:.0f}% of rows with advantage 0; max |grad diff| {grad_abs:.1e}, max relative {grad_rel:.1e})"
+        f"{100 * zero_rows / args.rows:.0f}% of rows with advantage 0, as {args.zeros}; max |grad diff| {grad_abs:.1e}, max relative {grad_rel:.1e})"
     )
 
 
