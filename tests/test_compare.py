@@ -644,6 +644,14 @@ def test_auc_and_final_accuracy_of_one_run():
     assert compare.auc(rows[:1]) is None and compare.final_accuracy([]) is None
 
 
+def test_time_auc_is_mean_accuracy_per_training_second_up_to_the_horizon():
+    t, acc = [0.0, 10.0, 20.0], [0.0, 0.5, 0.5]
+    assert compare.time_auc(t, acc, 15.0) == pytest.approx((10 * 0.25 + 5 * 0.5) / 15)  # the piece cut at 15 s
+    assert compare.time_auc(t, acc, 40.0) == pytest.approx((10 * 0.25 + 10 * 0.5 + 20 * 0.5) / 40)  # the last value held
+    assert compare.time_auc([5.0, 10.0], [0.4, 0.6], 10.0) == pytest.approx((5 * 0.4 + 5 * 0.5) / 10)  # the first held back to 0
+    assert compare.time_auc([], [], 10.0) is None and compare.time_auc(t, acc, 0.0) is None
+
+
 def test_paired_t_interval_by_hand():
     # d = (0.1, 0.2, 0.15): mean 0.15, s_d = 0.05, half = t_{0.975,2} 0.05 / sqrt(3) = 4.303 x 0.028868.
     lo, hi = compare.paired_t_interval([0.6, 0.7, 0.75], [0.5, 0.5, 0.6])
@@ -688,6 +696,12 @@ def test_robust_summaries_and_paired_differences_in_the_report(tmp_path):
     half = 4.303 * math.sqrt(0.04 / 3) / math.sqrt(3)
     assert d_final["mean"] == pytest.approx(1 / 30) and d_final["ci95"] == pytest.approx([1 / 30 - half, 1 / 30 + half])
     assert d_final["excludes_zero"] is False
+    # AUC per training minute over the shortest run's 300 s: GRPO seed 0 runs 0.2 -> 0.4 -> 0.5 -> 0.6
+    # at 0, 100, 200, 300 s: (30 + 45 + 55) / 300. Paired like the other summaries.
+    assert report["time_auc_horizon_seconds"] == 300
+    assert g["time_auc_per_seed"][0] == pytest.approx(130 / 300) and p["paired_vs_baseline"]["time_auc"]["seeds"] == [0, 1, 2]
+    assert p["paired_vs_baseline"]["time_auc"]["mean"] == pytest.approx(0.1444444)  # the evaluations are at the same times
+    assert "time_auc" in report["definitions"] and "time_auc" in report["pairwise"][0]
     assert report["paired_excluding_zero"] == ["pods auc"]
     assert "auc" in report["definitions"] and "after step 0" in report["definitions"]["auc"]
     assert any("excludes zero: pods auc +15.0 [+2.6, +27.4] (3 pairs)" in n for n in report["notes"])
@@ -701,6 +715,7 @@ def test_robust_summaries_and_paired_differences_in_the_report(tmp_path):
     assert "57.5 [" in table and "68.3 [" in table  # AUC with intervals
     assert "+15.0 [+2.6, +27.4]* (3)" in table and "+3.3 [-25.4, +32.0] (3)" in table
     assert "(baseline)" in table and "step to 99% grpo peak" in table  # both tables
+    assert "AUC, first 5.0 training min" in table
     json_path, png = compare.write_report(report, out)
     assert json.loads(json_path.read_text())["methods"]["pods"]["paired_vs_baseline"]["auc"]["excludes_zero"] is True
     import matplotlib.image

@@ -138,6 +138,7 @@ from podsrl.compare.report import PHASES, build_report, primary_axis, write_repo
 from podsrl.compare.runs import RunFailed, run_all
 from podsrl.compare.stats import (
     AXES, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup,
+    time_auc,
 )  # fmt: skip
 from podsrl.compare.table import format_table
 from podsrl.errors import ConfigError
@@ -148,7 +149,7 @@ __all__ = [
     "RunFailed", "Summary", "auc", "budget", "build_report", "final_accuracy", "first_reach", "format_table",
     "is_finished", "load_plan", "main", "mark_done", "mean_curve", "paired_difference", "paired_t_interval", "peak",
     "parse_devices", "plot_report", "primary_axis", "read_launches", "resolve", "run_all", "run_dir", "run_status",
-    "seed_first_reach", "speedup", "t_interval", "write_report",
+    "seed_first_reach", "speedup", "t_interval", "time_auc", "write_report",
 ]  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from podsrl.compare.plan import Plan
 from podsrl.compare.plots import plot_report
 from podsrl.compare.layout import check_same_config, is_finished, read_launches, run_dir
 from podsrl.compare.stats import (
-    AXES, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup,
+    AXES, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup, time_auc,
     summarize,
 )  # fmt: skip
 from podsrl.config import Config
@@ -27,6 +27,8 @@ _TO_TARGET = {"step": "steps_to_target", "train_seconds": "time_to_target_second
 _SPEEDUP = {"step": "step_speedup", "train_seconds": "speedup"}
 # The robust summaries: report key -> per-run function of its eval rows.
 SUMMARIES = {"auc": auc, "final_accuracy": final_accuracy}
+# ... and the one summary over a horizon the whole comparison shares (set in build_report).
+SUMMARY_KEYS = (*SUMMARIES, "time_auc")
 
 DEFINITIONS = {
     "peak": "max over evaluation points of the seed-mean accuracy curve (read on the axis evaluation is scheduled on: "
@@ -43,6 +45,9 @@ DEFINITIONS = {
            "auc_ci95: Student-t 95% interval over the seeds (mean +- t_{0.975,k-1} s / sqrt(k))",
     "final_accuracy": "each seed's held-out accuracy at its last evaluation (at the budget), averaged over seeds; "
                       "final_accuracy_ci95: Student-t 95% interval over the seeds",
+    "time_auc": "AUC per training minute: each seed's mean held-out accuracy over the first time_auc_horizon_seconds of "
+                "training (evaluation excluded; linear between evaluations, the last one held), averaged over seeds, with "
+                "its Student-t interval; the horizon is the shortest finished run's training time, so every run covers it",
     "paired_vs_baseline": "per summary, method minus baseline for the same seed index (same training seed: same prompt order, "
                           "same evaluation problems), over the seeds both finished: mean difference, paired t 95% interval "
                           "(mean +- t_{0.975,k-1} s_d / sqrt(k)), and whether that interval excludes zero (null below 2 pairs)",
@@ -107,6 +112,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         if entry["seeds_missing"] and entry["runs"]:
             notes.append(f"{name}: {len(entry['runs'])} of {plan.n_seeds(name)} seeds finished (not seed "
                          f"{', '.join(map(str, entry['seeds_missing']))}); its row is over those")  # fmt: skip
+    horizon = _add_time_auc(entries)
     notes += _paired_differences(entries, plan.baseline)
     sharing = _device_sharing(entries)
     if sharing["runs_per_device"] > 1:
@@ -125,6 +131,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         "peak_axis": primary_axis(cfg),
         "eval_every": {"steps": cfg.eval.every_steps or None, "seconds": cfg.eval.every_seconds or None},
         "eval_problems": _eval_problems(entries),
+        "time_auc_horizon_seconds": horizon,
         "seeds": {name: plan.n_seeds(name) for name in entries},
         "paired_excluding_zero": [
             f"{name} {key}" for name, e in entries.items() for key, d in (e["paired_vs_baseline"] or {}).items() if d["excludes_zero"]
@@ -226,6 +233,20 @@ def _summaries(runs: list[dict]) -> dict[str, Any]:
     return out
 
 
+def _add_time_auc(entries: dict[str, dict]) -> float | None:
+    """Every run's and method's ``time_auc`` over the comparison's horizon (the shortest finished run's
+    training time); returns the horizon (None without runs)."""
+    ends = [run["train_seconds"][-1] for e in entries.values() for run in e["runs"] if run["train_seconds"]]
+    horizon = min(ends) if ends else None
+    for entry in entries.values():
+        for run in entry["runs"]:
+            run["time_auc"] = time_auc(run["train_seconds"], run["accuracy"], horizon) if horizon else None
+        summary = summarize({run["seed"]: run["time_auc"] for run in entry["runs"]})
+        entry["time_auc"], entry["time_auc_ci95"] = summary.mean, list(summary.ci95) if summary.ci95 else None
+        entry["time_auc_per_seed"] = [run["time_auc"] for run in entry["runs"]]
+    return horizon
+
+
 def _paired_differences(entries: dict[str, dict], baseline: str) -> list[str]:
     """Set every method's ``paired_vs_baseline`` (None for the baseline itself); the notes saying
     which differences exclude zero and which do not."""
@@ -236,7 +257,7 @@ def _paired_differences(entries: dict[str, dict], baseline: str) -> list[str]:
         if name == baseline or base is None:
             continue
         paired = {}
-        for key in SUMMARIES:
+        for key in SUMMARY_KEYS:
             d = paired_difference(_by_seed(entry, key), _by_seed(base, key))
             paired[key] = _summary_json(d)
             if d.mean is None:
@@ -260,7 +281,7 @@ def _pairwise(entries: dict[str, dict], baseline: str) -> list[dict[str, Any]]:
     """compare.json ``pairwise``: a minus b, paired by seed, for every pair of non-baseline methods."""
     names = [name for name in entries if name != baseline]
     return [
-        {"a": a, "b": b, **{key: _summary_json(paired_difference(_by_seed(entries[a], key), _by_seed(entries[b], key))) for key in SUMMARIES}}
+        {"a": a, "b": b, **{key: _summary_json(paired_difference(_by_seed(entries[a], key), _by_seed(entries[b], key))) for key in SUMMARY_KEYS}}
         for i, a in enumerate(names) for b in names[i + 1:]
     ]  # fmt: skip
 

@@ -81,16 +81,20 @@ def _grid(rows: list[tuple[str, ...]]) -> list[str]:
 
 def _summary_table(report: dict[str, Any]) -> list[str]:
     base = report["baseline"]
+    minutes = (report.get("time_auc_horizon_seconds") or 0) / 60
     rows = [("method", "seeds", "AUC % [95% CI]", "final acc % [95% CI]", f"AUC - {base}, points [paired 95% CI]",
-             f"final - {base}, points [paired 95% CI]")]  # fmt: skip
+             f"final - {base}, points [paired 95% CI]", f"AUC, first {minutes:.1f} training min % [95% CI]",
+             f"that - {base}, points [paired 95% CI]")]  # fmt: skip
     for name, e in report["methods"].items():
         paired = e.get("paired_vs_baseline") or {}
         rows.append((
             name, str(len(e["runs"])),
             _mean_ci(e["auc"], e["auc_ci95"]), _mean_ci(e["final_accuracy"], e["final_accuracy_ci95"]),
             _difference(paired.get("auc"), name == base), _difference(paired.get("final_accuracy"), name == base),
+            _mean_ci(e.get("time_auc"), e.get("time_auc_ci95")), _difference(paired.get("time_auc"), name == base),
         ))  # fmt: skip
     head = [f"robust summaries: AUC = mean accuracy over the evaluations after step 0; final = at the budget; "
+            f"AUC per training minute = mean accuracy over the first {minutes:.1f} minutes of training (the shortest run's); "
             f"differences: method - {base} for the same seed (* = the paired interval excludes zero)"]  # fmt: skip
     return head + _grid(rows)
 
