@@ -834,19 +834,19 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
     for seed, (zero, adv) in enumerate([((1.0, 0.5), (0.0, 0.4)), ((0.5, 0.5), (0.2, float("nan")))]):
         path = _write_run(out, plan, "grpo", seed, [(0, 0.1), (100, 0.3)])
         rows = [{"step": 1, "reward_mean": 0.25, "zero_variance_groups": zero[0], "kept_adv_var": adv[0], "grad_norm": 1.0,
-                 "tokens_kept": 30, "tokens_total": 60},
+                 "tokens_kept": 30, "tokens_total": 60, "rollouts_generated": 100, "rows_run": 2, "kept": 8},
                 {"step": 2, "reward_mean": 0.75, "zero_variance_groups": zero[1], "kept_adv_var": adv[1], "tokens_kept": 10,
-                 "tokens_total": 20}]  # fmt: skip
+                 "tokens_total": 20, "rollouts_generated": 120, "rows_run": 4, "kept": 8}]  # fmt: skip
         (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = compare.build_report(plan, out)
     grpo = report["methods"]["grpo"]
     assert grpo["signal_per_seed"][0] == {"reward": 0.5, "zero_variance_groups": 0.75, "kept_adv_var": 0.2,
-                                          "tokens_in_loss": 0.5, "grad_norm": 1.0}  # fmt: skip
+                                          "tokens_in_loss": 0.5, "grad_norm": 1.0, "rollouts": 110, "rows_run": 6 / 16}  # fmt: skip
     assert grpo["signal_per_seed"][1]["kept_adv_var"] == pytest.approx(0.2)  # the NaN step is skipped
     assert grpo["signal"]["zero_variance_groups"] == pytest.approx(0.625)
     assert report["methods"]["pods"]["signal"] == dict.fromkeys(compare.report.SIGNAL)  # no finished run: no numbers
     table = compare.format_table(report)
-    assert "training signal (metrics.jsonl)" in table and "62%" in table and "50%" in table
+    assert "training signal (metrics.jsonl)" in table and "62%" in table and "50%" in table and "38%" in table
 
 
 def test_intervals_module_is_a_leaf_shared_by_evaluation_and_compare():

@@ -62,7 +62,9 @@ DEFINITIONS = {
               "rewards are all equal (zero advantage, no gradient); kept_adv_var: population variance of the advantages the "
               "update used (comparable between rules that normalise the same way: PODS re-normalises over the m kept, D3S "
               "keeps the full group's advantages, which are larger); tokens_in_loss: completion tokens of the kept rollouts "
-              "that entered the loss, over all of theirs (below 1 with token selection); grad_norm: before clipping",
+              "that entered the loss, over all of theirs (below 1 with token selection); grad_norm: before clipping; rollouts: "
+              "rollouts sampled per step (below B x n with exact early stopping; runs older than that metric: null); "
+              "rows_run: the kept rollouts that ran the update's forward and backward, over all kept (skipped: advantage 0)",
     "device_sharing": "runs_per_device: the most runs that trained at once on one device (--parallel, --devices); above 1 "
                       "they shared its time, so wall-clock times are inflated by the sharing and the step axis is the fair one",
 }  # fmt: skip
@@ -322,9 +324,9 @@ def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
     return out
 
 
-SIGNAL = ("reward", "zero_variance_groups", "kept_adv_var", "tokens_in_loss", "grad_norm")
+SIGNAL = ("reward", "zero_variance_groups", "kept_adv_var", "tokens_in_loss", "grad_norm", "rollouts", "rows_run")
 _SIGNAL_KEYS = {"reward": "reward_mean", "zero_variance_groups": "zero_variance_groups", "kept_adv_var": "kept_adv_var",
-                "grad_norm": "grad_norm"}  # fmt: skip
+                "grad_norm": "grad_norm", "rollouts": "rollouts_generated"}  # fmt: skip
 
 
 def _signal(metrics: list[dict]) -> dict[str, float | None]:
@@ -337,6 +339,8 @@ def _signal(metrics: list[dict]) -> dict[str, float | None]:
     out: dict[str, float | None] = {name: statistics.fmean(v) if (v := values(key)) else None for name, key in _SIGNAL_KEYS.items()}
     kept, total = sum(values("tokens_kept")), sum(values("tokens_total"))
     out["tokens_in_loss"] = kept / total if total else None
+    run = [(r["rows_run"], r["kept"]) for r in metrics if isinstance(r.get("rows_run"), int) and isinstance(r.get("kept"), (int, float))]
+    out["rows_run"] = sum(a for a, _ in run) / sum(b for _, b in run) if run and sum(b for _, b in run) else None
     return {name: out[name] for name in SIGNAL}
 
 
