@@ -3,6 +3,7 @@
     python bench/cost_model.py                                   # the committed two-digit comparison
     python bench/cost_model.py --runs runs/compare-fair --seeds 0,1,2
     python bench/cost_model.py --rho 0.02                        # also predict at sampling/update cost ratio 0.02
+    python bench/cost_model.py --compare results/compare-fair/compare.json   # costs from one comparison, step counts from another
 
 The model. A training step of B prompts costs
 
@@ -143,7 +144,7 @@ def main() -> None:
         print(f"predictions with the update cost given: {u0:.2f} s + {u:.4f} s/token")
     rho_here = k["s"] / k["u"]  # seconds to sample one rollout / to update one completion token
     print(f"rho = s/u = {rho_here:.1f} (sampling one rollout / updating one completion token)")
-    target = {m: compare["methods"][m]["steps_to_target"] for m in data}
+    target = {m: compare["methods"].get(m, {}).get("steps_to_target") for m in data}  # None: not in that comparison, or never
     base = "grpo"
     t_base = {"measured": time_to(data[base], target[base], None), "model": time_to(data[base], target[base], fitted, skip=False),
               "skip": time_to(data[base], target[base], k, skip=True)}  # fmt: skip
