@@ -7,15 +7,16 @@
 What is measured: the trainer's own sampling (``podsrl.train.loop.sample``: generate, then score,
 per round) for PODS max-variance with n = 16 rollouts per prompt and m = 4 kept, on the two-digit
 task of configs/compare-2digit.toml (B = 8 training prompts a step, the step's own prompts and
-seeds), with ``rollout.early_stop`` "off" (n per prompt in one call) and "exact" (rounds of m = 4;
-a group stops once it holds 2 correct and 2 wrong completions, podsrl/core/early_stop.py). The two
-alternate step by step, the order alternating too, so a change in the machine's load hits both; the
-engine is the trainer's (``rollout.engine``, vLLM when installed). Reported per setting: rollouts
+seeds), with ``rollout.early_stop`` "off" (n per prompt in one call) and "exact" (rounds of
+``--round-size`` rollouts per prompt, 4 by default; a group stops once it holds 2 correct and 2
+wrong completions, podsrl/core/early_stop.py). The two alternate step by step, the order
+alternating too, so a change in the machine's load hits both; the engine is the trainer's
+(``rollout.engine``, vLLM when installed). Reported per setting: rollouts
 generated and seconds of generation (the ``generate`` phase; scoring is a few ms) summed over
 ``--steps`` steps, and the mean accuracy of the sampled rollouts (the base model's is low, so most
 groups have fewer than 2 correct and sample all 16).
 
-Last line: ``sampling early-stop/fixed-n (max-variance n=16 m=4): rollouts R, time T (MODEL)``.
+Last line: ``sampling early-stop/fixed-n (max-variance n=16 m=4): rollouts R, time T (MODEL, rounds of S, STEPS steps)``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="training steps' prompt sets to sample (each: both settings)")
     parser.add_argument("--engine", default="auto", help="rollout.engine: auto | vllm | transformers")
     parser.add_argument("--quick", action="store_true", help="2 steps of 4 prompts, 8 new tokens")
+    parser.add_argument("--round-size", type=int, default=4, help="rollout.round_size: rollouts per prompt per round (the fair comparison: 8)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -47,7 +49,7 @@ def main() -> None:
 
     overrides = {
         "model.name": args.model, "rollout.engine": args.engine, "rollout.n": 16, "select.rule": "max_variance",
-        "select.m": 4, "rollout.early_stop": "exact", "train.seed": args.seed, "train.progress": False,
+        "select.m": 4, "rollout.early_stop": "exact", "rollout.round_size": args.round_size, "train.seed": args.seed, "train.progress": False,
     }  # fmt: skip
     if args.quick:
         overrides |= {"train.prompts_per_step": 4, "rollout.max_new_tokens": 8}
@@ -82,7 +84,8 @@ def main() -> None:
         print(f"{name:>6}: {t['rollouts']} rollouts, {t['seconds']:.1f} s of generation, accuracy {t['correct'] / max(t['rollouts'], 1):.3f}")
     r = totals["exact"]["rollouts"] / totals["fixed"]["rollouts"]
     sec = totals["exact"]["seconds"] / totals["fixed"]["seconds"]
-    print(f"sampling early-stop/fixed-n (max-variance n=16 m=4): rollouts {r:.2f}, time {sec:.2f} ({args.model}, {args.steps} steps)")
+    print(f"sampling early-stop/fixed-n (max-variance n=16 m=4): rollouts {r:.2f}, time {sec:.2f} "
+          f"({args.model}, rounds of {args.round_size}, {args.steps} steps)")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,11 @@ Step time: TRL, the wall-clock between consecutive ``on_step_end`` callbacks (th
 ``on_train_begin``): generation, rewards, loss, backward, optimizer step and TRL's logging. podsrl,
 the differences of ``train_seconds`` in metrics.jsonl, the same span (evaluation is switched off;
 the final checkpoint is written after the last step, off the clock). Each run's first step (warm-up)
-is dropped; the medians are over the remaining steps of all rounds. The last line printed is
+is dropped; the medians are over the remaining steps of all rounds. Both compute the same gradient:
+podsrl skips the forward and backward passes of rows whose advantage is exactly 0 (with beta 0 they
+contribute exactly 0; ``optim.skip_zero_advantage``, on by default, checked against the unskipped
+update in tests/test_zero_signal.py and against TRL's ``_compute_loss`` in tests/test_trl_compat.py),
+and prints how many rows ran. The last line printed is
 ``step time podsrl/trl: R (same engine), R2 (podsrl best engine)``.
 """
 
@@ -179,6 +183,8 @@ def worker_podsrl(spec: dict, engine: str) -> dict:
         "step_seconds": [b - a for a, b in zip(clock, clock[1:])],
         "generate_seconds": [r["time/generate"] for r in rows],
         "update_seconds": [r["time/update"] for r in rows],
+        "rows_run": [r["rows_run"] for r in rows],
+        "kept": [r["kept"] for r in rows],
         "versions": _versions(),
     }
 
@@ -278,6 +284,7 @@ def main() -> None:
          f"AdamW lr={args.lr} betas=(0.9,0.99) wd=0 constant, grad_clip=1.0"),
         ("engine", engines["trl"], f"transformers; best: {engine}" + (f" (vLLM unavailable: {why})" if why else "")),
         ("precision", "bf16=False fp16=False use_cpu=True, no gradient checkpointing", "float32, no gradient checkpointing"),
+        ("zero-adv rows", "forward and backward like every row", "optim.skip_zero_advantage=true (default): skipped, the same gradient"),
     ]  # fmt: skip
     print(f"{'':<13} {'TRL GRPOTrainer':<70} podsrl")
     for label, trl_side, ours in rows:
@@ -299,7 +306,8 @@ def main() -> None:
             info[name] = out
             extra = ""
             if "generate_seconds" in out:
-                extra = f"  (generate {statistics.median(out['generate_seconds'][1:]):.2f} s, update {statistics.median(out['update_seconds'][1:]):.2f} s)"
+                extra = (f"  (generate {statistics.median(out['generate_seconds'][1:]):.2f} s, update {statistics.median(out['update_seconds'][1:]):.2f} s, "
+                         f"rows run {sum(out['rows_run'][1:])} of {sum(out['kept'][1:])})")  # fmt: skip
             print(f"[round {r + 1}] {name:<12} steps: {', '.join(f'{t:.2f}' for t in out['step_seconds'])} s "
                   f"(first dropped){extra}; process {out['wall_seconds']:.0f} s", flush=True)  # fmt: skip
     for name, out in info.items():

@@ -165,10 +165,11 @@ class _RowValues:
     entropy: list[Tensor | None]
     ref: list[Tensor | None]  # log pi_ref (KL term)
     token_mask: list[Tensor | None]  # bool, D3S / 80-20 (None: every token)
+    sampler: list[Tensor | None]  # the engine's sampling log-probs (vLLM; None: not given)
 
     @classmethod
     def empty(cls, K: int) -> _RowValues:
-        return cls(*([None] * K for _ in range(4)))
+        return cls(*([None] * K for _ in range(5)))
 
 
 def run_update(
@@ -188,6 +189,8 @@ def run_update(
     every = list(range(K))
     signal = (batch.advantages != 0).nonzero().flatten().tolist() if settings.skips_zero_advantage else every  # rows that run
     values = _RowValues.empty(K)
+    if batch.sampler_logprobs is not None:
+        values.sampler = [torch.tensor(row, dtype=torch.float32) for row in batch.sampler_logprobs]
     selects_tokens = settings.token_fraction < 1.0
     if settings.policy_iterations > 1 or selects_tokens or settings.loss.beta > 0:
         scored = every if selects_tokens and settings.token_score == "entropy" else signal
@@ -309,8 +312,8 @@ def _policy_iteration(model, optimizer, scheduler, mb: _MicroBatches, batch: Upd
         loss, metrics = policy_loss(logprobs, logprobs.detach() if old is None else old, advantages, p.completion_mask, settings.loss,
                                     token_mask=_stack(values.token_mask, idx, p), ref_logprobs=_stack(values.ref, idx, p), batch=totals)  # fmt: skip
         loss.backward()
-        if first and batch.sampler_logprobs is not None:
-            _sampler_gap(logprobs.detach(), batch.sampler_logprobs, idx, p, sums)
+        if first and values.sampler[idx[0]] is not None:
+            _sampler_gap(logprobs.detach(), _stack(values.sampler, idx, p), p, sums)
         # Means over tokens, weighted by each call's tokens (and summed over ranks by the caller).
         sums["loss"] += loss.item()
         sums["clip_low"] += metrics.clip_frac_low * metrics.tokens
@@ -331,16 +334,13 @@ def _policy_iteration(model, optimizer, scheduler, mb: _MicroBatches, batch: Upd
     scheduler.step()
 
 
-def _sampler_gap(logprobs: Tensor, sampler: list[list[float]], rows: list[int], p: Packed, sums: dict) -> None:
+def _sampler_gap(logprobs: Tensor, sampler: Tensor, p: Packed, sums: dict) -> None:
     """Add this micro-batch's gap between the trainer's log-probs [k, T] (the weights that sampled)
-    and the engine's to ``sums``: sum of |difference| and of the k3 estimate of KL(sampler || trainer),
+    and the engine's [k, T] to ``sums``: sum of |difference| and of the k3 estimate of KL(sampler || trainer),
     exp(d) - 1 - d with d = log pi_trainer - log pi_sampler, over the completion tokens. Nonzero by
     float and kernel differences alone; by construction with top_p < 1 (the engine's log-probs are
     renormalised over the nucleus)."""
-    theirs = torch.zeros_like(logprobs)  # [k, T]
-    for q, i in enumerate(rows):
-        theirs[q, : len(sampler[i])] = torch.tensor(sampler[i], dtype=logprobs.dtype)
-    d = (logprobs.float() - theirs.float())[p.completion_mask]  # [tokens]
+    d = (logprobs.float() - sampler.to(logprobs.device).float())[p.completion_mask]  # [tokens]
     sums["gap"] += float(d.abs().sum())
     sums["gap_k3"] += float((d.exp() - 1.0 - d).sum())
     sums["gap_tokens"] += d.numel()
