@@ -339,8 +339,9 @@ def _signal(metrics: list[dict]) -> dict[str, float | None]:
     out: dict[str, float | None] = {name: statistics.fmean(v) if (v := values(key)) else None for name, key in _SIGNAL_KEYS.items()}
     kept, total = sum(values("tokens_kept")), sum(values("tokens_total"))
     out["tokens_in_loss"] = kept / total if total else None
-    run = [(r["rows_run"], r["kept"]) for r in metrics if isinstance(r.get("rows_run"), int) and isinstance(r.get("kept"), (int, float))]
-    out["rows_run"] = sum(a for a, _ in run) / sum(b for _, b in run) if run and sum(b for _, b in run) else None
+    both = [r for r in metrics if isinstance(r.get("rows_run"), int) and isinstance(r.get("kept"), (int, float))]  # older runs lack rows_run
+    ran, kept_rows = sum(r["rows_run"] for r in both), sum(r["kept"] for r in both)
+    out["rows_run"] = ran / kept_rows if kept_rows else None
     return {name: out[name] for name in SIGNAL}
 
 
