@@ -468,6 +468,53 @@ def test_failing_reward_stops_training_with_the_prompt(make_config, reward_spec,
     assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == []  # nothing was scored 0 and logged
 
 
+TIMEOUT_REWARDS = """
+def binary(completion, example):
+    return float(len(completion) % 2)
+
+
+binary.reward_values = (0.0, 1.0)
+
+
+def scalar(completion, example):
+    return 1.0
+
+
+scalar.reward_values = 1.0
+"""
+
+
+@pytest.fixture(scope="module")
+def declared_reward(tmp_path_factory):
+    path = tmp_path_factory.mktemp("declared") / "declared_rewards.py"
+    path.write_text(TIMEOUT_REWARDS)
+    return lambda name: f"{path}:{name}"
+
+
+@pytest.mark.parametrize(
+    "settings, fragments",
+    [
+        ({"reward.values": [0.0, 1.0]}, ["reward.timeout_score = -1: ", "total rewards [-1.0]", "reward.values [0.0, 1.0]"]),
+        ({}, ["reward.timeout_score = -1: ", "binary rewards", "[-1.0, 0.0, 1.0]"]),  # declared by the function
+    ],
+)
+def test_a_timeout_score_early_stopping_cannot_take_is_refused_at_the_start_naming_it(make_config, declared_reward, settings, fragments):
+    early = {"reward.names": [declared_reward("binary")], "rollout.early_stop": "exact", "select.rule": "max_variance",
+             "reward.timeout_seconds": 5.0, **settings}  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        trainer.preflight(make_config(**early, **{"reward.timeout_score": -1.0}))
+    for fragment in fragments:
+        assert fragment in str(err.value)
+    assert trainer.preflight(make_config(**early, **{"reward.timeout_score": 0.0}))[1] == (0.0, 1.0)
+
+
+def test_a_scalar_reward_values_is_one_line_naming_the_function(declared_reward, tmp_path):
+    from test_cli import assert_user_error, run_cli
+
+    code, _, err = run_cli(["train", "--out", str(tmp_path / "run"), "--no-plot", f"--reward.names={declared_reward('scalar')}"])
+    assert_user_error(code, err, f"reward {declared_reward('scalar')!r}: reward_values = 1.0 is not a list", "(0.0, 1.0)")
+
+
 # ------------------------------------------------------------------- D3S, iterations, KL
 
 

@@ -64,6 +64,11 @@ RUN_FILES = (*MARKERS, "curves.png", CHANGES_FILE, "tensorboard", "wandb", "done
 # May be raised on resume (None, no limit, is the highest); lowering one would change the
 # schedules the run has followed so far (learning rate, m, token fraction: all follow progress).
 BUDGET = ("train.max_steps", "train.max_seconds")
+# Exact early stopping trains on what fixed-n sampling trains on, in law (podsrl/core/early_stop.py),
+# and reward.values is read by it alone: turning it on or off, its round size and the declared values
+# may change on resume (the way forward when a reward leaves its declared values). Like a changed
+# world size, the rollouts then differ from an uninterrupted run's; what is learned does not, in law.
+EXACT_IN_LAW = ("rollout.early_stop", "rollout.round_size", "reward.values")
 # May change on resume: where and how the run executes, what it logs, how often it checkpoints,
 # and batching options that are exact (the same update). Evaluation *timing* is free; what an
 # evaluation measures is not, or eval.jsonl would mix two measurements.
@@ -79,6 +84,7 @@ FREE = frozenset(
         "optim.micro_batch_size", "optim.share_prompts",
         "rollout.engine", "rollout.generation_batch_size", "rollout.gpu_memory_utilization",
         "rollout.enable_sleep_mode", "rollout.kv_cache_gib", "rollout.enforce_eager", "rollout.max_model_len",
+        *EXACT_IN_LAW,
     }
 )  # fmt: skip
 FREE_SECTIONS = ("distributed.",)  # how many processes, and how they split the work
