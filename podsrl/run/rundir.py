@@ -259,6 +259,15 @@ def resume_changes(path: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:
             f"--resume {path}: {', '.join(lowered)} lowers the run's budget; a resumed run may only raise it (the "
             "learning-rate and selection schedules follow it); to stop sooner, press Ctrl-C after a checkpoint"
         )
+    if "train.max_steps" in changes and run_cfg.optim.lr_schedule == "cosine":
+        old, new = changes["train.max_steps"]
+        raise ConfigError(
+            f"--resume {path}: train.max_steps ({_show(old)} -> {_show(new)}) with optim.lr_schedule = 'cosine', which "
+            f"decays the rate to 0 at train.max_steps: the steps left would follow a cosine over {_show(new)} steps, the "
+            f"rate rising again from where the {_show(old)}-step schedule left it, a schedule neither length has. A cosine "
+            f"run's length is fixed: train a new run with the longer schedule (`podsrl train {Path(path) / 'config.toml'} "
+            f"--train.max_steps={_show(new)} --out NEW_DIR`), or resume this one with its own train.max_steps"
+        )
     return changes
 
 

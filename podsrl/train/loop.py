@@ -242,11 +242,12 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     rollouts, scored = sample(s, state, idx, timer)  # rollouts [b*n] group-major, scored [B, n]
     with timer("select"):
         selection = select(cfg, state, scored.rewards)
+    lr = scheduler.get_last_lr()[0]  # the rate this step's (first) optimizer step uses; after it, the next one's
     with timer("update"):
         stats = _update_on_kept(s, model, optimizer, scheduler, idx, rollouts, selection)
     with timer("sync"):
         s.engine.sync_weights(model)  # the next step samples from the new weights
-    return _step_metrics(s, state, scheduler, scored, selection, stats, timer)
+    return _step_metrics(s, state, lr, scored, selection, stats, timer)
 
 
 def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor) -> Selection:
@@ -372,13 +373,13 @@ def _update_on_kept(s: Setup, model, optimizer, scheduler, idx: list[int], rollo
     return run_update(model, optimizer, scheduler, batch, settings, reference=s.reference, dist=dist)
 
 
-def _step_metrics(s: Setup, state: ckpt.TrainState, scheduler, scored: Scored, selection: Selection, stats, timer) -> dict:
+def _step_metrics(s: Setup, state: ckpt.TrainState, lr: float, scored: Scored, selection: Selection, stats, timer) -> dict:
     """The step's line of metrics.jsonl: selection (podsrl.core.downsample), rollouts, update, times."""
     keep, dist = selection.keep, s.dist
     metrics = {
         "step": state.step + 1,
         **selection.metrics,
-        "lr": scheduler.get_last_lr()[0],
+        "lr": lr,
         "completion_len": float(scored.lengths.nanmean()),  # NaN: never sampled (rollout.early_stop)
         "completion_len_kept": float(scored.lengths[keep].mean()) if keep.any() else 0.0,
         "truncated": float(scored.truncated.nanmean()),
