@@ -21,9 +21,12 @@ A run directory holds one run (``config.toml``, ``metrics.jsonl``, ``eval.jsonl`
   run that fails its checks leaves no empty directory behind.
 - **Resume keeps the training.** The config of a resumed run may differ from the run's own only in
   settings that do not change what is learned (``FREE``: logging, checkpointing, devices, engine
-  resources, mathematically exact batching options) and in a raised budget (``BUDGET``). Anything
-  else is refused, naming the settings; an allowed change is recorded in ``config_changes.jsonl``
-  and ``config.toml`` is rewritten.
+  resources, mathematically exact batching options, exact early stopping and the reward values it
+  relies on) and in a raised budget (``BUDGET``), except ``train.max_steps`` under a cosine learning
+  rate, which decays to 0 at that step. Anything else is refused, naming the settings; an allowed
+  change is recorded in ``config_changes.jsonl`` and ``config.toml`` is rewritten. A run with no
+  checkpoint has nothing to resume: every command says to train it again in place
+  (:func:`restart_advice`).
 - **Atomic rewrites.** :func:`write_text_atomic` (write a temporary sibling, fsync, rename) is how
   every run file is rewritten; appends of whole lines are left to the readers' torn-line rule.
 
@@ -110,9 +113,16 @@ def resume_advice(path: Path, checkpoint: Path | None) -> str:
     has none), as the tail of a sentence: "; resume with `podsrl train --resume DIR` (from ...)"."""
     if checkpoint is not None:
         return f"; resume with `podsrl train --resume {path}` (from {checkpoint.name})"
+    return f" before the first checkpoint of {path}; nothing to resume: {restart_advice(path)}"
+
+
+def restart_advice(path: Path) -> str:
+    """The one way forward for a run with no checkpoint (``--resume``, ``podsrl export`` and
+    ``podsrl eval --run`` all give it): train it again from its own config.toml, in place."""
+    path = Path(path)
     return (
-        f" before the first checkpoint of {path}; nothing to resume: start it again with "
-        f"`--out {path} --overwrite` (or checkpoint more often with --train.checkpoint_every)"
+        f"train it again with `podsrl train {path / 'config.toml'} --out {path} --overwrite` (and checkpoint more "
+        "often with --train.checkpoint_every)"
     )
 
 
