@@ -32,7 +32,7 @@ from pathlib import Path
 from podsrl import errors
 from podsrl.errors import CheckpointWriteError, ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.run.preemption import Preempted
-from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_settings
+from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_settings, restart_advice
 
 
 def _is_override(arg: str) -> bool:
@@ -86,8 +86,7 @@ def _checkpointed_run_config(run_dir: Path, option: str, overrides: list[str], c
     if latest(run_dir) is None:
         raise ConfigError(
             f"{option} {run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first "
-            f"one); start it again with `podsrl train --out {run_dir} --overwrite`, or checkpoint more often with "
-            "--train.checkpoint_every"
+            f"one); {restart_advice(run_dir)}"
         )
     try:
         return config_mod.load(config or run_dir / "config.toml", overrides)

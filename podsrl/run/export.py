@@ -251,9 +251,11 @@ def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     run_dir = Path(run_dir)
     found = ckpt.candidates(run_dir)
     if not found:
+        from podsrl.run import rundir
+
         raise ConfigError(
-            f"{run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first one); "
-            "resume it to its end, or checkpoint more often with --train.checkpoint_every"
+            f"{run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first one), so "
+            f"nothing to export or resume; {rundir.restart_advice(run_dir)}"
         )
     if step is None:
         return found[0]

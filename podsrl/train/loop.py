@@ -43,9 +43,9 @@ from podsrl.core.downsample import Selection, downsample, step_seed
 from podsrl.core.early_stop import check_values, stop_criterion, why_not_exact
 from podsrl.core.schedules import training_progress
 from podsrl.engines import Engine, Rollouts, Sampling, make_engine, resolve_engine
-from podsrl.errors import ConfigError, EngineError, RunWriteError
+from podsrl.errors import ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.grading.pool import RewardPool
-from podsrl.grading.rewards import RewardSpec, compute_rewards, declared_values, resolve_specs
+from podsrl.grading.rewards import RewardSpec, compute_rewards, explain_undeclared, resolve_specs, timeout_totals_undeclared, total_values
 from podsrl.models import Policy, check_training_dtype, load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import export, preemption, rundir
@@ -122,8 +122,7 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     dist = dist or Dist()
     torch.manual_seed(cfg.train.seed)
     task = build_task(cfg)
-    rewards = resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights)))
-    reward_values = _reward_values(cfg, rewards)
+    rewards, reward_values = preflight(cfg)
     policy = load_policy(cfg.model, device=rank_device(cfg.model.device, dist.local_rank, dist.world) if dist.active else None)
     if dist.active:
         if dist.sharded:
@@ -157,18 +156,42 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     )
 
 
+def preflight(cfg: Config) -> tuple[list[RewardSpec], tuple[float, ...] | None]:
+    """The set-up decisions that need no model, each refusal a ConfigError: the training dtype, the
+    reward functions (loaded) and the values their total can take, checked against early stopping
+    (``_reward_values``). ``setup`` starts with it; ``podsrl compare`` runs it for every method
+    before the first run trains (:func:`podsrl.compare.plan.check_setup`)."""
+    check_training_dtype(cfg)
+    rewards = resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights)))
+    return rewards, _reward_values(cfg, rewards)
+
+
 def _reward_values(cfg: Config, rewards: list[RewardSpec]) -> tuple[float, ...] | None:
     """The declared values of the total reward (reward.values, else the functions' declarations; a
-    user function's timed-out call scores reward.timeout_score); with rollout.early_stop = "exact",
-    a ConfigError when the run's rule and rewards have no exact stopping criterion."""
-    timeouts = {spec.name: cfg.reward.timeout_score for spec in rewards if ":" in spec.name} if cfg.reward.timeout_seconds else {}
-    values = tuple(sorted(set(cfg.reward.values))) if cfg.reward.values is not None else declared_values(rewards, extra=timeouts)
-    if cfg.rollout.early_stop == "exact":
-        sel = cfg.select
-        reason = why_not_exact(sel.rule, values=values, advantages_over_group=sel.advantages_over_group, filter_zero_variance=sel.filter_zero_variance)
-        if reason is not None:
-            fix = " or declare the reward's values (reward.values, or `reward_values` on each function)" if "declared" in reason else ""
-            raise ConfigError(f"rollout.early_stop = 'exact': {reason}; set rollout.early_stop = \"off\"{fix}")
+    user function's timed-out call scores reward.timeout_score: ``total_values``); with
+    rollout.early_stop = "exact", a ConfigError when the run's rule and rewards have no exact
+    stopping criterion, naming reward.timeout_score when a timed-out call's score is what breaks it."""
+    values = total_values(rewards, cfg.reward)
+    if cfg.rollout.early_stop != "exact":
+        return values
+    sel, score = cfg.select, f"reward.timeout_score = {cfg.reward.timeout_score:g}"
+    why = lambda v: why_not_exact(sel.rule, values=v, advantages_over_group=sel.advantages_over_group, filter_zero_variance=sel.filter_zero_variance)  # noqa: E731
+    if stray := timeout_totals_undeclared(rewards, cfg.reward):
+        raise ConfigError(
+            f"{score}: a reward call that times out (reward.timeout_seconds) scores it, which gives the total rewards "
+            f"{stray} that reward.values {list(values)} leaves out, and rollout.early_stop = 'exact' relies on reward.values; "
+            "set reward.timeout_score to a value the reward can take, or add those totals to reward.values"
+        )
+    reason = why(values)
+    if reason is not None and why(total_values(rewards, cfg.reward, timeouts=False)) is None:
+        raise ConfigError(
+            f"{score}: a reward call that times out (reward.timeout_seconds) scores it, which adds it to the reward's "
+            f"values, and rollout.early_stop = 'exact' then fails: {reason}; set reward.timeout_score to one of the "
+            "functions' declared values (`reward_values`), or rollout.early_stop = \"off\""
+        )
+    if reason is not None:
+        fix = " or declare the reward's values (reward.values, or `reward_values` on each function)" if "declared" in reason else ""
+        raise ConfigError(f"rollout.early_stop = 'exact': {reason}; set rollout.early_stop = \"off\"{fix}")
     return values
 
 
@@ -219,11 +242,12 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     rollouts, scored = sample(s, state, idx, timer)  # rollouts [b*n] group-major, scored [B, n]
     with timer("select"):
         selection = select(cfg, state, scored.rewards)
+    lr = scheduler.get_last_lr()[0]  # the rate this step's (first) optimizer step uses; after it, the next one's
     with timer("update"):
         stats = _update_on_kept(s, model, optimizer, scheduler, idx, rollouts, selection)
     with timer("sync"):
         s.engine.sync_weights(model)  # the next step samples from the new weights
-    return _step_metrics(s, state, scheduler, scored, selection, stats, timer)
+    return _step_metrics(s, state, lr, scored, selection, stats, timer)
 
 
 def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor) -> Selection:
@@ -280,7 +304,8 @@ def sample(s: Setup, state: ckpt.TrainState, idx: list[int], timer) -> tuple[Rol
         with timer("reward"):
             table[running, count : count + k] = _score_columns(s, out, [examples[g] for g in running], k)
             if s.reward_values is not None:
-                check_values(table[..., 0], s.reward_values)  # the criteria are exact only for declared values
+                explain = lambda stray: explain_undeclared(s.rewards, table[stray][:, 3:-1].tolist(), cfg.reward)  # noqa: E731  [S, F] each function's values
+                check_values(table[..., 0], s.reward_values, explain=explain)  # the criteria are exact only for declared values
         for j, g in enumerate(running):
             for i in range(k):
                 pos, src = g * n + count + i, j * k + i
@@ -348,13 +373,13 @@ def _update_on_kept(s: Setup, model, optimizer, scheduler, idx: list[int], rollo
     return run_update(model, optimizer, scheduler, batch, settings, reference=s.reference, dist=dist)
 
 
-def _step_metrics(s: Setup, state: ckpt.TrainState, scheduler, scored: Scored, selection: Selection, stats, timer) -> dict:
+def _step_metrics(s: Setup, state: ckpt.TrainState, lr: float, scored: Scored, selection: Selection, stats, timer) -> dict:
     """The step's line of metrics.jsonl: selection (podsrl.core.downsample), rollouts, update, times."""
     keep, dist = selection.keep, s.dist
     metrics = {
         "step": state.step + 1,
         **selection.metrics,
-        "lr": scheduler.get_last_lr()[0],
+        "lr": lr,
         "completion_len": float(scored.lengths.nanmean()),  # NaN: never sampled (rollout.early_stop)
         "completion_len_kept": float(scored.lengths[keep].mean()) if keep.any() else 0.0,
         "truncated": float(scored.truncated.nanmean()),
@@ -447,7 +472,7 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
         return _run(s, claim, model, optimizer, scheduler, state, resume=resume, log=log)
     except KeyboardInterrupt as err:  # name the run and how to go on (the CLI prints it)
         raise rundir.RunInterrupted(claim.path, ckpt.latest(claim.path)) from err
-    except (EngineError, RunWriteError) as err:
+    except (EngineError, RunWriteError, RewardError) as err:  # fix what failed, then resume
         raise type(err)(f"{err}{rundir.resume_advice(claim.path, ckpt.latest(claim.path))}") from err
     finally:
         s.close()
