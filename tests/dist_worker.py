@@ -2,7 +2,8 @@
 runs alone (``python tests/dist_worker.py SPEC``) and under ``torchrun --nproc-per-node=2``.
 
 SPEC is a JSON file: {"model": dir, "reward": "file.py:fn", "out": dir, "cases": {name: {...}}}, a
-case being {"overrides": {"section.key": value}, "uniform_second_half": bool}. For every case rank 0
+case being {"overrides": {"section.key": value}, "uniform_second_half": bool, "uniform_all": bool}
+(zero-variance groups: the second half of the prompts, or all). For every case rank 0
 writes ``out/<name>-w<world>.safetensors`` (the trainable weights after the step, full tensors) and
 ``out/<name>-w<world>.json`` (the step's metrics).
 
@@ -27,6 +28,8 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).parent))
+ROOT = Path(__file__).resolve().parents[1]
+OURS = (ROOT / "podsrl", ROOT / "tests")  # not ROOT: `make setup`'s .venv, with the libraries, lies in it
 
 from conftest import exit_without_teardown, tiny_config_dict  # noqa: E402
 
@@ -53,7 +56,7 @@ class FixedEngine:
             for j in range(sampling.n):
                 rng = random.Random(hash((tuple(prompt), 0 if uniform else j)) % (2**31))
                 length = rng.randint(1, sampling.max_new_tokens)
-                ids = [rng.randint(200, 5000) for _ in range(length)]
+                ids = [rng.randint(200, min(5000, len(self.tokenizer) - 1)) for _ in range(length)]
                 if length < sampling.max_new_tokens:
                     ids[-1] = eos
                 completions.append(ids)
@@ -87,10 +90,11 @@ def hold_collectives_to_placement(patch=setattr) -> None:
     hang). On this CPU every tensor is on the CPU and gloo takes anything, so a device check would
     catch nothing; instead every torch.distributed tensor collective called from outside torch must
     get tensors that ``Dist.place`` returned (a registry of them), and ``Dist.place`` must return
-    them on ``Dist.device`` (cuda:LOCAL_RANK under NCCL): a caller that bypasses Dist, or a Dist
-    method that skips placement, raises :class:`PlacementError`. torch's own callers (FSDP's
-    all-gathers and reduce-scatters, ``torch.distributed.checkpoint``, the object collectives) are
-    exempt: torch puts their tensors on the group's device itself. ``patch`` sets the wrappers
+    them on ``Dist.device`` (cuda:LOCAL_RANK under NCCL): a caller in this repository that bypasses
+    Dist, or a Dist method that skips placement, raises :class:`PlacementError`. Callers in installed
+    libraries are exempt, since they place their tensors themselves: torch's (FSDP's all-gathers and
+    reduce-scatters, ``torch.distributed.checkpoint``, the object collectives: the group's device),
+    transformers' (``synced_gpus``' flag: the model's device). ``patch`` sets the wrappers
     (pytest's ``monkeypatch.setattr`` undoes them after an in-process test)."""
     placed: dict[int, weakref.ref] = {}
     original = getattr(distributed.Dist, "place", None)
@@ -115,7 +119,7 @@ def _strict(name: str, collective, placed: dict[int, weakref.ref]):
     @functools.wraps(collective)
     def call(*args, **kwargs):
         caller = sys._getframe(1)
-        if not caller.f_globals.get("__name__", "").startswith("torch."):
+        if any(Path(caller.f_code.co_filename).resolve().is_relative_to(d) for d in OURS):  # podsrl's or a test's call
             for t in _tensors([*args, *kwargs.values()]):
                 ref = placed.get(id(t))
                 if ref is None or ref() is not t:
@@ -149,7 +153,7 @@ def main(spec_path: str) -> None:
         dist = distributed.init(cfg)  # the process group is made once and reused
         s = trainer.setup(cfg, dist)
         B, world = cfg.train.prompts_per_step, dist.world
-        uniform_from = B // 2 if case.get("uniform_second_half") else None
+        uniform_from = 0 if case.get("uniform_all") else B // 2 if case.get("uniform_second_half") else None
         s.engine = FixedEngine(s.policy.tokenizer, offset=dist.rank * (B // world), uniform_from=uniform_from)
         model = s.policy.model
         model.train()
