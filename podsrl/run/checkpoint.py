@@ -250,7 +250,9 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 def _read_state(path: Path, *, mmap: bool = False) -> dict:
     file = Path(path) / "state.pt"
     try:
-        blob = torch.load(file, weights_only=False, mmap=mmap)
+        # To the CPU: a GPU run's optimizer state is saved as CUDA tensors, and a machine without a GPU
+        # must still read it (export, eval); the optimizer and FSDP move it to the parameters' device.
+        blob = torch.load(file, weights_only=False, mmap=mmap, map_location="cpu")
         missing = {"optimizer", "scheduler", "state", "rng"} - set(blob)
     except Exception as err:  # truncated: RuntimeError, EOFError, UnpicklingError ...
         raise DamagedCheckpoint(f"checkpoint file {file} is damaged ({_one_line(err)})") from None
