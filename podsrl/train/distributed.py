@@ -164,6 +164,8 @@ class Dist:
             return t
         sizes = self.gather_rows(torch.tensor([t.shape[0]])).tolist()
         width = max(sizes)
+        if width == 0:  # no rank has a row (every rank knows it: no collective of empty tensors)
+            return t
         padded = torch.zeros((width, *t.shape[1:]), dtype=t.dtype, device=t.device)
         padded[: t.shape[0]] = t
         rows = self.gather_rows(padded)
