@@ -395,13 +395,14 @@ def test_only_the_distributed_module_calls_tensor_collectives():
         if path == ROOT / "podsrl" / "train" / "distributed.py":
             continue
         tree = ast.parse(path.read_text())
-        modules = {"torch.distributed"}  # names bound to torch.distributed
+        modules = {"torch.distributed", "torch.distributed.distributed_c10d"}  # names bound to the modules that define them
         functions = set()  # collectives imported by name
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                modules |= {a.asname for a in node.names if a.name == "torch.distributed" and a.asname}
+                modules |= {a.asname for a in node.names if a.name in ("torch.distributed", "torch.distributed.distributed_c10d") and a.asname}
             elif isinstance(node, ast.ImportFrom) and node.module in ("torch.distributed", "torch.distributed.distributed_c10d"):
                 functions |= {a.asname or a.name for a in node.names if a.name in TENSOR_COLLECTIVES}
+                modules |= {a.asname or a.name for a in node.names if a.name == "distributed_c10d"}
             elif isinstance(node, ast.ImportFrom) and node.module == "torch":
                 modules |= {a.asname or a.name for a in node.names if a.name == "distributed"}
         for node in ast.walk(tree):
