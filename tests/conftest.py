@@ -39,6 +39,19 @@ def nan_reward(completion, example):
 '''
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need a GPU that torch sees: skipped without one (``make gpu-check``,
+    bench/gpu_check.py, runs them where there is one: ``pytest -m gpu``)."""
+    needs_gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if needs_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="needs a GPU that torch can see (make gpu-check runs these on one)")
+            for item in needs_gpu:
+                item.add_marker(skip)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Run torch on one thread for the test. The tiny model's matrices are so small that OpenMP's
@@ -54,13 +67,14 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """A seeded 2-layer Llama with the SmolLM2 tokenizer, saved with ``save_pretrained``."""
+    """A seeded 2-layer Llama with the SmolLM2 tokenizer, saved with ``save_pretrained``. Where the
+    embedded model is not installed (the lent GPU machine), with tests/offline_tokenizer.py's."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from podsrl.models import resolve_model_path
+    from offline_tokenizer import embedded_or_built
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
+    tokenizer, _ = embedded_or_built()
     assert tokenizer.chat_template, "the embedded tokenizer should carry a chat template"
     config = LlamaConfig(
         vocab_size=len(tokenizer),

@@ -2,9 +2,9 @@
 
 Everywhere: a bad value, or a GPU asked for where torch sees none, is a configuration error that
 names the field and the fix, and "auto" means the GPU only when there is one. The tests marked
-``gpu`` run only where torch sees a GPU (CI has none; they were run on a lent H100, see the
-README): the same update on the GPU and on the CPU gives the same gradient, and a short run with
-the transformers engine trains, checkpoints, resumes and evaluates with everything on the GPU.
+``gpu`` run only where torch sees a GPU (CI has none; ``make gpu-check`` runs them on a lent one):
+the same update on the GPU and on the CPU gives the same gradient, and a short run with the
+transformers engine trains, checkpoints, resumes and evaluates with everything on the GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from podsrl.models import load_policy, resolve_device
 from podsrl.train.update import UpdateBatch, run_update
 from conftest import update_settings
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU that torch can see")
+gpu = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
 
 
 @pytest.mark.parametrize("value", ["gpu", "cuda0", "cuda:", "CPU", "cuda:-1"])

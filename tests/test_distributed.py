@@ -6,6 +6,10 @@
 - ``torchrun --nproc-per-node=2 -m podsrl train`` end to end: one metrics line per step, a
   checkpoint, ``--resume`` continues, ``podsrl eval --run`` reads it.
 - Bad launches are configuration errors that name the field.
+- Every process launched here runs in strict mode (tests/dist_worker.py,
+  ``hold_collectives_to_placement``): each tensor podsrl hands to a torch.distributed collective must
+  have been put on ``Dist.device`` by ``Dist.place``, as an NCCL group requires; and no module but
+  podsrl/train/distributed.py calls a torch.distributed tensor collective itself.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ def _env() -> dict[str, str]:
 
 
 def _torchrun(*args: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+    """torchrun with ``args``; ``-m podsrl ...`` runs through tests/dist_worker.py, in strict mode."""
+    if args[0] == "-m":
+        args = (str(WORKER), *args)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone", *args]
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
@@ -185,6 +192,8 @@ def test_sharded_greedy_eval_equals_one_process(tmp_path, tiny_model_dir, reward
         "import json, sys, torch\n"
         "sys.path.insert(0, %r)\n"
         "from conftest import exit_without_teardown, tiny_config_dict\n"
+        "from dist_worker import hold_collectives_to_placement\n"
+        "hold_collectives_to_placement()\n"
         "from podsrl.train import distributed, loop as trainer\n"
         "from podsrl.run.checkpoint import TrainState\n"
         "from podsrl.config import from_dict\n"
@@ -267,6 +276,146 @@ def test_single_process_is_untouched(make_config, monkeypatch):
     assert distributed.Dist(rank=1, world=2).pad_shard(list(range(5))) == ([3, 4, 0], 2)
 
 
+# ------------------------------------------------------------------------------ placement (NCCL: CUDA tensors only)
+
+
+def test_the_collective_device_is_the_rank_gpu_under_nccl_and_the_cpu_under_gloo():
+    assert distributed.collective_device("nccl", torch.device("cuda", 3)) == torch.device("cuda", 3)
+    assert distributed.collective_device("gloo", torch.device("cuda", 1)) == torch.device("cpu")
+    assert distributed.collective_device("gloo", torch.device("cpu")) == torch.device("cpu")
+    assert distributed.Dist().device == torch.device("cpu")
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_collectives_run_on_the_group_device_and_return_on_the_callers(monkeypatch):
+    """Under NCCL every tensor a collective sends is on cuda:LOCAL_RANK whatever the caller's device,
+    and the result comes back on the caller's device. Fake tensors stand in for a GPU (their device
+    is "cuda" without one); the collectives are recorders (no group: nothing is sent)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gpu = torch.device("cuda", 1)
+    seen: list[tuple[str, torch.device]] = []
+    stop = {"now": False}
+
+    def recorder(name):
+        def collective(*args, **kwargs):
+            for t in [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]:
+                seen.append((name, t.device))
+            if stop["now"]:  # the caller goes on to read the value, which a fake tensor has not
+                raise _Stop
+
+        return collective
+
+    for name in ("all_reduce", "all_gather_into_tensor", "broadcast"):
+        monkeypatch.setattr(torch.distributed, name, recorder(name))
+    d = distributed.Dist(rank=1, world=2, local_rank=1, backend="nccl", device=gpu)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        on_cpu, on_gpu = torch.ones(3, 2), torch.ones(3, 2, device=gpu)
+        for t in (on_cpu, on_gpu):
+            assert d.sum(t).device == t.device
+            gathered = d.gather_rows(t)
+            assert gathered.device == t.device and gathered.shape == (6, 2)
+        for device in ("cpu", gpu):
+            model = torch.nn.Module()
+            model.weight, model.bias = (torch.nn.Parameter(torch.ones(shape, device=device)) for shape in ((2, 2), (2,)))
+            for p in model.parameters():
+                p.grad = torch.ones_like(p)
+            if device == "cpu":  # (a fake CUDA tensor cannot be copied into; GPU gradients are not moved anyway)
+                d.all_reduce_grads(list(model.parameters()))
+            d.broadcast_params(model)
+            assert all(p.device == torch.device(device) and p.grad.device == p.device for p in model.parameters())
+        stop["now"] = True
+        with pytest.raises(_Stop):
+            d.max_int(3)
+        with pytest.raises(_Stop):
+            d.gather_ragged(on_cpu)
+    assert {name for name, _ in seen} == {"all_reduce", "all_gather_into_tensor", "broadcast"}
+    assert all(device == gpu for _, device in seen), seen
+
+
+def test_token_selection_runs_on_the_group_device_on_a_rank_without_entropies():
+    """A rank whose rows were all skipped has no entropies (on the GPU or anywhere): it must still
+    take the global top-k on the group's device, as the other ranks do, since top-k breaks ties
+    per device and every rank must cut the same mask. "meta" stands in for the GPU."""
+    from podsrl.train.update import _select_tokens
+
+    d = distributed.Dist(rank=0, world=1, backend="nccl", device=torch.device("meta"))
+    seen = []
+
+    def gather(t):
+        seen.append(t.device)
+        return torch.zeros(t.shape, dtype=t.dtype)  # the gathered table, here on the CPU so the mask can be cut
+
+    d.gather_ragged, d.max_int, d.gather_objects = gather, (lambda value: value), (lambda obj: [obj])
+    masks = _select_tokens([None, None], [3, 2], torch.zeros(2), 0.5, "adv_entropy", d)
+    assert seen == [torch.device("meta")] * 3 and [m.shape for m in masks] == [(3,), (2,)]
+
+
+@pytest.fixture
+def gloo_alone():
+    """A one-process gloo group in this process (no torchrun)."""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+def test_strict_mode_admits_only_tensors_that_dist_placed(gloo_alone, monkeypatch):
+    """tests/dist_worker.py's strict mode, which every multi-process test here runs under: each
+    tensor collective of Dist passes it; a tensor that did not go through ``Dist.place`` fails."""
+    from dist_worker import PlacementError, hold_collectives_to_placement
+
+    hold_collectives_to_placement(monkeypatch.setattr)
+    d = distributed.Dist(rank=0, world=1, backend="gloo")
+    t = torch.arange(6.0).view(3, 2)
+    assert torch.equal(d.sum(t), t) and torch.equal(d.gather_rows(t), t) and torch.equal(d.gather_ragged(t), t)
+    assert d.gather_ragged(t[:0]).shape == (0, 2) and d.max_int(5) == 5
+    model = torch.nn.Linear(2, 2)
+    model.weight.grad = torch.ones(2, 2)
+    d.all_reduce_grads(list(model.parameters()))
+    d.broadcast_params(model)
+    assert d.broadcast_object({"a": 1}) == {"a": 1} and d.gather_objects(3) == [3]
+    d.barrier()
+    with pytest.raises(PlacementError, match=r"torch.distributed.all_reduce called at .* Dist.place did not put"):
+        torch.distributed.all_reduce(torch.ones(1))  # a caller that bypasses Dist
+
+
+def test_only_the_distributed_module_calls_tensor_collectives():
+    """Placement is central only if nothing else sends tensors: no module of podsrl but
+    podsrl/train/distributed.py calls a torch.distributed tensor collective (by any import alias).
+    PODSTrainer's gathers are accelerate's, on TRL's device (docs/distributed.md)."""
+    import ast
+
+    from dist_worker import TENSOR_COLLECTIVES
+
+    offenders = []
+    for path in sorted((ROOT / "podsrl").rglob("*.py")):
+        if path == ROOT / "podsrl" / "train" / "distributed.py":
+            continue
+        tree = ast.parse(path.read_text())
+        modules = {"torch.distributed", "torch.distributed.distributed_c10d"}  # names bound to the modules that define them
+        functions = set()  # collectives imported by name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules |= {a.asname for a in node.names if a.name in ("torch.distributed", "torch.distributed.distributed_c10d") and a.asname}
+            elif isinstance(node, ast.ImportFrom) and node.module in ("torch.distributed", "torch.distributed.distributed_c10d"):
+                functions |= {a.asname or a.name for a in node.names if a.name in TENSOR_COLLECTIVES}
+                modules |= {a.asname or a.name for a in node.names if a.name == "distributed_c10d"}
+            elif isinstance(node, ast.ImportFrom) and node.module == "torch":
+                modules |= {a.asname or a.name for a in node.names if a.name == "distributed"}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Name) and f.id in functions:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {f.id}")
+            elif isinstance(f, ast.Attribute) and f.attr in TENSOR_COLLECTIVES and ast.unparse(f.value) in modules:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(f)}")
+    assert not offenders, f"tensor collectives outside Dist (use its methods, which place the tensors): {offenders}"
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_per_rank_with_fsdp(tmp_path):
@@ -300,9 +449,91 @@ def test_accelerate_launch_fsdp_with_gradient_checkpointing(tmp_path, tiny_model
     config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=2", "--num_machines=1",
-           "--main_process_port=0", "-m", "podsrl", "train", str(config), "--out", str(run), "--no-plot"]  # fmt: skip
+           "--main_process_port=0", str(WORKER), "-m", "podsrl", "train", str(config), "--out", str(run), "--no-plot"]  # fmt: skip
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 processes (gloo, fsdp)" in done.stdout
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["world_size"] == 2 for r in rows)
+
+
+# ------------------------------------------------------------------------------ on a GPU (NCCL)
+
+NCCL_CASES = {
+    "max_variance": {},
+    "lora_bf16": {"model.lora": True, "model.lora_rank": 4, "model.lora_alpha": 8, "model.dtype": "bfloat16"},
+    "d3s_intra_tokens": {"select.rule": "d3s_intra", "select.token_fraction": 0.5},
+    # Every group uniform: every row is skipped, so the token selection has no entropy on the GPU.
+    "d3s_intra_tokens_all_skipped": {"select.rule": "d3s_intra", "select.token_fraction": 0.5},
+    "d3s_cross_tokens": {"select.rule": "d3s_cross", "select.token_fraction": 0.7, "loss.aggregation": "token"},
+    "fsdp_d3s_intra_tokens": {"distributed.parallel": "fsdp", "distributed.mixed_precision": "none",
+                              "select.rule": "d3s_intra", "select.token_fraction": 0.5},  # fmt: skip
+    "fsdp_bf16_all_skipped": {"distributed.parallel": "fsdp", "distributed.mixed_precision": "bf16"},
+}
+
+
+@pytest.mark.gpu
+def test_nccl_steps_like_one_process_on_the_gpu(tmp_path, tiny_model_dir, reward_file):
+    """One torchrun process on NCCL (every collective runs, and NCCL refuses a CPU tensor) takes the
+    step that one process without a group takes on the GPU: the same weights. FSDP has no groupless
+    reference: in float32 it must match the same step without FSDP, in bf16 compute just run."""
+    cases = {}
+    for name, overrides in NCCL_CASES.items():
+        cases[name] = {"overrides": {**BASE, "model.device": "cuda", **overrides}, "uniform_all": name.endswith("all_skipped")}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(tmp_path), "cases": cases}))
+    groupless = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
+    alone_spec = tmp_path / "alone.json"
+    alone_spec.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(tmp_path), "cases": groupless}))
+    alone = subprocess.run([sys.executable, str(WORKER), str(alone_spec)], env=_env(), capture_output=True, text=True, timeout=600)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    for name in groupless:  # both write <name>-w1: keep the groupless results apart
+        for ext in ("safetensors", "json"):
+            (tmp_path / f"{name}-w1.{ext}").rename(tmp_path / f"{name}-alone.{ext}")
+    run = _torchrun(str(WORKER), str(spec), nproc=1, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    references = {name: name for name in groupless} | {"fsdp_d3s_intra_tokens": "d3s_intra_tokens"}
+    for name in cases:
+        nccl = load_file(str(tmp_path / f"{name}-w1.safetensors"))
+        assert json.loads((tmp_path / f"{name}-w1.json").read_text())["world_size"] == 1
+        assert all(bool(torch.isfinite(t).all()) for t in nccl.values()), name
+        if name in references:
+            reference = load_file(str(tmp_path / f"{references[name]}-alone.safetensors"))
+            assert nccl.keys() == reference.keys(), name
+            diff = max(float((nccl[k] - reference[k]).abs().max()) for k in reference)
+            assert diff <= (1e-4 if name.startswith("fsdp") else 1e-5), f"{name}: max abs weight difference {diff:.2e} from one process"
+
+
+@pytest.mark.gpu
+def test_every_dist_collective_runs_under_nccl_from_either_device(tmp_path, make_config):
+    """Each tensor collective of Dist under a real NCCL group (world 1), with CPU and GPU inputs: the
+    values are right and come back on the input's device; object collectives and barrier run."""
+    from podsrl.config import to_toml
+
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(make_config(**{"model.device": "cuda", "train.prompts_per_step": 2})))
+    script = tmp_path / "collectives.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from podsrl.config import load\n"
+        "from podsrl.train import distributed\n"
+        "d = distributed.init(load(sys.argv[1]))\n"
+        "assert d.backend == 'nccl' and d.device == torch.device('cuda', 0), (d.backend, d.device)\n"
+        "for device in ('cpu', 'cuda'):\n"
+        "    t = torch.arange(6.0, device=device).view(3, 2)\n"
+        "    for out in (d.sum(t), d.gather_rows(t), d.gather_ragged(t)):\n"
+        "        assert out.device == t.device and torch.equal(out.cpu(), t.cpu()), (device, out)\n"
+        "    assert d.gather_ragged(t[:0]).shape == (0, 2)\n"
+        "    model = torch.nn.Linear(2, 2, device=device)\n"
+        "    model.weight.grad = torch.ones(2, 2, device=device)\n"
+        "    d.all_reduce_grads(list(model.parameters()))\n"
+        "    d.broadcast_params(model)\n"
+        "    assert model.bias.grad.device == model.weight.device and float(model.weight.grad.sum()) == 4.0\n"
+        "assert d.max_int(7) == 7 and d.broadcast_object({'a': 1}) == {'a': 1} and d.gather_objects(3) == [3]\n"
+        "d.barrier()\n"
+        "d.close()\n"
+        "print('collectives ok')\n"
+    )
+    done = _torchrun(str(script), str(config), nproc=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "collectives ok" in done.stdout

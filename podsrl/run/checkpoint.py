@@ -270,7 +270,10 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 def _read_state(path: Path, *, mmap: bool = False) -> dict:
     file = Path(path) / "state.pt"
     try:
-        blob = torch.load(file, weights_only=True, mmap=mmap)  # data only: see the module docstring
+        # Data only (see the module docstring), to the CPU: a GPU run's optimizer state is saved as CUDA
+        # tensors, and a machine without a GPU must still read it (export, eval); the optimizer and
+        # FSDP move it to the parameters' device.
+        blob = torch.load(file, weights_only=True, mmap=mmap, map_location="cpu")
         missing = {"optimizer", "scheduler", "state", "rng"} - set(blob)
     except pickle.UnpicklingError as err:
         if "weights only" not in str(err).lower():

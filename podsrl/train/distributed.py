@@ -36,6 +36,15 @@ What each rank does in a step (the trainer calls these helpers; see docs/distrib
 - Metrics are computed from the gathered tensors, evaluation is sharded over ranks and gathered, and
   only rank 0 writes files, logs and checkpoints.
 
+One backend per group, and one device for its tensor collectives (:attr:`Dist.device`): cuda:LOCAL_RANK
+under NCCL, which carries CUDA tensors only, the CPU under gloo. Every tensor collective method here
+moves its input there (:meth:`Dist.place`) and returns its result on the input's device, so a caller
+passes tensors from wherever it has them (the rewards table and the counts live on the CPU, the
+gradients on the GPU) and every rank sends a given collective from the same device. Nothing outside
+this module calls a torch.distributed tensor collective (tests/test_distributed.py checks both). The
+object collectives (``broadcast_object_list``, ``all_gather_object``) are torch's, which picks their
+device itself: the current CUDA device under NCCL, set by :func:`init`. See docs/distributed.md.
+
 Communication is counted (payload bytes and seconds) in ``Dist.comm_bytes`` / ``comm_seconds`` for
 what goes through this module; FSDP's own all-gathers and reduce-scatters are not counted there.
 """
@@ -76,6 +85,7 @@ class Dist:
     local_rank: int = 0
     parallel: str = "ddp"
     backend: str | None = None  # None: no process group
+    device: torch.device = torch.device("cpu")  # where this group's tensor collectives run (collective_device)
     comm_seconds: float = 0.0  # spent in this module's collectives, since the last reset
     comm_bytes: int = 0  # their payload (what this rank sends), since the last reset
     collectives: int = 0  # how many of this module's collectives this rank has entered (podsrl.train.heartbeat)
@@ -131,40 +141,50 @@ class Dist:
             self.comm_seconds += time.perf_counter() - start
             self.comm_bytes += nbytes
 
+    def place(self, t: Tensor, *, copy: bool = False) -> Tensor:
+        """``t`` on :attr:`device`, the one way a tensor reaches a collective here (``t`` itself when
+        it is there already, unless ``copy``)."""
+        return t.to(self.device, copy=copy)
+
     def gather_rows(self, t: Tensor) -> Tensor:
-        """Every rank's [b, ...] (same shape on all) -> [world * b, ...] in rank order, on every rank."""
+        """Every rank's [b, ...] (same shape on all) -> [world * b, ...] in rank order, on every rank
+        (on ``t``'s device)."""
         if not self.active:
             return t
-        t = t.contiguous()
-        out = torch.empty((self.world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-        with self._comm(t.numel() * t.element_size()):
-            torch.distributed.all_gather_into_tensor(out, t)
-        return out
+        local = self.place(t.contiguous())
+        out = self.place(torch.empty((self.world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=self.device))
+        with self._comm(local.numel() * local.element_size()):
+            torch.distributed.all_gather_into_tensor(out, local)
+        return out.to(t.device)
 
     def gather_ragged(self, t: Tensor) -> Tensor:
-        """Every rank's [k_r, ...] (k_r may differ, even be 0) -> [sum k_r, ...] in rank order."""
+        """Every rank's [k_r, ...] (k_r may differ, even be 0) -> [sum k_r, ...] in rank order (on
+        ``t``'s device)."""
         if not self.active:
             return t
-        sizes = self.gather_rows(torch.tensor([t.shape[0]], device=t.device)).tolist()
+        sizes = self.gather_rows(torch.tensor([t.shape[0]])).tolist()
         width = max(sizes)
+        if width == 0:  # no rank has a row (every rank knows it: no collective of empty tensors)
+            return t
         padded = torch.zeros((width, *t.shape[1:]), dtype=t.dtype, device=t.device)
         padded[: t.shape[0]] = t
         rows = self.gather_rows(padded)
         return torch.cat([rows[r * width : r * width + k] for r, k in enumerate(sizes)])
 
     def sum(self, values: Tensor) -> Tensor:
-        """Element-wise sum over ranks (a new tensor; the input is left alone)."""
+        """Element-wise sum over ranks (a new tensor on ``values``' device; the input is left alone)."""
         if not self.active:
             return values
-        out = values.clone()
+        out = self.place(values, copy=True)
         with self._comm(out.numel() * out.element_size()):
             torch.distributed.all_reduce(out)
-        return out
+        return out.to(values.device)
 
-    def max_int(self, value: int, device: torch.device | str = "cpu") -> int:
+    def max_int(self, value: int) -> int:
+        """The largest of the ranks' ``value``s."""
         if not self.active:
             return value
-        t = torch.tensor([value], device=device)
+        t = self.place(torch.tensor([value]))
         with self._comm(t.numel() * t.element_size()):
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return int(t)
@@ -187,13 +207,11 @@ class Dist:
             groups[-1].append(p.grad)
         for groups in buckets.values():
             for grads in groups:
-                flat = torch.cat([g.reshape(-1) for g in grads])
+                flat = self.place(torch.cat([g.reshape(-1) for g in grads]))  # already there under NCCL: no copy
                 with self._comm(flat.numel() * flat.element_size()):
                     torch.distributed.all_reduce(flat)
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                    offset += g.numel()
+                for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                    g.copy_(part.view_as(g))
 
     def broadcast_params(self, model: torch.nn.Module) -> None:
         """Rank 0's trainable weights to every rank (random LoRA init, or any drift at start)."""
@@ -202,8 +220,12 @@ class Dist:
         with torch.no_grad():
             for p in model.parameters():
                 if p.requires_grad:
-                    with self._comm(p.numel() * p.element_size()):
-                        torch.distributed.broadcast(p.data, src=0)
+                    data = p.data
+                    sent = self.place(data)
+                    with self._comm(sent.numel() * sent.element_size()):
+                        torch.distributed.broadcast(sent, src=0)
+                    if sent is not data:
+                        data.copy_(sent)
 
     def broadcast_object(self, obj: object) -> object:
         """Rank 0's ``obj`` on every rank (pickled)."""
@@ -224,6 +246,7 @@ class Dist:
         return out
 
     def barrier(self) -> None:
+        # Under NCCL torch's barrier is an all-reduce on the device init_process_group bound (device_id).
         if self.active:
             with self._comm(0):
                 torch.distributed.barrier()
@@ -300,7 +323,14 @@ def init(cfg) -> Dist:
             file=sys.stderr,
             flush=True,
         )
-    return Dist(rank=rank, world=world, local_rank=local_rank, parallel=d.parallel, backend=backend)
+    return Dist(rank=rank, world=world, local_rank=local_rank, parallel=d.parallel, backend=backend,
+                device=collective_device(backend, device))  # fmt: skip
+
+
+def collective_device(backend: str, device: torch.device) -> torch.device:
+    """Where a group's tensor collectives run: this rank's GPU under NCCL (CUDA tensors only), the
+    CPU under gloo (whose collectives all take CPU tensors, while only some take CUDA ones)."""
+    return device if backend == "nccl" else torch.device("cpu")
 
 
 def check_launch(cfg, world: int) -> None:
@@ -316,7 +346,8 @@ def check_launch(cfg, world: int) -> None:
 
 
 def rank_device(name: str, local_rank: int, world: int) -> torch.device:
-    """``model.device`` for this rank: a GPU run takes cuda:LOCAL_RANK, a CPU run the CPU."""
+    """``model.device`` for this rank: a GPU run takes cuda:LOCAL_RANK, a CPU run the CPU; one
+    process may pin a GPU ("cuda:N")."""
     from podsrl.models import resolve_device
 
     if name.startswith("cuda:") and world > 1:
@@ -325,7 +356,7 @@ def rank_device(name: str, local_rank: int, world: int) -> torch.device:
             "(each process takes the GPU of its LOCAL_RANK)"
         )
     device = resolve_device(name)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is None:
         count = torch.cuda.device_count()
         if local_rank >= count:
             raise ConfigError(f"model.device: LOCAL_RANK {local_rank} but this machine has {count} GPU(s); launch at most {count} processes per node")

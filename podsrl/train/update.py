@@ -373,7 +373,9 @@ def _select_tokens(
     |A_i| x H its tokens score 0 whatever H is) enters with entropy 0: the same scores, the same mask."""
     K = len(lengths)
     T = dist.max_int(max(lengths, default=1) or 1)
-    device = next((e.device for e in entropy if e is not None), advantages.device)
+    # Every rank takes the global top-k on the same device (top-k breaks ties per device), also a
+    # rank whose rows were all skipped and so has no entropies on the GPU.
+    device = dist.device if dist.active else next((e.device for e in entropy if e is not None), advantages.device)
     ent = torch.zeros((K, T), device=device)  # [K, T] in batch order
     valid = torch.zeros((K, T), dtype=torch.bool, device=device)
     adv = advantages.to(device).float()  # [K]
