@@ -89,7 +89,7 @@ def _engine(**attributes):
     from podsrl.engines.vllm import VLLMEngine
 
     engine = object.__new__(VLLMEngine)  # no vLLM: the engine's own logic around it
-    engine.__dict__.update(attributes)
+    engine.__dict__.update({"max_model_len": 1024, **attributes})  # the length the engine settled on (capped at the model's context)
     return engine
 
 
