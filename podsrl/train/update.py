@@ -15,11 +15,14 @@ gradient take a forward and backward pass:
   momentum move the weights on a zero gradient. With beta > 0 the KL term needs every row, and
   nothing is skipped. With dropout (``model.lora_dropout``) the rows that run draw other dropout
   masks than they would beside the skipped rows: the same in distribution, not bit for bit.
-- **D3S scores only what can be selected.** The D3S token score |A_i| x H_{i,t} of a row with A_i = 0
-  is 0 whatever its entropy, so the scoring pass runs only the rows with a signal and the skipped
-  rows enter the batch-wide top-K with score 0 at each of their tokens: the same scores, hence the
-  same mask, as scoring every row. The entropy-only score ("80/20") needs every row's entropies, so
-  there the scoring pass runs every kept row (and the update still skips the zero-signal ones).
+- **Token selection is over the rows with a signal, and scores only those.** D3S's top fraction K
+  (and the 80/20 rule's) is taken over the tokens of the rows with A_i != 0
+  (:func:`podsrl.core.token_selection.select_tokens`; why, and how it departs from a literal
+  reading of the paper: that module's docstring): a row with A_i = 0 adds nothing to the policy
+  gradient whatever its mask, so counting its tokens in the budget would let K select every token
+  of the rows that do. Its tokens are never selected, so the scoring pass runs only the rows that
+  run the update (``skip_zero_advantage`` on) and a skipped row enters the batch-wide selection
+  with entropy 0, unread: the same mask as scoring every row.
 
 How the rows that run are processed:
 
@@ -52,7 +55,9 @@ that ran the update (a skipped row would add a ratio of exactly 1 and no clippin
 ``sampler_logp_diff`` and ``sampler_kl``: the gap between the engine's sampling log-probs (vLLM
 returns them; ``UpdateBatch.sampler_logprobs``) and the trainer's on the weights that sampled, the
 first iteration's forward.
-``sequences``, ``tokens_total`` and ``tokens_kept`` count every kept row, run or not.
+``sequences`` and ``tokens_total`` count every kept row, run or not; ``tokens_kept`` counts the
+tokens in the policy-gradient term: every completion token without token selection, the selected
+ones (of rows with A_i != 0 only) with it.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ from torch import Tensor
 from podsrl.train.distributed import Dist
 from podsrl.core.loss import BatchCounts, LossMetrics, LossSettings, policy_loss
 from podsrl.train.sequences import Packed, forward_logprobs, pack
-from podsrl.core.token_selection import entropy_top_fraction_mask, token_scores, top_fraction_mask
+from podsrl.core.token_selection import select_tokens
 
 
 @dataclass
@@ -133,7 +138,7 @@ class UpdateStats:
     entropy: float  # mean over the completion tokens of the rows that had a forward pass
     kl: float | None
     tokens_total: int  # completion tokens of the kept rollouts
-    tokens_kept: int  # tokens in the policy-gradient term (after D3S token selection)
+    tokens_kept: int  # tokens in the policy-gradient term (after D3S token selection: of rows with A != 0 only)
     sequences: int  # kept rollouts
     rows_run: int  # kept rollouts that took the update's forward and backward
     tokens_run: int  # their completion tokens
@@ -275,8 +280,7 @@ def run_update(
             row.sampler = torch.tensor(logprobs, dtype=torch.float32)
     selects_tokens = settings.token_fraction < 1.0
     if settings.policy_iterations > 1 or selects_tokens or settings.loss.beta > 0:
-        scored = list(range(K)) if selects_tokens and settings.token_score == "entropy" else signal
-        _scoring_pass(u, scored)
+        _scoring_pass(u, signal)  # token selection needs only these: a row with A = 0 is never selected
     if selects_tokens:
         for row, mask in zip(u.rows, _select_tokens(u, lengths)):
             row.token_mask = mask
@@ -403,11 +407,13 @@ def micro_batch_order(prompt_ids: list[list[int]], completion_ids: list[list[int
 
 
 def _select_tokens(u: _Update, lengths: list[int]) -> list[Tensor]:
-    """One top-fraction threshold over all tokens of the batch (every rank's), split back per row:
-    [len_i] bool each. The scores are laid out in batch order and, over ranks, in rank order: the
-    global batch's order, whatever the micro-batching or the world size, so top-k breaks ties the
-    same way in every configuration. A row without entropies (skipped: A_i = 0, so with the score
-    |A_i| x H its tokens score 0 whatever H is) enters with entropy 0: the same scores, the same mask."""
+    """The token mask of every row of this rank, [len_i] bool each: one top-fraction threshold over
+    the selectable tokens of the whole batch (every rank's; :func:`podsrl.core.token_selection.select_tokens`:
+    the budget is over the rows with A_i != 0), split back per row. The scores are laid out in
+    batch order and, over ranks, in rank order: the global batch's order, whatever the
+    micro-batching or the world size, so top-k breaks ties the same way in every configuration. A
+    row without entropies (skipped: A_i = 0) enters with entropy 0; it is not selectable, so its
+    entropies are never read."""
     K, dist = len(lengths), u.dist
     T = dist.max_int(max(lengths, default=1) or 1)
     device = next((row.entropy.device for row in u.rows if row.entropy is not None), u.batch.advantages.device)
@@ -421,10 +427,7 @@ def _select_tokens(u: _Update, lengths: list[int]) -> list[Tensor]:
     if dist.active:  # the whole batch's [K_global, T], in rank order
         ent, adv = dist.gather_ragged(ent), dist.gather_ragged(adv)
         valid = dist.gather_ragged(valid.to(torch.uint8)).bool()
-    if u.settings.token_score == "entropy":
-        mask = entropy_top_fraction_mask(ent, valid, u.settings.token_fraction)
-    else:
-        mask = top_fraction_mask(token_scores(adv, ent), valid, u.settings.token_fraction)
+    mask = select_tokens(adv, ent, valid, u.settings.token_fraction, u.settings.token_score)
     if dist.active:
         sizes = dist.gather_objects(K)
         start = sum(sizes[: dist.rank])
