@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from podsrl.core.logits import entropy_from_logits
-from podsrl.core.token_selection import entropy_top_fraction_mask, token_scores, top_fraction_mask
+from podsrl.core.token_selection import (
+    SCORES,
+    entropy_top_fraction_mask,
+    score_tokens,
+    select_tokens,
+    selectable,
+    token_scores,
+    top_fraction_mask,
+)
 
 
 def test_entropy_matches_categorical():
@@ -60,6 +68,47 @@ def test_token_scores():
     torch.testing.assert_close(token_scores(adv, entropy), torch.tensor([[2.0, 4.0], [1.5, 2.0]]))
     with pytest.raises(ValueError, match="same N"):
         token_scores(adv, torch.zeros(3, 2))
+    per_token = torch.tensor([[-2.0, 1.0], [0.5, 0.0]])  # [N, T] advantages (a TRL subclass's)
+    torch.testing.assert_close(token_scores(per_token, entropy), torch.tensor([[2.0, 2.0], [1.5, 0.0]]))
+
+
+def test_score_rules_by_name():
+    adv, entropy = torch.tensor([-2.0, 0.5]), torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert set(SCORES) == {"adv_entropy", "entropy"}
+    torch.testing.assert_close(score_tokens("adv_entropy", adv, entropy), token_scores(adv, entropy))
+    torch.testing.assert_close(score_tokens("entropy", adv, entropy), entropy)
+    with pytest.raises(ValueError, match="unknown token score 'kl'; valid: adv_entropy, entropy"):
+        score_tokens("kl", adv, entropy)
+
+
+def test_the_budget_is_over_the_rows_with_a_signal():
+    """Issue 36: rows of advantage 0 do not count in the budget. Row 0 has a signal and 4 tokens;
+    rows 1 and 2 (12 tokens) have A = 0. K = 0.5 keeps ceil(0.5 x 4) = 2 tokens of row 0, the two
+    highest-scoring; a budget over all 16 tokens (8) would have kept all 4, whatever the scores."""
+    adv = torch.tensor([1.5, 0.0, 0.0])
+    entropy = torch.tensor([[0.1, 0.9, 0.4, 0.7, 0.0, 0.0], [2.0] * 6, [3.0] * 6])
+    valid = torch.tensor([[True] * 4 + [False] * 2, [True] * 6, [True] * 6])
+    assert selectable(valid, adv).tolist() == [[True] * 4 + [False] * 2, [False] * 6, [False] * 6]
+    expected = [[False, True, False, True, False, False], [False] * 6, [False] * 6]
+    for score in SCORES:  # the 80/20 rule too: row 1 and 2's high entropies are not selectable
+        assert select_tokens(adv, entropy, valid, 0.5, score).tolist() == expected
+    assert select_tokens(adv, entropy, valid, 1.0).tolist() == selectable(valid, adv).tolist()
+    assert not select_tokens(torch.zeros(3), entropy, valid, 0.5).any()  # no signal: nothing to select
+    assert selectable(valid.long(), adv).dtype == torch.bool
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.tuples(st.integers(1, 6), st.integers(1, 12)), fraction=st.floats(0.01, 1.0), seed=st.integers(0, 1000))
+def test_select_tokens_keeps_the_fraction_of_the_selectable_tokens(shape, fraction, seed):
+    gen = torch.Generator().manual_seed(seed)
+    adv = torch.randint(-1, 2, (shape[0],), generator=gen).float()  # many rows of advantage 0
+    entropy = torch.rand(shape, generator=gen)
+    valid = torch.rand(shape, generator=gen) < 0.7
+    keep = select_tokens(adv, entropy, valid, fraction)
+    eligible = valid & (adv != 0)[:, None]
+    assert not (keep & ~eligible).any()
+    num = int(eligible.sum())
+    assert int(keep.sum()) == (0 if num == 0 else max(1, math.ceil(round(fraction * num, 6))))
 
 
 def test_top_fraction_hand_example():

@@ -245,17 +245,85 @@ def test_padding_rows_are_neutral(tiny_model_dir, tmp_path, loss_type, skip):
         torch.testing.assert_close(got[name], expected[name], rtol=1e-6, atol=1e-6 * float(expected[name].abs().max()))
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "sapo", "bnpo"])
-def test_skipping_zero_advantage_rows_keeps_the_update(tiny_model_dir, tmp_path, loss_type):
+@pytest.mark.parametrize("loss_type, beta", [("grpo", 0.0), ("grpo", 0.04), ("sapo", 0.0), ("dr_grpo", 0.0), ("luspo", 0.0), ("dapo", 0.0)])
+def test_padding_rescales_only_the_policy_term(tiny_model_dir, tmp_path, loss_type, beta):
+    """Issue 36: with a padding row, PODSTrainer multiplied TRL's whole loss by rows / (K / spg) =
+    2 / 1.5, TRL's entropy bonus (``entropy_coef``, a token mean, not a row mean) included, so the
+    bonus was trained x4/3. Each micro-batch's loss must be the rescaled policy term (surrogate and
+    KL, TRL's loss there without the bonus) plus the bonus exactly as TRL computes it (TRL's loss
+    there with advantage 0 and beta 0), and the round's gradient that of the K real rows' policy
+    term alone plus the micro-batches' bonuses. dapo (divided by the generation batch's tokens,
+    never rescaled) is the control."""
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    # A bonus that dominates the gradient: its gradient through TRL's fused float32 LM head differs
+    # by up to ~2e-3 of the norm between one backward with the policy term and one without.
+    n, coef = 4, 1e4
+    config = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, loss_type=loss_type, beta=beta, entropy_coef=coef,
+                  **LOSS_CONFIG.get(loss_type, {}))  # fmt: skip
+    args = PODSConfig(**common_args(tmp_path, n, **config), pods_rule="max_variance", pods_m=3, pods_filter_zero_variance=True)
+    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[one_constant_group], args=args, train_dataset=dataset())
+    assert trainer._entropy_bonus_enabled and not trainer._pods_skip
+    trainer.model.to(torch.float64)
+    fake_generation(trainer)
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(generation_batch(n))
+    real = output["completion_mask"].sum(1) > 0  # [4]: one padding row
+    assert real.tolist().count(False) == 1 and trainer.last_selection.keep.sum() == 3
+    micro_batches = split_tensor_dict(shuffle_sequence_dict(output), 2)  # TRL's _prepare_inputs: 2 rows each
+    scale = 2 / 1.5 if loss_type != "dapo" else 1.0
+
+    def trl_loss(batch, bonus: bool, policy: bool):  # GRPOTrainer's own, without PODSTrainer's marker
+        batch = {k: v for k, v in batch.items() if k != "pods_rows_per_micro_batch"}
+        if not policy:
+            batch["advantages"] = torch.zeros_like(batch["advantages"])
+        trainer._entropy_bonus_enabled, trainer.beta = bonus, beta if policy else 0.0
+        try:
+            return GRPOTrainer._compute_loss(trainer, trainer.model, batch)
+        finally:
+            trainer._entropy_bonus_enabled, trainer.beta = True, beta
+
+    def grads_of(loss, batches, accumulation):
+        trainer.model.zero_grad()
+        trainer.current_gradient_accumulation_steps = accumulation
+        for batch in batches:
+            loss(batch).backward()
+        return {k: p.grad.detach().clone() for k, p in trainer.model.named_parameters() if p.grad is not None}
+
+    trainer.current_gradient_accumulation_steps = 2
+    with torch.no_grad():
+        for batch in micro_batches:
+            got = trainer.compute_loss(trainer.model, batch)
+            policy, bonus = trl_loss(batch, bonus=False, policy=True), trl_loss(batch, bonus=True, policy=False)
+            assert abs(float(bonus)) > 10 * abs(float(policy))
+            torch.testing.assert_close(got, scale * policy + bonus, rtol=1e-6, atol=0.0)  # before: scale * (policy + bonus)
+    got = grads_of(lambda batch: trainer.compute_loss(trainer.model, batch), micro_batches, accumulation=2)
+    only_real = {k: (v[real] if isinstance(v, torch.Tensor) and v.dim() else v) for k, v in output.items()}
+    policy = grads_of(lambda batch: trl_loss(batch, bonus=False, policy=True), [only_real], accumulation=2 if loss_type == "dapo" else 1)
+    bonus = grads_of(lambda batch: trl_loss(batch, bonus=True, policy=False), micro_batches, accumulation=2)
+    assert got.keys() == policy.keys() and bonus.keys() <= got.keys() and got
+    for name in got:
+        expected = policy[name] + bonus.get(name, 0.0)
+        error = float((got[name] - expected).norm() / expected.norm())
+        assert error < 1e-2, f"{name}: relative difference {error:.1e} (a bonus scaled x4/3 gives ~0.3)"
+
+
+@pytest.mark.parametrize(
+    "loss_type, token_fraction",
+    [("grpo", 1.0), ("dr_grpo", 1.0), ("dapo", 1.0), ("sapo", 1.0), ("bnpo", 1.0), ("grpo", 0.5), ("dapo", 0.5)],
+)
+def test_skipping_zero_advantage_rows_keeps_the_update(tiny_model_dir, tmp_path, loss_type, token_fraction):
     """Issue 31: with beta = 0 a row of advantage 0 adds nothing to the gradient; skipping it (on by
     default) leaves the weights after an optimizer step as they are without skipping (plain SGD, so
-    that a wrong scale would show), with rule all (GRPO) and over 2 accumulated micro-batches."""
+    that a wrong scale would show), with rule all (GRPO) and over 2 accumulated micro-batches. Also
+    with podsrl's token selection (issue 36: its budget and pool leave out the rows of advantage 0)."""
     n = 4
     config = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, loss_type=loss_type, max_steps=1,
                   optim="sgd", learning_rate=0.1, beta=0.0, scale_rewards="none")  # fmt: skip
     weights, logs = {}, {}
     for skip in (True, False):
-        args = PODSConfig(**common_args(tmp_path / str(skip), n, **config), pods_rule="all", pods_skip_zero_advantage=skip)
+        args = PODSConfig(**common_args(tmp_path / str(skip), n, **config), pods_rule="all", pods_skip_zero_advantage=skip,
+                          pods_token_fraction=token_fraction)  # fmt: skip
         trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[one_constant_group], args=args, train_dataset=dataset())
         fake_generation(trainer)
         before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
@@ -272,6 +340,28 @@ def test_skipping_zero_advantage_rows_keeps_the_update(tiny_model_dir, tmp_path,
         if update.abs().max() > 0:
             torch.testing.assert_close(weights[True][name] - before[name], update, rtol=1e-4, atol=1e-4 * float(update.abs().max()))
     assert any(bool((weights[False][k] != before[k]).any()) for k in before)
+
+
+@pytest.mark.parametrize("score", ["adv_entropy", "entropy"])
+def test_token_selection_is_over_the_rows_with_a_signal(tiny_model_dir, tmp_path, score):
+    """Issue 36: the token budget is over the rows whose advantage is not 0, as in ``podsrl train``.
+    Rule all, the first prompt's 4 rows score a constant (A = 0, not skipped here): the mask keeps
+    about half the tokens of the other 4 rows and none of the first 4. Before, |A| x H pooled the
+    zero scores, so the threshold fell towards 0 and kept most or all signal tokens, and the
+    entropy-only score (TRL's mask) kept tokens of the rows without a signal."""
+    n = 4
+    args = PODSConfig(**common_args(tmp_path, n, beta=0.0, scale_rewards="none"), pods_rule="all", pods_token_fraction=0.5,
+                      pods_token_score=score, pods_skip_zero_advantage=False)  # fmt: skip
+    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[one_constant_group], args=args, train_dataset=dataset())
+    fake_generation(trainer)
+    masks = []
+    original = trainer.get_high_entropy_mask
+    trainer.get_high_entropy_mask = lambda e, m, t: masks.append(original(e, m, t)) or masks[-1]
+    output, _, _ = loss_and_grads(trainer, generation_batch(n))
+    (mask,) = masks  # [8, T]: the one micro-batch's
+    signal, tokens = output["advantages"] != 0, output["completion_mask"].bool()
+    assert int(signal.sum()) == 4 and not mask[~signal].any()
+    assert abs(int(mask[signal].sum()) - 0.5 * int(tokens[signal].sum())) <= 1
 
 
 def test_config_validation(tmp_path):

@@ -32,7 +32,7 @@ pytest.importorskip("trl", reason="the TRL integration needs the trl extra (make
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from podsrl.integrations.trl import PODSConfig, PODSTrainer, _normalize_then_sum  # noqa: E402
+from podsrl.integrations.trl import _ROW_MEAN_LOSSES, PODSConfig, PODSTrainer, _normalize_then_sum, _TokenSelection  # noqa: E402
 from test_trl import N_PROMPTS, common_args, dataset, fake_generation, generation_batch, launch_two_processes, length_reward, loss_and_grads  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -129,8 +129,21 @@ def test_entropy_mask_on_a_stand_in_is_trls_and_scales_only_with_podsrl_tokens()
     assert torch.equal(PODSTrainer.get_high_entropy_mask(stand_in(), entropies, mask, 0.5), trl_mask)
     # While podsrl's D3S token selection runs, the score is |A| x H: [[2, 4], [0.3, 0.4]], median 1.2.
     with_state = stand_in()
-    with_state._pods_token_scale = torch.tensor([2.0, -0.1])
+    with_state._pods_tokens = _TokenSelection("adv_entropy", torch.tensor([2.0, -0.1]))
     assert PODSTrainer.get_high_entropy_mask(with_state, entropies, mask, 0.5).tolist() == [[True, True], [False, False]]
+
+
+def test_podsrl_token_selection_is_over_the_rows_with_a_signal():
+    """Issue 36: rows of advantage 0 are neither selected nor pooled. Row 0 has a signal, rows 1-3
+    (A = 0) high entropies. Before, |A| x H pooled their zeros, so the median was 0 and every token
+    was kept (the rule did nothing); the entropy-only score kept rows 1-3's tokens instead of row 0's."""
+    entropies = torch.tensor([[1.0, 2.0], [5.0, 5.0], [5.0, 5.0], [5.0, 5.0]])
+    mask = torch.ones(4, 2, dtype=torch.long)
+    for score in ("adv_entropy", "entropy"):
+        trainer = stand_in()
+        trainer._pods_tokens = _TokenSelection(score, torch.tensor([1.5, 0.0, 0.0, 0.0]))
+        kept = PODSTrainer.get_high_entropy_mask(trainer, entropies, mask, 0.5)  # median of row 0's scores
+        assert kept.tolist() == [[False, True], [False, False], [False, False], [False, False]], score
 
 
 def test_trl_entropy_filter_without_podsrl_tokens_is_grpo(tiny_model_dir, tmp_path):
@@ -249,6 +262,48 @@ def test_policy_loss_with_a_token_mask_is_trls_entropy_masked_loss(loss_type, be
     torch.testing.assert_close(loss, trl_loss, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grad, trl_grad, rtol=1e-6, atol=1e-8)
     assert bool((grad[~token_mask & mask] != 0).any()) == (beta > 0)  # only the KL reaches unselected tokens
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", sorted(_ROW_MEAN_LOSSES))
+def test_row_mean_losses_scale_with_the_advantages_and_beta(loss_type, beta):
+    """What PODSTrainer._compute_loss relies on to rescale only the policy term of the row-mean loss
+    types (issue 36): TRL's loss with the advantages and beta scaled by c > 0 is c times its policy
+    term (surrogate and KL) plus its entropy bonus unscaled, value and gradient, with an entropy
+    bonus on. Checked on TRL's own ``_compute_loss`` (forward replaced by given tensors)."""
+    N, T, c = 5, 6, 4 / 3
+    g = torch.Generator().manual_seed(2)
+    lengths = torch.tensor([6, 2, 0, 4, 5])
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # [N, T]
+    logprobs = (-torch.rand(N, T, generator=g) * 3).requires_grad_(True)
+    entropies = (torch.rand(N, T, generator=g) + 0.5).requires_grad_(True)
+    old = logprobs.detach() + 0.3 * torch.randn(N, T, generator=g)
+    ref = logprobs.detach() + 0.5 * torch.randn(N, T, generator=g)
+    advantages = torch.randn(N, generator=g)
+
+    trainer = trl_loss_harness(loss_type, beta, 1.0, max_completion_length=T)
+    trainer.__dict__.update(_entropy_bonus_enabled=True, entropy_coef=0.3, use_adaptive_entropy=False)
+    trainer.accelerator.sync_gradients = True
+    trainer.args.sapo_temperature_pos, trainer.args.sapo_temperature_neg = 1.0, 1.05
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logprobs, entropies, None)
+
+    def loss(advantage_scale: float, beta_value: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        trainer.beta = beta_value
+        inputs = {
+            "prompt_ids": torch.ones(N, 2, dtype=torch.long), "prompt_mask": torch.ones(N, 2, dtype=torch.long),
+            "completion_ids": torch.ones(N, T, dtype=torch.long), "completion_mask": mask.long(),
+            "advantages": advantages * advantage_scale, "old_per_token_logps": old, "ref_per_token_logps": ref,
+        }  # fmt: skip
+        value = GRPOTrainer._compute_loss(trainer, None, inputs)
+        return value.detach(), list(torch.autograd.grad(value, [logprobs, entropies]))
+
+    bonus, bonus_grads = loss(0.0, 0.0)  # no policy term: the bonus alone
+    full, full_grads = loss(1.0, beta)
+    scaled, scaled_grads = loss(c, c * beta)
+    assert abs(float(full - bonus)) > 1e-3 and abs(float(bonus)) > 1e-3
+    torch.testing.assert_close(scaled - bonus, c * (full - bonus), rtol=1e-5, atol=1e-7)
+    for got, f, b in zip(scaled_grads, full_grads, bonus_grads):
+        torch.testing.assert_close(got - b, c * (f - b), rtol=1e-5, atol=1e-7)
 
 
 # ----------------------------------------------------------------------------- the caller's batch and args

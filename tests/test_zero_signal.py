@@ -2,10 +2,12 @@
 
 - Skipping equals not skipping (``skip_zero_advantage``): the accumulated gradient (relative 1e-5 of
   its norm, float32 summation order) and the weights after one AdamW step (relative 1e-6), for every
-  loss aggregation, several micro-batch sizes, D3S token selection (|A| x H and entropy-only) and
-  two policy iterations; the same over a few training steps of the whole loop.
-- The skipped rows really take no forward: the scoring pass of |A| x H sees only the rows with a
-  signal, the entropy-only score every row, a KL term turns skipping off.
+  loss aggregation, several micro-batch sizes, D3S token selection (|A| x H and entropy-only, a
+  fraction that really drops tokens of the rows with a signal: the budget is over those rows) and
+  two policy iterations; the same over a few training steps of the whole loop. A wrong token mask
+  in the skipping run fails that comparison.
+- The skipped rows really take no forward: the scoring pass (|A| x H and entropy-only) sees only
+  the rows with a signal, a KL term turns skipping off.
 - A step whose rows all have advantage 0 still steps the optimizer (AdamW's weight decay and
   momentum move the weights on a zero gradient), without a forward pass.
 - One policy iteration uses the update's own forward as pi_old even when a scoring pass ran (KL):
@@ -24,6 +26,7 @@ import torch
 
 from conftest import update_settings
 from podsrl.core.loss import AGGREGATIONS
+from podsrl.core.token_selection import select_tokens, selectable
 from podsrl.train import update as update_module
 from podsrl.train.update import UpdateBatch, run_update
 
@@ -54,6 +57,9 @@ def _batch(tokenizer, zeros: list[int]) -> UpdateBatch:
 
 
 ZEROS = [0, 2, 3, 5, 6, 8, 9]  # 7 of 10 rows without signal, as in a GRPO step (78% zero-variance groups)
+# The rows with a signal (1, 4, 7) hold 14 of the 50 completion tokens: a token fraction of 0.4 keeps
+# ceil(0.4 x 14) = 6 of them. (A budget over all 50 tokens, 20, kept all 14 whatever the mask.)
+SIGNAL_TOKENS = 14
 
 
 class _Recorder(torch.optim.AdamW):
@@ -68,7 +74,11 @@ def _step(model, batch, *, skip: bool, micro_batch_size: int = 4, **options):
     """One update of a copy of ``model``; (weights, gradients, stats, rows per forward call)."""
     model = copy.deepcopy(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _Recorder(params, lr=1e-4, weight_decay=0.01)
+    # eps above float noise: AdamW's first step moves a weight by lr x g / (|g| + eps), so with the
+    # default 1e-8 a gradient entry of ~1e-10, which only the summation order decides, would move its
+    # weight by a third of lr or two thirds depending on the micro-batching (measured: weights 1.7e-6
+    # apart, relative, on a 1e-5 gradient agreement).
+    optimizer = _Recorder(params, lr=1e-4, weight_decay=0.01, eps=1e-6)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     settings = dict(pad_id=0, temperature=1.0, eps_low=0.2, eps_high=0.28, aggregation="sequence", max_completion_len=16, grad_clip=0.0)
     settings.update(options)
@@ -121,8 +131,32 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_policy, aggrega
         _assert_same_update(skipped, full, f"{aggregation}, micro-batch {micro_batch_size}")
         stats = skipped[2]
         assert stats.rows_run == 3 and stats.sequences == 10
-        assert stats.tokens_run == sum(len(batch.completion_ids[i]) for i in range(10) if i not in ZEROS)
+        assert stats.tokens_run == SIGNAL_TOKENS == sum(len(batch.completion_ids[i]) for i in range(10) if i not in ZEROS)
+        if "token_fraction" in extra:  # the mask drops tokens of the rows with a signal
+            assert stats.tokens_kept == math.ceil(extra["token_fraction"] * SIGNAL_TOKENS) < SIGNAL_TOKENS
     assert full[2].rows_run == 10 and full[2].tokens_run == full[2].tokens_total
+
+
+@pytest.mark.parametrize("token_score", ["adv_entropy", "entropy"])
+def test_a_wrong_token_mask_fails_the_comparison(tiny_policy, monkeypatch, token_score):
+    """The token-selection cases above compare skipping with not skipping, so they guard the mask
+    only if it changes the gradient: a skipping run whose mask keeps every token of the rows with a
+    signal (selection doing nothing: what the correct mask did when the budget counted the skipped
+    rows' tokens) or the lowest-scoring ones must fail the comparison."""
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, ZEROS)
+    options = dict(aggregation="sequence", token_fraction=0.4, token_score=token_score)
+    full = _step(model, batch, skip=False, micro_batch_size=4, **options)
+    wrong_masks = {
+        "every signal token": lambda adv, ent, valid, fraction, score: selectable(valid, adv),
+        "the lowest scores": lambda adv, ent, valid, fraction, score: select_tokens(adv, -ent, valid, fraction, score),
+    }
+    for name, wrong in wrong_masks.items():
+        with monkeypatch.context() as patch:
+            patch.setattr(update_module, "select_tokens", wrong)
+            skipped = _step(model, batch, skip=True, micro_batch_size=3, **options)
+        with pytest.raises(AssertionError, match="gradient"):
+            _assert_same_update(skipped, full, name)
+    _assert_same_update(_step(model, batch, skip=True, micro_batch_size=3, **options), full, "the right mask")
 
 
 def test_skipped_rows_take_no_forward(tiny_policy):
@@ -132,7 +166,7 @@ def test_skipped_rows_take_no_forward(tiny_policy):
     *_, forwards = _step(model, batch, skip=True, micro_batch_size=16, token_fraction=0.5)
     assert forwards == [3, 3]  # D3S |A| x H: the scoring pass needs only those rows too
     *_, forwards = _step(model, batch, skip=True, micro_batch_size=16, token_fraction=0.5, token_score="entropy")
-    assert forwards == [10, 3]  # entropy-only: every row is scored, three are updated
+    assert forwards == [3, 3]  # entropy-only too: a row with A = 0 is never selected, so it needs no entropies
     *_, forwards = _step(model, batch, skip=True, micro_batch_size=16, policy_iterations=2)
     assert forwards == [3, 3, 3]  # pi_old, then two iterations
     _, _, stats, forwards = _step(model, batch, skip=True, micro_batch_size=16, beta=0.1)

@@ -86,7 +86,7 @@ class DownsampleSpec:
     advantage_over: str = "auto"  # "kept" (PODS) | "group" (GRPO, D3S) | "auto" (group for the d3s rules, else kept)
     scale_std: bool = True  # divide advantages by the std of their set (GRPO); false: Dr. GRPO (centring only)
     std_over: str = "group"  # with scale_std: the std of each group's set ("group") | of all groups' sets pooled ("batch", as TRL)
-    token_fraction: float = 1.0  # D3S token selection: fraction of the kept rollouts' tokens in the loss; 1: all
+    token_fraction: float = 1.0  # D3S token selection: fraction of the kept rollouts' tokens in the loss (of those with advantage != 0); 1: all
     token_fraction_final: float | None = None  # the token fraction at the end of training; None: token_fraction
     token_schedule: str = "constant"  # how token_fraction moves to token_fraction_final
     token_score: str = "adv_entropy"  # "adv_entropy" (D3S, |A| x entropy) | "entropy" (the 80/20 rule)

@@ -2,10 +2,22 @@
 
 PODS (arXiv 2504.13818) samples n rollouts per prompt and keeps m of them by a rule
 (:mod:`podsrl.core.selection`). Sampling a group in rounds and stopping it as soon as the rest of
-its n rollouts cannot change the *distribution* of its kept set and advantages trains on exactly
-what fixed-n sampling trains on, in distribution, for fewer generated rollouts. This module states
+its n rollouts cannot change the *distribution* of its kept set and advantages trains on the same
+kept set as fixed-n sampling, in distribution, for fewer generated rollouts. This module states
 the stopping criteria, proves them, and checks the declared reward values they rely on. Tensors in,
 tensors out; the trainer (:func:`podsrl.train.loop.train_step`) does the sampling.
+
+What is exact is the law of the kept *multiset* of (rollout, advantage) pairs, not of the kept
+rows as an ordered tuple. Their order (positions in the group, hence in the batch) has another
+law: with ``max_variance``, m = 2, binary rewards and rounds of one rollout, the group stops on
+the first rollout of the second kind, so the kept pair comes in the order in which the two kinds
+first appeared (the low one first exactly when the first rollout was low), whereas with all n
+sampled each order has probability 1/2 (i.i.d. rollouts are exchangeable and the rule breaks ties
+uniformly). Everything the update computes is a function of
+the multiset except what depends on row order: float summation order, the micro-batch layout
+(:func:`podsrl.train.update.micro_batch_order` keeps index order among rows of equal length) and
+the order in which ``torch.topk`` breaks exact ties in D3S token selection. So the update is
+exact in law up to float rounding and those tie-breaks, not bit for bit per ordered sample.
 
     criterion = stop_criterion(spec_rule, m, values=(0.0, 1.0))      # None: no exact criterion
     done = criterion(rewards)                                        # rewards [B, n], NaN: not sampled yet -> [B] bool
@@ -53,8 +65,8 @@ The criteria (m: the step's m, so a scheduled m is fine; t(m) below):
   (tests/test_early_stop.py pins it by brute force).
 
 Several groups: each stops on its own rewards, so the groups stay independent and anything computed
-from all the kept sets together (the batch std, ``std_over = "batch"``; D3S token selection over the
-kept tokens) has its fixed-n law too.
+from all the kept multisets together (the batch std, ``std_over = "batch"``; D3S token selection
+over the kept tokens, up to its tie-breaks, see above) has its fixed-n law too.
 
 The DAPO filter (``filter_zero_variance``) drops a group whose n rewards are all equal, which
 depends on rollouts never sampled unless the prefix already settles it. With ``max_variance`` the

