@@ -347,7 +347,7 @@ def test_token_selection_runs_on_the_group_device_on_a_rank_without_entropies():
     """A rank whose rows were all skipped has no entropies (on the GPU or anywhere): it must still
     take the global top-k on the group's device, as the other ranks do, since top-k breaks ties
     per device and every rank must cut the same mask. "meta" stands in for the GPU."""
-    from podsrl.train.update import _select_tokens
+    from podsrl.train.update import UpdateBatch, UpdateSettings, _Row, _select_tokens, _Update
 
     d = distributed.Dist(rank=0, world=1, backend="nccl", device=torch.device("meta"))
     seen = []
@@ -357,7 +357,9 @@ def test_token_selection_runs_on_the_group_device_on_a_rank_without_entropies():
         return torch.zeros(t.shape, dtype=t.dtype)  # the gathered table, here on the CPU so the mask can be cut
 
     d.gather_ragged, d.max_int, d.gather_objects = gather, (lambda value: value), (lambda obj: [obj])
-    masks = _select_tokens([None, None], [3, 2], torch.zeros(2), 0.5, "adv_entropy", d)
+    batch = UpdateBatch(prompt_ids=[[1], [1]], completion_ids=[[5, 6, 7], [5, 6]], advantages=torch.zeros(2))
+    u = _Update(None, None, None, batch, UpdateSettings(token_fraction=0.5), d, None, [_Row(), _Row()])
+    masks = _select_tokens(u, [3, 2])
     assert seen == [torch.device("meta")] * 3 and [m.shape for m in masks] == [(3,), (2,)]
 
 
