@@ -124,6 +124,17 @@ class RewardConfig:
             "reward.weights",
             f"has {len(self.weights)} entries but reward.names has {len(self.names)}; give one weight per name",
         )
+        # A total reward that cannot vary gives every rollout advantage 0: no step would learn.
+        _check(
+            any(w != 0 for w in self.weights),
+            "reward.weights",
+            "every weight is 0, so every completion's reward is 0 and nothing would be learned; give a reward a nonzero weight",
+        )
+        if self.values is not None and len(set(self.values)) < 2:
+            raise ConfigError(
+                f"reward.values = {self.values!r} holds one value: a reward that takes one value is the same for every "
+                "completion, so nothing would be learned; list every value the total reward can take"
+            )
         from podsrl.grading.rewards import REWARDS
 
         for name in self.names:  # user functions ("module:function") are imported when the run starts
@@ -371,6 +382,7 @@ class Config:
 
     def __post_init__(self) -> None:
         self.select.check_n(self.rollout.n, "rollout.n")
+        self.select.check_signal(self.rollout.n, "rollout.n")  # settings under which no step could learn
         if self.rollout.early_stop != "off":
             _check(
                 self.distributed.parallel != "fsdp",

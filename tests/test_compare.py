@@ -266,7 +266,7 @@ def test_run_all_skips_finished_runs_and_adds_only_new_seeds(tmp_path, monkeypat
     [
         ({"select.rul": "random"}, r"compare.methods.bad: unknown setting select.rul"),
         ({"select.rule": "maxvar"}, r"compare.methods.bad: select.rule: unknown value 'maxvar'"),
-        ({"select.m": 32}, r"compare.methods.bad: select.m: = 32 exceeds rollout.n"),
+        ({"select.m": 32}, r"compare.methods.bad: select.m = 32 exceeds rollout.n"),
         ({"rollout.n": "sixteen"}, r"compare.methods.bad: rollout.n: expected a whole number"),
         ({"selekt.m": 2}, r"compare.methods.bad: unknown config section \[selekt\]"),
         ({"task.name": "gsm8k"}, r"compare.methods.bad: 'task.name' must be the same for every method"),
