@@ -14,6 +14,7 @@ import pytest
 from podsrl.train import loop as trainer
 from podsrl.cli import main
 from podsrl.config import load, to_toml
+from podsrl.grading.rewards import get_reward
 from podsrl.run.metrics import read_jsonl
 
 from test_config import BAD_OVERRIDES
@@ -213,3 +214,72 @@ def test_resume_of_a_run_without_checkpoint(tmp_path):
     (tmp_path / "config.toml").write_text("")
     code, _, err = run_cli(["train", "--resume", str(tmp_path)])
     assert_user_error(code, err, "--resume", "no checkpoint")
+
+
+# ------------------------------------------------------------------- messages a newcomer reads
+
+
+@pytest.mark.parametrize("command", [["train"], ["eval", "--run", "runs/x"], ["eval"], ["compare"]])
+def test_a_setting_written_with_a_space_gets_one_message_for_every_command(command, tmp_path):
+    """``--eval.max_problems 10`` made `podsrl eval --run RUN` say "drop 10" (10 read as a config file)."""
+    code, _, err = run_cli([*command, "--eval.max_problems", "10"])
+    assert_user_error(code, err, "--eval.max_problems 10", "--eval.max_problems=10", "--section.key=value")
+    assert "drop" not in err and err.count("\n") == 1
+
+
+def test_help_texts_say_what_a_newcomer_needs():
+    code, out, _ = run_cli(["--help"])
+    assert code == 0 and "``" not in out and "podsrl train" in out  # no RST markup; the examples
+    _, out, _ = run_cli(["compare", "--help"])
+    assert "configs/compare.toml" in out and ".py" not in out  # an example file, not a source file
+    _, out, _ = run_cli(["config", "--help"])
+    assert "podsrl config task --task.name=jsonl" in " ".join(out.split())
+    _, out, _ = run_cli(["eval", "--help"])
+    assert "correctness" in out and "reward.names" in out
+
+
+def test_eval_does_not_import_the_runs_reward_and_says_what_accuracy_means(make_config, reward_file, tmp_path):
+    """Accuracy is the built-in correctness check: `podsrl eval --run` of a run whose reward file is gone
+    (another machine, another directory) still evaluates it."""
+    rewards = tmp_path / "my_rewards.py"
+    shutil.copy(reward_file, rewards)
+    cfg = make_config(**{"reward.names": [f"{rewards}:length_reward"], "train.max_steps": 1, "eval.at_start": False,
+                         "eval.at_end": False, "eval.max_new_tokens": 4})  # fmt: skip
+    config = tmp_path / "tiny.toml"
+    config.write_text(to_toml(cfg))
+    code, out, err = run_cli(["train", str(config), "--out", str(tmp_path / "run"), "--no-plot"])
+    assert code == 0, err
+    # No evaluation ran: the summary does not list an eval.jsonl.
+    assert "eval.jsonl" not in out and "metrics.jsonl" in out
+    rewards.unlink()
+    get_reward.cache_clear()  # the training above imported it into this process
+    code, out, err = run_cli(["eval", "--run", str(tmp_path / "run")])
+    assert code == 0, err
+    assert "final answer equals the problem's reference answer" in out and "correctness" in out
+    # The random model's 4 tokens never end: every completion is cut off, and the output says which setting.
+    assert "100% of the completions reached eval.max_new_tokens = 4 tokens" in out and "raise eval.max_new_tokens" in out
+
+
+def test_restarting_a_run_without_checkpoint_keeps_its_own_config(make_config, tmp_path, monkeypatch):
+    """The advice for a run stopped before its first checkpoint names its config.toml: a bare
+    `--out DIR --overwrite` trained the default demo instead of the user's settings."""
+    real_step = trainer.train_step
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train_step", interrupted)
+    cfg = make_config(**{"eval.at_start": False, "eval.at_end": False, "train.max_steps": 1})
+    config = tmp_path / "tiny.toml"
+    config.write_text(to_toml(cfg))
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run)])
+    command = f"podsrl train {run / 'config.toml'} --out {run} --overwrite"
+    assert code == 130 and command in err
+    code, _, err = run_cli(["train", "--resume", str(run)])
+    assert_user_error(code, err, command)
+    monkeypatch.setattr(trainer, "train_step", real_step)
+    code, _, err = run_cli([*command.split()[1:], "--no-plot"])
+    assert code == 0, err
+    assert load(run / "config.toml") == cfg  # the user's settings, not the demo's
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]

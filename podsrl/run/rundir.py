@@ -106,8 +106,15 @@ def resume_advice(path: Path, checkpoint: Path | None) -> str:
         return f"; resume with `podsrl train --resume {path}` (from {checkpoint.name})"
     return (
         f" before the first checkpoint of {path}; nothing to resume: start it again with "
-        f"`--out {path} --overwrite` (or checkpoint more often with --train.checkpoint_every)"
+        f"`{restart_command(path)}` (or checkpoint more often with --train.checkpoint_every)"
     )
+
+
+def restart_command(path: Path) -> str:
+    """The command that trains the run in ``path`` again from the start, with its own settings: its
+    config.toml is read before --overwrite deletes the old run's files (a bare `--out DIR
+    --overwrite` would train the defaults, the demo, instead)."""
+    return f"podsrl train {Path(path) / 'config.toml'} --out {path} --overwrite"
 
 
 @dataclass
