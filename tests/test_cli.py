@@ -283,3 +283,32 @@ def test_restarting_a_run_without_checkpoint_keeps_its_own_config(make_config, t
     assert code == 0, err
     assert load(run / "config.toml") == cfg  # the user's settings, not the demo's
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
+
+
+def test_a_run_with_relative_paths_is_evaluated_from_another_directory(tiny_model_dir, reward_file, tmp_path, monkeypatch):
+    """`podsrl train` in a directory holding mytask.jsonl and my_rewards.py, then `podsrl eval --run`
+    and `--model` from elsewhere: the saved config.toml holds absolute paths (it held them as given,
+    and both evaluations failed)."""
+    home, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(12)]
+    (home / "mytask.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shutil.copy(reward_file, home / "my_rewards.py")
+    (home / "tiny").symlink_to(tiny_model_dir)
+    monkeypatch.chdir(home)
+    code, _, err = run_cli([
+        "train", "--out", "run", "--no-plot", "--model.name=tiny", "--task.name=jsonl", "--task.options.path=mytask.jsonl",
+        "--task.options.num_eval=2", "--reward.names=my_rewards.py:length_reward", "--rollout.engine=transformers",
+        "--rollout.n=4", "--rollout.max_new_tokens=4", "--train.prompts_per_step=2", "--train.max_steps=1",
+        "--eval.at_start=false", "--eval.at_end=false", "--eval.temperature=0", "--eval.samples=1",
+    ])  # fmt: skip
+    assert code == 0, err
+    saved = load(home / "run" / "config.toml")
+    assert saved.task.options["path"] == str(home / "mytask.jsonl") and saved.model.name == str(home / "tiny")
+    assert saved.reward.names == [f"{home / 'my_rewards.py'}:length_reward"]
+    monkeypatch.chdir(elsewhere)
+    for target in (["--run", str(home / "run")], ["--model", str(home / "run" / "model")]):
+        code, out, err = run_cli(["eval", *target])
+        assert code == 0, err
+        assert "on 2 problems" in out
