@@ -45,3 +45,22 @@ def test_a_resumed_bar_shows_the_last_evaluation(tmp_path, bar_config, capsys):
     shown = _drawn(capsys.readouterr().err)
     assert "3/4" in shown and "eval 42%" in shown, shown
     logger.close()
+
+
+def test_plot_labels_tell_runs_of_one_comparison_apart(tmp_path, monkeypatch):
+    """`podsrl plot` of two runs of one compare labelled both "seed0"."""
+    from matplotlib.axes import Axes
+
+    from podsrl.run.plot import distinct_names, plot_runs
+
+    runs = [tmp_path / "cmp" / "runs" / method / "seed0" for method in ("grpo", "pods")]
+    for run in runs:
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "train_seconds": 1.0, "reward_mean": 0.5}) + "\n")
+    legends = []
+    real = Axes.legend
+    monkeypatch.setattr(Axes, "legend", lambda ax, *a, **k: legends.append([t.get_text() for t in real(ax, *a, **k).get_texts()]))
+    plot_runs(runs, tmp_path / "x.png")
+    assert legends == [["grpo/seed0", "pods/seed0"]]
+    assert distinct_names([tmp_path / "a", tmp_path / "b" / "a"]) == [f"{tmp_path.name}/a", "b/a"]
+    assert distinct_names([tmp_path / "a", tmp_path / "a"]) == ["a", "a"]
