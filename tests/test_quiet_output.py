@@ -89,3 +89,19 @@ def test_podsrl_train_with_vllm_prints_podsrls_lines_not_vllms(tmp_path):
     vllm_lines = [line for line in output.splitlines() if VLLM_LOG_LINE.search(line) or "Triton is installed" in line]
     assert vllm_lines == [], "\n".join(vllm_lines)
     assert "Loading safetensors checkpoint shards" not in output and "FutureWarning" not in output
+
+
+def test_the_model_cards_pipeline_snippet_runs_without_warnings(make_config, tmp_path):
+    """The exported model's quick start (as README's): transformers' pipeline warned three times when
+    given max_new_tokens (beside its own generation config, beside its max_length of 20) and cleaning
+    a BPE tokenizer's spaces. podsrl's exported files do not cause them: the snippet passes a
+    GenerationConfig and clean_up_tokenization_spaces=False."""
+    from podsrl.train.loop import train
+
+    cfg = make_config(**{"train.max_steps": 1, "eval.at_start": False, "eval.at_end": False, "train.checkpoint_every": 0})
+    run = train(cfg, run_dir=tmp_path / "run", log=lambda *a: None)
+    card = (run / "model" / "README.md").read_text()
+    snippet = card.split("## Quick start", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    result = _python(snippet, TRANSFORMERS_VERBOSITY="warning")
+    assert result.returncode == 0, result.stderr
+    assert "[transformers]" not in result.stderr and "Warning" not in result.stderr, result.stderr
