@@ -257,7 +257,7 @@ def test_eval_does_not_import_the_runs_reward_and_says_what_accuracy_means(make_
     assert code == 0, err
     assert "final answer equals the problem's reference answer" in out and "correctness" in out
     # The random model's 4 tokens never end: every completion is cut off, and the output says which setting.
-    assert "100% of the completions reached eval.max_new_tokens = 4 tokens" in out and "raise eval.max_new_tokens" in out
+    assert "100% of the completions were cut off at the token limit (eval.max_new_tokens = 4)" in out and "raise eval.max_new_tokens" in out
 
 
 def test_restarting_a_run_without_checkpoint_keeps_its_own_config(make_config, tmp_path, monkeypatch):

@@ -122,9 +122,10 @@ def test_cut_off_completions_get_one_note_per_run():
     first = watch.step(_step(2, signal_rows=2, truncated=0.75))
     assert len(first) == 1 and "75% of step 2's completions" in first[0] and "rollout.max_new_tokens = 16" in first[0]
     assert watch.step(_step(3, signal_rows=2, truncated=1.0)) == []
-    (note,) = watch.evaluation(1.0)
-    assert "eval.max_new_tokens (unset: rollout.max_new_tokens = 16)" in note and "raise eval.max_new_tokens" in note
-    assert watch.evaluation(1.0) == []
+    (note,) = watch.evaluation(1.0, step=0)
+    assert "100% of the completions of the evaluation at step 0 were cut off" in note
+    assert "token limit (eval.max_new_tokens, unset: rollout.max_new_tokens = 16)" in note and "raise eval.max_new_tokens" in note
+    assert watch.evaluation(1.0, step=10) == []
     assert truncation_note(0.49, "eval.max_new_tokens = 8", "x") is None
     assert truncation_note(float("nan"), "eval.max_new_tokens = 8", "x") is None
 

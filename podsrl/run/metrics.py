@@ -125,7 +125,7 @@ class RunLogger:
         row = {"step": state.step, "train_seconds": state.train_seconds, **result.to_dict()}
         _append(self.run_dir / "eval.jsonl", json.dumps(row) + "\n")
         self.last_eval = _eval_text(result.accuracy)
-        self._notes(self.watch.evaluation(result.truncated))
+        self._notes(self.watch.evaluation(result.truncated, state.step))
         self._scalars({"accuracy": result.accuracy, **result.pass_at_k}, state.step, prefix="eval/")
 
     def _notes(self, lines: list[str]) -> None:

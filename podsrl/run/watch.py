@@ -31,7 +31,7 @@ def eval_token_setting(cfg) -> str:
     """How ``cfg`` names the evaluation's token limit, with its value."""
     if cfg.eval.max_new_tokens is not None:
         return f"eval.max_new_tokens = {cfg.eval.max_new_tokens}"
-    return f"eval.max_new_tokens (unset: rollout.max_new_tokens = {cfg.rollout.max_new_tokens})"
+    return f"eval.max_new_tokens, unset: rollout.max_new_tokens = {cfg.rollout.max_new_tokens}"
 
 
 def truncation_note(fraction: float, setting: str, where: str) -> str | None:
@@ -39,9 +39,9 @@ def truncation_note(fraction: float, setting: str, where: str) -> str | None:
     ``setting`` ("rollout.max_new_tokens = 16"); None otherwise."""
     if not (fraction >= MOST):  # also None for NaN
         return None
-    name = setting.split(" ", 1)[0]
+    name = setting.split(" ", 1)[0].rstrip(",")
     return (
-        f"podsrl: note: {100 * fraction:.0f}% of {where} reached {setting} tokens and were cut off; a cut-off "
+        f"podsrl: note: {100 * fraction:.0f}% of {where} were cut off at the token limit ({setting}); a cut-off "
         f"completion is scored on what it wrote by then, often without its final answer: raise {name} if answers are cut off"
     )
 
@@ -68,8 +68,8 @@ class RunWatch:
             notes.append(note)
         return notes
 
-    def evaluation(self, truncated: float) -> list[str]:
-        note = truncation_note(truncated, eval_token_setting(self.cfg), "the evaluation's completions")
+    def evaluation(self, truncated: float, step: int) -> list[str]:
+        note = truncation_note(truncated, eval_token_setting(self.cfg), f"the completions of the evaluation at step {step}")
         if note is None or "eval" in self.told:
             return []
         self.told.add("eval")
