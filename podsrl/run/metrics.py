@@ -98,6 +98,7 @@ class RunLogger:
         evals = read_jsonl(self.run_dir / "eval.jsonl")  # a resumed run's last evaluation
         self.last_eval: str = _eval_text(evals[-1]["accuracy"]) if evals and isinstance(evals[-1].get("accuracy"), (int, float)) else "-"
         self.watch = RunWatch(cfg)
+        self.last_metrics: dict | None = None  # the last step's, for the bar
         self.tb = self.wandb = None
         if t.tensorboard:
             try:
@@ -118,6 +119,7 @@ class RunLogger:
         _append(self.metrics_path, json.dumps(_finite(metrics)) + "\n")
         self.bar.set_postfix_str(bar_text(metrics, self.last_eval), refresh=False)  # before update(1) draws "k/N"
         self.bar.update(1)
+        self.last_metrics = metrics
         self._notes(self.watch.step(metrics))
         self._scalars(metrics, state.step, prefix="train/")
 
@@ -125,6 +127,8 @@ class RunLogger:
         row = {"step": state.step, "train_seconds": state.train_seconds, **result.to_dict()}
         _append(self.run_dir / "eval.jsonl", json.dumps(row) + "\n")
         self.last_eval = _eval_text(result.accuracy)
+        if self.last_metrics is not None:  # the bar shows it now, not after the next step
+            self.bar.set_postfix_str(bar_text(self.last_metrics, self.last_eval))
         self._notes(self.watch.evaluation(result.truncated, state.step))
         self._scalars({"accuracy": result.accuracy, **result.pass_at_k}, state.step, prefix="eval/")
 
