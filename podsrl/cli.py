@@ -7,9 +7,9 @@
     podsrl eval --model runs/.../model            # an exported model directory (the run's task and settings)
     podsrl export runs/... --out my-model         # a checkpoint as a Hugging Face model directory
     podsrl eval --model.name=HuggingFaceTB/SmolLM2-135M-Instruct --task.name=gsm8k \\
-                --task.options.path=../shared/data/gsm8k --eval.samples=8 --eval.temperature=1
+                --task.options.path=../shared/data/gsm8k --eval.max_new_tokens=512 --eval.samples=8 --eval.temperature=1
     podsrl plot runs/a runs/b -o curves.png
-    podsrl compare compare.toml
+    podsrl compare configs/compare.toml           # methods x seeds (configs/compare.toml explains each setting)
     podsrl config [SECTION]                       # every setting, its default and what it does (TOML)
     podsrl env                                    # versions, devices and engines, for a bug report
 
@@ -37,6 +37,20 @@ from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_setting
 
 def _is_override(arg: str) -> bool:
     return arg.startswith("--") and "." in arg.split("=", 1)[0]
+
+
+def _check_written_with_equals(argv: list[str]) -> None:
+    """A setting written with a space before its value (``--eval.max_problems 10``) would leave the
+    value to argparse as a positional (a config file named 10, or a run directory): one message,
+    for every command, saying how to write it."""
+    for i, arg in enumerate(argv):
+        if _is_override(arg) and "=" not in arg:
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None
+            written = f"{arg} {value}" if value is not None else arg
+            raise ConfigError(
+                f"{written}: write a setting with '=' before its value, as {arg}={value if value is not None else 'VALUE'} "
+                "(every setting is written --section.key=value)"
+            )
 
 
 def _split_overrides(rest: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -122,7 +136,9 @@ def _print_summary(run_dir: Path) -> None:
         print(f"  base model      {fmt(first)}")
         print(f"  trained policy  {fmt(last)}   step {last['step']}, {last['train_seconds'] / 60:.1f} min of training")
         print(f"  change          {diff:+.1f} points")
-    print(f"run directory: {run_dir} (config.toml, metrics.jsonl, eval.jsonl, checkpoints/)")
+    written = [name for name in ("config.toml", "metrics.jsonl", "eval.jsonl") if (run_dir / name).is_file()]
+    written += ["checkpoints/"] if (run_dir / "checkpoints").is_dir() else []
+    print(f"run directory: {run_dir} ({', '.join(written)})")
     if (run_dir / "model" / "config.json").is_file() or (run_dir / "model" / "adapter_config.json").is_file():
         print(f"trained policy: {run_dir / 'model'} (a Hugging Face model directory; its README.md says how to load it)")
 
@@ -132,6 +148,7 @@ def cmd_eval(args, overrides: list[str]) -> int:
 
     from podsrl.run import checkpoint as ckpt
     from podsrl import config as config_mod
+    from podsrl.run.watch import eval_token_setting, truncation_note
     from podsrl.train.loop import run_eval, setup
 
     if args.run and args.model:
@@ -152,6 +169,9 @@ def cmd_eval(args, overrides: list[str]) -> int:
         cfg = config_mod.load(args.config, overrides)
     if args.json:  # before the evaluation, not after it
         _check_output_file(Path(args.json), "--json")
+    # Accuracy is the built-in correctness check, whatever the run trained on: the run's own reward
+    # functions are never called, so they are not imported (a reward file need not be at hand).
+    cfg = dataclasses.replace(cfg, reward=config_mod.RewardConfig())
     s = setup(cfg)
     if args.run:
         last, _ = ckpt.load_newest(Path(args.run), s.policy.model)
@@ -162,9 +182,13 @@ def cmd_eval(args, overrides: list[str]) -> int:
     result = run_eval(s, ckpt.TrainState())
     s.engine.close()
     print(f"accuracy: {result.summary()}")
+    print(f"  ({ACCURACY_MEANS})")
     for k, v in result.pass_at_k.items():
         print(f"{k}: {100 * v:.1f}%")
     print(f"mean completion length {result.mean_length:.1f} tokens, truncated {100 * result.truncated:.1f}%, {result.seconds:.0f} s")
+    note = truncation_note(result.truncated, eval_token_setting(cfg), "the completions")
+    if note is not None:
+        print(note)
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(dataclasses.asdict(result), indent=2))
@@ -233,6 +257,12 @@ def cmd_compare(args, overrides: list[str]) -> int:
     return compare_main(args, overrides)
 
 
+# What `podsrl eval`'s accuracy (and every run's eval.jsonl) measures.
+ACCURACY_MEANS = (
+    "accuracy: the share of sampled completions whose final answer equals the problem's reference answer "
+    "(podsrl's built-in correctness check; reward.names is what training optimises, not what this measures)"
+)
+
 SETTINGS_HELP = (
     "Any setting is also given as --section.key=value, e.g. --select.m=8 --rollout.n=32. "
     "`podsrl config [SECTION]` prints every setting with its default and a one-line description, "
@@ -241,7 +271,13 @@ SETTINGS_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="podsrl", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="podsrl",
+        description="Reinforcement learning of language models with verifiable rewards: GRPO, PODS, D3S.\n"
+        "`podsrl COMMAND --help` lists a command's options.",
+        epilog="examples:\n" + __doc__.split("\n\n")[1],  # the module docstring's examples, as written
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a policy (no arguments: the embedded demo)", epilog=SETTINGS_HELP)
@@ -256,7 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true", help="do not write curves.png at the end")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="held-out accuracy (95%% CI) and pass@k of a model or a run's checkpoint", epilog=SETTINGS_HELP)
+    p = sub.add_parser(
+        "eval", help="held-out accuracy (95%% CI) and pass@k of a model or a run's checkpoint",
+        description="Held-out accuracy (95% CI) and pass@k of a model or a run's checkpoint. " + ACCURACY_MEANS
+        + "; pass@k: the share of problems with a correct answer among k of its samples (eval.samples per problem).",
+        epilog=SETTINGS_HELP,
+    )  # fmt: skip
     p.add_argument("config", nargs="?", help="TOML config file")
     p.add_argument("--run", help="evaluate this run directory's latest checkpoint with its config")
     p.add_argument("--model", metavar="DIR",
@@ -283,7 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("compare", help="methods x seeds under one budget: steps and time to accuracy")
-    p.add_argument("config", nargs="?", help="TOML file with a [compare] table (see podsrl/compare/__init__.py)")
+    p.add_argument("config", nargs="?",
+                   help="TOML file with a [compare] table, as configs/compare.toml (what `podsrl compare` runs without one; "
+                   "its comments explain every setting) or configs/compare-2digit.toml")  # fmt: skip
     p.add_argument("--out", default="runs/compare", help="output directory (resumable)")
     p.add_argument("--seeds", metavar="N|N,METHOD=K,...",
                    help="seeds per method: N for every method, METHOD=K for one (adds seeds to an existing comparison)")
@@ -296,8 +339,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU indices: pin each run to one (CUDA_VISIBLE_DEVICES), the least loaded first")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("config", help="print every setting with its default and a description, as TOML to start from")
-    p.add_argument("section", nargs="?", help="print only this section, e.g. select")
+    p = sub.add_parser(
+        "config", help="print every setting with its default and a description, as TOML to start from",
+        description="Print every setting with its default and a description, as TOML to start from "
+        "(podsrl config > my.toml). Settings given as --section.key=value show in the output, so "
+        "`podsrl config task --task.name=jsonl` lists the options of the jsonl task.",
+    )  # fmt: skip
+    p.add_argument("section", nargs="?", help="print only this section, e.g. select or task")
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("env", help="podsrl, Python, torch, devices, engines and libraries: paste it into a bug report")
@@ -321,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Overrides are taken out first: argparse would read one with a space in its value as a positional.
     settings = [a for a in argv if _is_override(a)]
+    try:
+        _check_written_with_equals(argv)
+    except ConfigError as err:
+        print(f"podsrl: error: {err}", file=sys.stderr)
+        return errors.EXIT_CONFIG
     args, rest = parser.parse_known_args([a for a in argv if not _is_override(a)])
     try:
         overrides = _split_overrides(settings + rest, parser)

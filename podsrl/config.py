@@ -5,6 +5,9 @@ an optional TOML file, then ``--section.key=value`` overrides (``load``). Every 
 ``__post_init__``; a bad value raises :class:`~podsrl.errors.ConfigError` naming the field and the
 fix, and the CLI prints that message without a traceback. The resolved config is saved as
 ``config.toml`` in every run directory, and ``podsrl train that/config.toml`` reproduces the run.
+Paths that name local data are resolved when a config is built: a relative task ``path`` /
+``eval_path``, user reward file or model directory that exists (against the working directory) is
+made absolute, so a run's config.toml works from any directory (docs/run-directory.md).
 
 The defaults are the embedded demo: SmolLM2-135M-Instruct, full fine-tuning, one-digit arithmetic,
 PODS max-variance with n=16 rollouts per prompt and m=4 kept for the update, 10 minutes of
@@ -56,6 +59,11 @@ class ModelConfig:
             "model.device",
             f"unknown value {self.device!r}; valid values: auto, cpu, cuda, cuda:N (N the GPU's index)",
         )
+        from podsrl.models import EMBEDDED
+
+        path = Path(self.name).expanduser()
+        if self.name not in EMBEDDED and not path.is_absolute() and path.is_dir():  # a local model directory
+            object.__setattr__(self, "name", str(path.absolute()))  # the saved config.toml works from anywhere
         _check(self.lora_rank >= 1, "model.lora_rank", "must be >= 1")
         _check(self.lora_alpha > 0, "model.lora_alpha", "must be > 0")
         _check(0 <= self.lora_dropout < 1, "model.lora_dropout", "must be in [0, 1)")
@@ -76,16 +84,17 @@ class TaskConfig:
     name: str = "arithmetic"  # arithmetic | gsm8k | jsonl | math (podsrl.tasks)
     # Passed to the task's loader (see podsrl.tasks); unknown names are rejected there.
     options: dict[str, Any] = field(default_factory=dict)  # the task loader's options, over DEFAULT_TASK_OPTIONS[name]
-    # Short on purpose: SmolLM2's template otherwise inserts its own system prompt, and every prompt
-    # token is paid for in each rollout's forward and backward pass.
-    system_prompt: str | None = "Answer with only the final number."  # replaces the task's system prompt; None: the task's own (built-in tasks have none)
-    instruction: str | None = None  # None: the task's default ("Give only the final number." ...)
+    # Each task's own prompt and instruction agree (arithmetic asks for the number alone; gsm8k, jsonl
+    # and math ask to think step by step): a default here would contradict some task's instruction.
+    system_prompt: str | None = None  # replaces the task's system prompt; None: the task's own (arithmetic: "Answer with only the final number."; the others: none)
+    instruction: str | None = None  # None: the task's own, appended to each question (arithmetic: "Give only the final number."; jsonl: "Think step by step, ...")
 
     def __post_init__(self) -> None:
-        from podsrl.tasks import TASKS
+        from podsrl.tasks import TASKS, absolute_paths, canonical_options
 
         _one_of(self.name, TASKS, "task.name")
-        object.__setattr__(self, "options", {**DEFAULT_TASK_OPTIONS.get(self.name, {}), **self.options})
+        options = canonical_options(self.name, {**DEFAULT_TASK_OPTIONS.get(self.name, {}), **self.options})
+        object.__setattr__(self, "options", absolute_paths(options))  # the saved config.toml works from anywhere
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,17 @@ class RewardConfig:
             "reward.weights",
             f"has {len(self.weights)} entries but reward.names has {len(self.names)}; give one weight per name",
         )
+        # A total reward that cannot vary gives every rollout advantage 0: no step would learn.
+        _check(
+            any(w != 0 for w in self.weights),
+            "reward.weights",
+            "every weight is 0, so every completion's reward is 0 and nothing would be learned; give a reward a nonzero weight",
+        )
+        if self.values is not None and len(set(self.values)) < 2:
+            raise ConfigError(
+                f"reward.values = {self.values!r} holds one value: a reward that takes one value is the same for every "
+                "completion, so nothing would be learned; list every value the total reward can take"
+            )
         from podsrl.grading.rewards import REWARDS
 
         for name in self.names:  # user functions ("module:function") are imported when the run starts
@@ -133,6 +153,18 @@ class RewardConfig:
                 f"unknown reward {name!r}; valid names: {', '.join(sorted(REWARDS))}, "
                 "or a user function as 'module:function' or 'path/to/file.py:function'",
             )
+        object.__setattr__(self, "names", [_absolute_reward_file(name) for name in self.names])
+
+
+def _absolute_reward_file(name: str) -> str:
+    """A user reward given by a relative file path ("my_rewards.py:fn") that exists, with the path
+    made absolute; any other name as given. A name is a file, not a module, as
+    :func:`podsrl.grading.user.load_user_reward` decides: it ends in .py or holds a path separator."""
+    module, sep, function = name.rpartition(":")
+    if not sep or not (module.endswith(".py") or "/" in module or "\\" in module):
+        return name
+    path = Path(module).expanduser()
+    return f"{path.absolute()}:{function}" if not path.is_absolute() and path.is_file() else name
 
 
 @dataclass(frozen=True)
@@ -371,6 +403,7 @@ class Config:
 
     def __post_init__(self) -> None:
         self.select.check_n(self.rollout.n, "rollout.n")
+        self.select.check_signal(self.rollout.n, "rollout.n")  # settings under which no step could learn
         if self.rollout.early_stop != "off":
             _check(
                 self.distributed.parallel != "fsdp",

@@ -14,6 +14,7 @@ import pytest
 from podsrl.train import loop as trainer
 from podsrl.cli import main
 from podsrl.config import load, to_toml
+from podsrl.grading.rewards import get_reward
 from podsrl.run.metrics import read_jsonl
 
 from test_config import BAD_OVERRIDES
@@ -213,3 +214,101 @@ def test_resume_of_a_run_without_checkpoint(tmp_path):
     (tmp_path / "config.toml").write_text("")
     code, _, err = run_cli(["train", "--resume", str(tmp_path)])
     assert_user_error(code, err, "--resume", "no checkpoint")
+
+
+# ------------------------------------------------------------------- messages a newcomer reads
+
+
+@pytest.mark.parametrize("command", [["train"], ["eval", "--run", "runs/x"], ["eval"], ["compare"]])
+def test_a_setting_written_with_a_space_gets_one_message_for_every_command(command, tmp_path):
+    """``--eval.max_problems 10`` made `podsrl eval --run RUN` say "drop 10" (10 read as a config file)."""
+    code, _, err = run_cli([*command, "--eval.max_problems", "10"])
+    assert_user_error(code, err, "--eval.max_problems 10", "--eval.max_problems=10", "--section.key=value")
+    assert "drop" not in err and err.count("\n") == 1
+
+
+def test_help_texts_say_what_a_newcomer_needs():
+    code, out, _ = run_cli(["--help"])
+    assert code == 0 and "``" not in out and "podsrl train" in out  # no RST markup; the examples
+    _, out, _ = run_cli(["compare", "--help"])
+    assert "configs/compare.toml" in out and ".py" not in out  # an example file, not a source file
+    _, out, _ = run_cli(["config", "--help"])
+    assert "podsrl config task --task.name=jsonl" in " ".join(out.split())
+    _, out, _ = run_cli(["eval", "--help"])
+    assert "correctness" in out and "reward.names" in out
+
+
+def test_eval_does_not_import_the_runs_reward_and_says_what_accuracy_means(make_config, reward_file, tmp_path):
+    """Accuracy is the built-in correctness check: `podsrl eval --run` of a run whose reward file is gone
+    (another machine, another directory) still evaluates it."""
+    rewards = tmp_path / "my_rewards.py"
+    shutil.copy(reward_file, rewards)
+    cfg = make_config(**{"reward.names": [f"{rewards}:length_reward"], "train.max_steps": 1, "eval.at_start": False,
+                         "eval.at_end": False, "eval.max_new_tokens": 4})  # fmt: skip
+    config = tmp_path / "tiny.toml"
+    config.write_text(to_toml(cfg))
+    code, out, err = run_cli(["train", str(config), "--out", str(tmp_path / "run"), "--no-plot"])
+    assert code == 0, err
+    # No evaluation ran: the summary does not list an eval.jsonl.
+    assert "eval.jsonl" not in out and "metrics.jsonl" in out
+    rewards.unlink()
+    get_reward.cache_clear()  # the training above imported it into this process
+    code, out, err = run_cli(["eval", "--run", str(tmp_path / "run")])
+    assert code == 0, err
+    assert "final answer equals the problem's reference answer" in out and "correctness" in out
+    # The random model's 4 tokens never end: every completion is cut off, and the output says which setting.
+    assert "100% of the completions were cut off at the token limit (eval.max_new_tokens = 4)" in out and "raise eval.max_new_tokens" in out
+
+
+def test_restarting_a_run_without_checkpoint_keeps_its_own_config(make_config, tmp_path, monkeypatch):
+    """The advice for a run stopped before its first checkpoint names its config.toml: a bare
+    `--out DIR --overwrite` trained the default demo instead of the user's settings."""
+    real_step = trainer.train_step
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train_step", interrupted)
+    cfg = make_config(**{"eval.at_start": False, "eval.at_end": False, "train.max_steps": 1})
+    config = tmp_path / "tiny.toml"
+    config.write_text(to_toml(cfg))
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run)])
+    command = f"podsrl train {run / 'config.toml'} --out {run} --overwrite"
+    assert code == 130 and command in err
+    code, _, err = run_cli(["train", "--resume", str(run)])
+    assert_user_error(code, err, command)
+    monkeypatch.setattr(trainer, "train_step", real_step)
+    code, _, err = run_cli([*command.split()[1:], "--no-plot"])
+    assert code == 0, err
+    assert load(run / "config.toml") == cfg  # the user's settings, not the demo's
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
+
+
+def test_a_run_with_relative_paths_is_evaluated_from_another_directory(tiny_model_dir, reward_file, tmp_path, monkeypatch):
+    """`podsrl train` in a directory holding mytask.jsonl and my_rewards.py, then `podsrl eval --run`
+    and `--model` from elsewhere: the saved config.toml holds absolute paths (it held them as given,
+    and both evaluations failed)."""
+    home, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(12)]
+    (home / "mytask.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shutil.copy(reward_file, home / "my_rewards.py")
+    (home / "tiny").symlink_to(tiny_model_dir)
+    monkeypatch.chdir(home)
+    code, _, err = run_cli([
+        "train", "--out", "run", "--no-plot", "--model.name=tiny", "--task.name=jsonl", "--task.options.path=mytask.jsonl",
+        "--task.options.num_eval=2", "--reward.names=my_rewards.py:length_reward", "--rollout.engine=transformers",
+        "--rollout.n=4", "--rollout.max_new_tokens=4", "--train.prompts_per_step=2", "--train.max_steps=1",
+        "--eval.at_start=false", "--eval.at_end=false", "--eval.temperature=0", "--eval.samples=1",
+    ])  # fmt: skip
+    assert code == 0, err
+    saved = load(home / "run" / "config.toml")
+    assert saved.task.options["path"] == str(home / "mytask.jsonl") and saved.model.name == str(home / "tiny")
+    assert saved.reward.names == [f"{home / 'my_rewards.py'}:length_reward"]
+    monkeypatch.chdir(elsewhere)
+    for target in (["--run", str(home / "run")], ["--model", str(home / "run" / "model")]):
+        code, out, err = run_cli(["eval", *target])
+        assert code == 0, err
+        assert "on 2 problems" in out

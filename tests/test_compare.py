@@ -266,7 +266,7 @@ def test_run_all_skips_finished_runs_and_adds_only_new_seeds(tmp_path, monkeypat
     [
         ({"select.rul": "random"}, r"compare.methods.bad: unknown setting select.rul"),
         ({"select.rule": "maxvar"}, r"compare.methods.bad: select.rule: unknown value 'maxvar'"),
-        ({"select.m": 32}, r"compare.methods.bad: select.m: = 32 exceeds rollout.n"),
+        ({"select.m": 32}, r"compare.methods.bad: select.m = 32 exceeds rollout.n"),
         ({"rollout.n": "sixteen"}, r"compare.methods.bad: rollout.n: expected a whole number"),
         ({"selekt.m": 2}, r"compare.methods.bad: unknown config section \[selekt\]"),
         ({"task.name": "gsm8k"}, r"compare.methods.bad: 'task.name' must be the same for every method"),
@@ -898,3 +898,62 @@ def test_intervals_module_is_a_leaf_shared_by_evaluation_and_compare():
 def test_compare_exports_no_private_names():
     assert not [name for name in compare.__all__ if name.startswith("_")]
     assert all(hasattr(compare, name) for name in compare.__all__)
+
+
+# ------------------------------------------------------------------------- what compare.png says
+
+
+@pytest.fixture
+def drawn_figures(monkeypatch):
+    """The figures compare.png is saved from, kept after they are drawn (text extents final)."""
+    from matplotlib.figure import Figure
+
+    figures, save = [], Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        save(fig, *args, **kwargs)
+        figures.append(fig)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+@pytest.mark.parametrize("samples, band", [(1, "Wilson 95% interval (1 sample per problem)"),
+                                           (4, "normal 95% interval over its problems (4 samples per problem)")])  # fmt: skip
+def test_one_seed_band_names_the_interval_evaluation_used(tmp_path, drawn_figures, samples, band):
+    """With one seed the band is the run's own interval from eval.jsonl: Wilson's only with one sample
+    per problem (podsrl.train.evaluate); the title said Wilson whatever the samples."""
+    temperature = {"temperature": 0.0} if samples == 1 else {}
+    plan = _plan(tmp_path, seeds=1, base={"eval": {"every_seconds": 100.0, "samples": samples, **temperature}})
+    out = tmp_path / "out"
+    _write_run(out, plan, "grpo", 0, [(0, 0.2), (100, 0.5), (200, 0.6)])
+    compare.write_report(compare.build_report(plan, out), out)
+    title = drawn_figures[-1]._suptitle.get_text()
+    assert band in title and ("Wilson" in title) == (samples == 1), title
+
+
+def test_difference_labels_stay_inside_their_panel(tmp_path, drawn_figures):
+    """A paired difference far from the others had its label centred on it, across the y axis and
+    the method names."""
+    plan = _mixed_plan(tmp_path)
+    out = tmp_path / "out"
+    _write_mixed_runs(out, plan)
+    report = compare.build_report(plan, out)
+    far_left = {"mean": -0.2, "ci95": [-0.21, -0.19], "per_seed": [-0.2, -0.2, -0.2], "seeds": [0, 1, 2], "excludes_zero": True}
+    far_right = {**far_left, "mean": 0.3, "ci95": [0.29, 0.31], "per_seed": [0.3] * 3}
+    report["methods"]["pods"]["paired_vs_baseline"] = {"auc": far_left, "final_accuracy": far_right}
+    report["methods"]["never"]["paired_vs_baseline"] = {"auc": far_right, "final_accuracy": far_left}
+    compare.write_report(report, out)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = drawn_figures[-1]
+    canvas = FigureCanvasAgg(fig)  # closing the figure took its canvas
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.texts]
+    assert len(panels) == 2
+    for ax in panels:
+        box = ax.get_window_extent(renderer)
+        for text in ax.texts:
+            extent = text.get_window_extent(renderer)
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1, (text.get_text(), extent, box)

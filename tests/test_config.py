@@ -175,7 +175,7 @@ def test_missing_config_file(tmp_path):
 def test_select_m_message_says_how_to_fix():
     with pytest.raises(ConfigError) as err:
         load(None, ["rollout.n=4", "select.m=5"])
-    assert str(err.value).startswith("select.m:")
+    assert str(err.value).startswith("select.m = 5 exceeds")
     assert "rollout.n = 4" in str(err.value) and "lower select.m or raise rollout.n" in str(err.value)
 
 

@@ -114,11 +114,11 @@ def test_spec_validation_names_the_field_in_each_trainer(kwargs, fragments, tmp_
 
 
 def test_m_above_n_is_an_error_naming_each_trainers_n(tmp_path):
-    with pytest.raises(ConfigError, match=r"select.m: = 8 exceeds rollout.n = 4"):
+    with pytest.raises(ConfigError, match=r"select.m = 8 exceeds rollout.n = 4"):
         Config(rollout=RolloutConfig(n=4), select=SelectConfig(m=8))
-    with pytest.raises(ConfigError, match=r"pods_m: = 16 exceeds num_generations = 8"):
+    with pytest.raises(ConfigError, match=r"pods_m = 16 exceeds num_generations = 8"):
         trl.PODSConfig(**_trl_base(tmp_path), pods_m=16)
-    with pytest.raises(ConfigError, match=r"m: = 5 exceeds n = 4"):
+    with pytest.raises(ConfigError, match=r"^m = 5 exceeds n = 4"):
         downsample(torch.zeros(2, 4), DownsampleSpec(m=5))
 
 

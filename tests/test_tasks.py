@@ -29,7 +29,7 @@ def test_unknown_option_is_named_with_the_valid_ones():
 
 
 def test_missing_required_option_is_named():
-    with pytest.raises(ConfigError, match="needs option 'train_path'"):
+    with pytest.raises(ConfigError, match="needs option 'path'"):
         load_task("jsonl")
 
 
@@ -210,7 +210,7 @@ def test_jsonl_with_eval_file_custom_fields_and_numbers(tmp_path):
 
 def test_jsonl_error_messages(tmp_path):
     good = _write_jsonl(tmp_path / "good.jsonl", [{"question": "q", "answer": "1"}] * 3)
-    with pytest.raises(ConfigError, match="train_path '/no/file.jsonl' is not a file"):
+    with pytest.raises(ConfigError, match="path '/no/file.jsonl' is not a file"):
         load_task("jsonl", train_path="/no/file.jsonl", num_eval=1)
     with pytest.raises(ConfigError, match="eval_path '/no/eval.jsonl' is not a file"):
         load_task("jsonl", train_path=good, eval_path="/no/eval.jsonl")
@@ -375,3 +375,64 @@ def test_math_dataset_splits(monkeypatch):
     fake.load_dataset = lambda name, config: {"train": rows[:7], "test": rows[7:]}
     task = load_task("math", path="someone/math", num_train=5)
     assert len(task.train) == 5 and [ex.id for ex in task.eval] == ["test:1", "test:2", "test:3"]
+
+
+# --- the same option names and prompts that agree (issue 38) -----------------------------------
+
+
+def test_every_task_calls_its_training_data_path_and_jsonl_keeps_train_path(tmp_path):
+    from podsrl.config import load
+
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(10)]
+    data = _write_jsonl(tmp_path / "data.jsonl", rows)
+    for name in ("jsonl", "gsm8k", "math"):
+        assert "path" in __import__("inspect").signature(TASKS[name]).parameters
+    assert load_task("jsonl", path=data, num_eval=2) == load_task("jsonl", train_path=data, num_eval=2)
+    with pytest.raises(ConfigError, match="'train_path' is the older name of 'path'.*give only 'path'"):
+        load_task("jsonl", path=data, train_path=data, num_eval=2)
+    with pytest.raises(ConfigError, match=r"valid options: path \(or train_path, its older name\)"):
+        load_task("jsonl", num_eval=2)
+    # A config (or a run's saved config.toml) written with the older name loads as the new one.
+    cfg = load(None, ["task.name=jsonl", f"task.options.train_path={data}", "task.options.num_eval=2"])
+    assert cfg.task.options == {"path": data, "num_eval": 2}
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "gsm8k", "jsonl", "math"])
+def test_each_tasks_default_prompt_agrees_with_its_instruction(name, tmp_path):
+    """The config's default system prompt ("Answer with only the final number.", made for the
+    arithmetic demo) replaced every task's, contradicting jsonl's "Think step by step"."""
+    from podsrl.config import load
+    from podsrl.train.loop import build_task
+
+    data = _write_jsonl(tmp_path / "data.jsonl", [{"question": "q", "problem": "q", "answer": "1"}] * 4)
+    options = {"arithmetic": [], "gsm8k": [f"task.options.path={GSM8K_DIR}", "task.options.num_train=2", "task.options.num_eval=2"],
+               "jsonl": [f"task.options.path={data}", "task.options.num_eval=1"],
+               "math": [f"task.options.path={data}", "task.options.num_eval=1"]}[name]  # fmt: skip
+    if name == "gsm8k" and not GSM8K_DIR.is_dir():
+        pytest.skip("no GSM8K files")
+    task = build_task(load(None, [f"task.name={name}", *options]))
+    prompt = f"{task.system_prompt or ''} {task.instruction}".lower()
+    asks_for_the_number_alone = "only the final number" in prompt
+    asks_for_reasoning = "step by step" in prompt
+    assert asks_for_the_number_alone != asks_for_reasoning, (task.system_prompt, task.instruction)
+    assert asks_for_the_number_alone == (name == "arithmetic")
+
+
+def test_relative_data_paths_are_made_absolute_when_the_config_is_built(tmp_path, monkeypatch):
+    from podsrl.config import load, to_toml
+
+    monkeypatch.chdir(tmp_path)
+    _write_jsonl(tmp_path / "mytask.jsonl", [{"question": "q", "answer": "1"}] * 4)
+    (tmp_path / "my_rewards.py").write_text("def fn(completion, example):\n    return 0.0\n")
+    (tmp_path / "my-model").mkdir()
+    cfg = load(None, ["task.name=jsonl", "task.options.path=mytask.jsonl", "task.options.num_eval=1",
+                      "reward.names=my_rewards.py:fn,correctness", "reward.weights=1,1", "model.name=my-model"])  # fmt: skip
+    assert cfg.task.options["path"] == str(tmp_path / "mytask.jsonl")
+    assert cfg.reward.names == [f"{tmp_path / 'my_rewards.py'}:fn", "correctness"]
+    assert cfg.model.name == str(tmp_path / "my-model")
+    assert str(tmp_path / "mytask.jsonl") in to_toml(cfg)
+    # What does not exist here (a dataset id, a missing file, the embedded model, a module) stays as given.
+    cfg = load(None, ["task.name=math", "task.options.path=HuggingFaceH4/MATH-500", "reward.names=my_module:fn",
+                      "model.name=smollm2-135m-instruct"])  # fmt: skip
+    assert cfg.task.options["path"] == "HuggingFaceH4/MATH-500" and cfg.reward.names == ["my_module:fn"]
+    assert cfg.model.name == "smollm2-135m-instruct"

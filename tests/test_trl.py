@@ -367,7 +367,7 @@ def test_token_selection_is_over_the_rows_with_a_signal(tiny_model_dir, tmp_path
 def test_config_validation(tmp_path):
     base = dict(output_dir=str(tmp_path), num_generations=8, per_device_train_batch_size=8, use_cpu=True, report_to="none")
     assert PODSConfig(**base, pods_rule="max_variance").pods_spec().m_start(8) == 2  # n // 4, as podsrl train
-    with pytest.raises(ValueError, match=r"pods_m: = 16 exceeds num_generations = 8"):
+    with pytest.raises(ValueError, match=r"pods_m = 16 exceeds num_generations = 8"):
         PODSConfig(**base, pods_m=16)
     with pytest.raises(ValueError, match="pods_rule: unknown value 'maxvar'"):
         PODSConfig(**base, pods_rule="maxvar", pods_m=2)

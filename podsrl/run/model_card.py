@@ -154,10 +154,13 @@ def _quick_start(facts: CardFacts) -> str:
     messages = json.dumps(example_messages(cfg), ensure_ascii=False)  # strings only: valid Python too
     if facts.merged:
         text = (
-            "```python\nfrom transformers import pipeline\n\n"
+            "```python\nfrom transformers import GenerationConfig, pipeline\n\n"
             f'generator = pipeline("text-generation", model={where})\n'
             f"messages = {messages}\n"
-            f"output = generator(messages, max_new_tokens={tokens}, do_sample=False, return_full_text=False)[0]\n"
+            # The settings as a GenerationConfig, and no clean-up of a BPE tokenizer's spaces: transformers'
+            # pipeline warns three times otherwise (max_new_tokens beside its own config and its max_length).
+            f"greedy = GenerationConfig(max_new_tokens={tokens}, do_sample=False)\n"
+            "output = generator(messages, generation_config=greedy, clean_up_tokenization_spaces=False, return_full_text=False)[0]\n"
             'print(output["generated_text"])\n```\n\n'
             f"`AutoModelForCausalLM.from_pretrained({where})` loads it as well, and vLLM serves it (`vllm serve {shell}`). "
             f"Its held-out accuracy on the run's task: `podsrl eval --model {shell}`.\n"

@@ -1,6 +1,8 @@
 """``podsrl plot``: reward and held-out accuracy against step and against training wall-clock.
 
-Several runs go on one figure, one colour each, labelled by their run directory's name. Wall-clock
+Several runs go on one figure, one colour each, labelled by the end of their run directory's path
+that tells them apart (``grpo/seed0`` and ``pods/seed0`` for two runs of one ``podsrl compare``,
+whose directories are both named ``seed0``). Wall-clock
 is the training clock (evaluation time excluded), the axis the PODS paper's speed-ups are read on.
 A damaged metrics file, a row without the fields plotted, or an output that cannot be written is a
 ConfigError naming it; the image is written to a temporary file and renamed into place.
@@ -30,6 +32,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     if fmt not in fig.canvas.get_supported_filetypes():
         plt.close(fig)
         raise ConfigError(f"cannot write the plot {out}: matplotlib writes no .{fmt} files; use .png, .pdf or .svg")
+    names = distinct_names([Path(r) for r in run_dirs])
     for i, run in enumerate(map(Path, run_dirs)):
         if not (run / "metrics.jsonl").exists():
             plt.close(fig)
@@ -40,7 +43,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
         except ConfigError:
             plt.close(fig)
             raise
-        label = labels[i] if labels else run.name
+        label = labels[i] if labels else names[i]
         color = f"C{i % 10}"
         x_step = [r["step"] for r in steps]
         x_time = [r["train_seconds"] / 60 for r in steps]
@@ -73,6 +76,18 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     finally:
         plt.close(fig)
     return out
+
+
+def distinct_names(runs: list[Path]) -> list[str]:
+    """The shortest ends of the runs' paths (the name, then parent/name, ...) that differ between
+    different directories; the same directory given twice gets the same name."""
+    parts = [Path(run).resolve().parts for run in runs]
+    distinct = len(set(parts))
+    for k in range(1, max((len(p) for p in parts), default=1) + 1):
+        names = ["/".join(p[-k:]) for p in parts]
+        if len(set(names)) == distinct:
+            return names
+    return [str(run) for run in runs]
 
 
 def _rows(path: Path, fields: tuple[str, ...]) -> list[dict]:

@@ -119,11 +119,14 @@ def resume_advice(path: Path, checkpoint: Path | None) -> str:
 def restart_advice(path: Path) -> str:
     """The one way forward for a run with no checkpoint (``--resume``, ``podsrl export`` and
     ``podsrl eval --run`` all give it): train it again from its own config.toml, in place."""
-    path = Path(path)
-    return (
-        f"train it again with `podsrl train {path / 'config.toml'} --out {path} --overwrite` (and checkpoint more "
-        "often with --train.checkpoint_every)"
-    )
+    return f"train it again with `{restart_command(path)}` (and checkpoint more often with --train.checkpoint_every)"
+
+
+def restart_command(path: Path) -> str:
+    """The command that trains the run in ``path`` again from the start, with its own settings: its
+    config.toml is read before --overwrite deletes the old run's files (a bare `--out DIR
+    --overwrite` would train the defaults, the demo, instead)."""
+    return f"podsrl train {Path(path) / 'config.toml'} --out {path} --overwrite"
 
 
 @dataclass

@@ -16,10 +16,18 @@ Built-in tasks (each module's docstring gives its options):
 A `Task` carries a default `instruction` appended to every question (`format_user_message`); the
 chat template is applied elsewhere. To change the wording, `dataclasses.replace(task,
 instruction=...)`.
+
+Options mean the same in every task: `path` is the data to train on (a file, a directory or a
+dataset id), `eval_path` a separate held-out file, `num_train` / `num_eval` how many problems,
+`seed` the draw. An older name a task still accepts (`OPTION_ALIASES`: jsonl's `train_path`) is
+read as the name it has now (`canonical_options`). A relative `path` or `eval_path` that exists is
+made absolute when a run's config is built (`absolute_paths`), so the run's saved config.toml
+finds its data from any directory (docs/run-directory.md).
 """
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from podsrl.errors import ConfigError
 from podsrl.tasks import arithmetic, competition_math, gsm8k, jsonl
@@ -35,17 +43,53 @@ TASKS: dict[str, TaskLoader] = {
 }
 
 
+# Older option names still accepted: task -> {old name: the name now}. jsonl's training file was
+# `train_path` while gsm8k and math call theirs `path`; configs written with the old name still load.
+OPTION_ALIASES: dict[str, dict[str, str]] = {"jsonl": {"train_path": "path"}}
+# The options that name local files or directories (or, when no such path exists, a dataset id).
+PATH_OPTIONS = ("path", "eval_path")
+
+
+def canonical_options(name: str, options: Mapping[str, object]) -> dict[str, object]:
+    """``options`` with every older name (`OPTION_ALIASES`) replaced by the name it has now; both
+    names given is a ConfigError."""
+    aliases = OPTION_ALIASES.get(name, {})
+    out: dict[str, object] = {}
+    for option, value in options.items():
+        now = aliases.get(option, option)
+        if now != option and now in options:
+            raise ConfigError(f"task {name!r}: {option!r} is the older name of {now!r}, and both are given; give only {now!r}")
+        out[now] = value
+    return out
+
+
+def absolute_paths(options: Mapping[str, object]) -> dict[str, object]:
+    """``options`` with each relative `path` / `eval_path` that exists (against the working
+    directory) made absolute; anything else (absolute, missing, a dataset id) as given."""
+    out = dict(options)
+    for option in PATH_OPTIONS:
+        value = out.get(option)
+        if isinstance(value, str) and value:
+            path = Path(value).expanduser()
+            if not path.is_absolute() and path.exists():
+                out[option] = str(path.absolute())
+    return out
+
+
 def load_task(name: str, **options: object) -> Task:
     """Load the task `name` from `TASKS` with its loader's keyword `options`.
 
     Unknown task names, unknown option names and missing required options raise ConfigError
-    listing what is valid; each loader validates its option values.
+    listing what is valid; each loader validates its option values. Older option names
+    (`OPTION_ALIASES`) are accepted.
     """
     if name not in TASKS:
         raise ConfigError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
+    options = canonical_options(name, options)
     loader = TASKS[name]
     parameters = inspect.signature(loader).parameters
-    valid = ", ".join(parameters) or "(none)"
+    older = {now: old for old, now in OPTION_ALIASES.get(name, {}).items()}
+    valid = ", ".join(f"{p} (or {older[p]}, its older name)" if p in older else p for p in parameters) or "(none)"
     for option in options:
         if option not in parameters:
             raise ConfigError(f"task {name!r} has no option {option!r}; valid options: {valid}")
@@ -69,4 +113,7 @@ def format_user_message(example: Example, task: Task) -> str:
     return f"{example.question}\n{task.instruction}"
 
 
-__all__ = ["TASKS", "Example", "Task", "format_user_message", "load_task"]
+__all__ = [
+    "OPTION_ALIASES", "PATH_OPTIONS", "TASKS", "Example", "Task", "absolute_paths", "canonical_options", "format_user_message",
+    "load_task",
+]  # fmt: skip

@@ -24,6 +24,9 @@ from podsrl.tasks.types import Example, Task, check_count
 
 OPS = ("+", "-", "*")  # canonical order: ("*", "+") and ("+", "*") give the same problems
 INSTRUCTION = "Give only the final number."
+# Short on purpose: SmolLM2's chat template otherwise inserts its own system prompt, and every prompt
+# token is paid for in each rollout's forward and backward pass. It agrees with the instruction.
+SYSTEM_PROMPT = "Answer with only the final number."
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -59,7 +62,7 @@ def load(
         name="arithmetic",
         train=[make_example(*problem_at(i, ops, lo, hi)) for i in train_indices],
         eval=[make_example(*problem_at(i, ops, lo, hi)) for i in eval_indices],
-        system_prompt=None,
+        system_prompt=SYSTEM_PROMPT,
         instruction=INSTRUCTION,
     )
 

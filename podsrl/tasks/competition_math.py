@@ -21,9 +21,7 @@ numbers (see `podsrl.grading.rewards`). Example ids are "<file name>:<line>", or
 dataset. `num_train`/`num_eval` of None mean all rows; a number picks that many with the seed,
 kept in order.
 
-The instruction asks for the answer in a box. Note that `task.system_prompt`'s default ("Answer
-with only the final number.", made for the arithmetic demo) replaces the task's own, which is
-none: pass `--task.system_prompt=none` for this task.
+The instruction asks for the answer in a box; the task has no system prompt.
 """
 
 import random

