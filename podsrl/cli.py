@@ -32,7 +32,7 @@ from pathlib import Path
 from podsrl import errors
 from podsrl.errors import CheckpointWriteError, ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.run.preemption import Preempted
-from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_settings
+from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_settings, restart_advice
 
 
 def _is_override(arg: str) -> bool:
@@ -86,15 +86,28 @@ def _checkpointed_run_config(run_dir: Path, option: str, overrides: list[str], c
     if latest(run_dir) is None:
         raise ConfigError(
             f"{option} {run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first "
-            f"one); start it again with `podsrl train --out {run_dir} --overwrite`, or checkpoint more often with "
-            "--train.checkpoint_every"
+            f"one); {restart_advice(run_dir)}"
         )
     try:
-        return config_mod.load(config or run_dir / "config.toml", overrides)
+        cfg = config_mod.load(config or run_dir / "config.toml", overrides)
     except ConfigError as err:
         if config or str(run_dir / "config.toml") in str(err):
             raise
         raise ConfigError(f"{option} {run_dir}: {run_dir / 'config.toml'} does not load: {err}") from None
+    if config is None:
+        _say_reward_code(cfg, run_dir / "config.toml")
+    return cfg
+
+
+def _say_reward_code(cfg, source: Path) -> None:
+    """One line naming the reward code that a config read from a directory (a run's config.toml, an
+    exported model's podsrl_config.toml) makes podsrl import and call: the directory is data, the
+    code it names runs (SECURITY.md)."""
+    from podsrl.grading.user import user_rewards
+
+    specs = user_rewards(cfg.reward.names)
+    if specs and int(os.environ.get("RANK", "0")) == 0:
+        print(f"podsrl: {source} names reward code, which is imported and run (reward.names): {', '.join(specs)}")
 
 
 def _print_summary(run_dir: Path) -> None:
@@ -130,9 +143,11 @@ def cmd_eval(args, overrides: list[str]) -> int:
         cfg = _checkpointed_run_config(run_dir, "--run", overrides)
         check_weight_settings(run_dir, cfg)
     elif args.model:
-        from podsrl.run.export import eval_config
+        from podsrl.run.export import CONFIG_FILE, eval_config
 
         cfg = eval_config(args.model, args.config, overrides)
+        if args.config is None and (Path(args.model).expanduser() / CONFIG_FILE).is_file():
+            _say_reward_code(cfg, Path(args.model).expanduser() / CONFIG_FILE)
     else:
         cfg = config_mod.load(args.config, overrides)
     if args.json:  # before the evaluation, not after it

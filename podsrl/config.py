@@ -210,8 +210,8 @@ class OptimConfig:
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.99  # AdamW second-moment decay
-    warmup_steps: int = 0  # linear learning-rate warm-up over this many steps; 0: none
-    lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 at train.max_steps, which it needs)
+    warmup_steps: int = 0  # linear learning-rate warm-up over this many steps (below train.max_steps); 0: none
+    lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 at train.max_steps, which it needs and --resume may not change)
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     micro_batch_size: int = 16  # sequences per forward/backward; gradients are accumulated
     # Run each distinct prompt of a micro-batch once and the completions on its repeated KV cache
@@ -397,6 +397,14 @@ class Config:
                 f"'cosine' decays over the steps after the warm-up, and optim.warmup_steps = {self.optim.warmup_steps} is not "
                 f"below train.max_steps = {self.train.max_steps}: no step is left to decay over; lower optim.warmup_steps "
                 "or raise train.max_steps",
+            )
+        if self.train.max_steps is not None:  # step warmup_steps + 1 is the first at optim.lr (either schedule)
+            _check(
+                self.train.max_steps > self.optim.warmup_steps,
+                "optim.warmup_steps",
+                f"= {self.optim.warmup_steps} is not below train.max_steps = {self.train.max_steps}: the rate would still be "
+                f"rising at the last step and never reach optim.lr = {self.optim.lr:g}; lower optim.warmup_steps or raise "
+                "train.max_steps",
             )
         if self.distributed.parallel == "fsdp":
             _check(

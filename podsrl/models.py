@@ -143,7 +143,7 @@ class Policy:
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)  # never asked: SECURITY.md
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -175,7 +175,9 @@ def load_policy(cfg, device: torch.device | None = None) -> Policy:
     device = resolve_device(cfg.device) if device is None else device
     path = resolve_model_path(cfg.name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
+        # trust_remote_code=False, not unset: unset, transformers asks on stdin whether to run the
+        # code a model directory names (auto_map) when it does not know its architecture.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype], trust_remote_code=False)
         tokenizer = load_tokenizer(path)
     except (OSError, ValueError) as err:  # not in the hub cache offline, no such repo, no tokenizer ...
         raise ConfigError(f"model.name: cannot load '{cfg.name}': {' '.join(str(err).split())}") from err

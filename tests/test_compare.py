@@ -278,6 +278,26 @@ def test_a_bad_method_fails_before_training_naming_method_and_field(tmp_path, ov
         _plan(tmp_path, table={**METHODS, "bad": {"rollout.n": 16, **override}}, methods="grpo")
 
 
+@pytest.mark.parametrize(
+    "refused, message",
+    [
+        ({"select.rule": "d3s_intra", "rollout.early_stop": "exact"}, r"compare.methods.refused: rollout.early_stop = 'exact': rule 'd3s_intra' has no exact"),
+        ({"select.rule": "max_variance", "model.dtype": "bfloat16"}, r"compare.methods.refused: model.dtype = 'bfloat16' with full fine-tuning"),
+    ],
+)
+def test_a_method_the_trainer_would_refuse_stops_the_comparison_before_any_run_trains(tmp_path, monkeypatch, refused, message):
+    """Set-up decisions beyond the config's own checks (early stopping against the reward's declared
+    values, the training dtype) are made for every method before the first run, not when its turn comes."""
+    import podsrl.train.loop
+
+    plan = _plan(tmp_path, seeds=1, table={**{k: METHODS[k] for k in ("grpo", "pods")}, "refused": {"rollout.n": 16, "select.m": 4, **refused}})
+    calls = []
+    monkeypatch.setattr(podsrl.train.loop, "train", lambda cfg, **kw: calls.append(cfg))
+    with pytest.raises(ConfigError, match=message):
+        compare.run_all(plan, tmp_path / "out", log=lambda *_: None, isolate=False)
+    assert calls == [] and not (tmp_path / "out").exists()
+
+
 def test_plan_validation_errors(tmp_path):
     # A step budget is a budget too (with step-based evaluation, the runs' points are the same steps).
     plan = _plan(tmp_path, base={"train": {"max_steps": 10, "max_seconds": None}, "eval": {"every_steps": 2}})

@@ -32,6 +32,7 @@ BAD_OVERRIDES = [
     pytest.param(["optim.lr_schedule=linear"], ["optim.lr_schedule", "cosine"], id="unknown-lr-schedule"),
     pytest.param(["optim.lr_schedule=cosine", "train.max_steps=none"], ["optim.lr_schedule", "'cosine'", "train.max_steps", "set train.max_steps"], id="cosine-without-max-steps"),
     pytest.param(["optim.lr_schedule=cosine", "train.max_steps=10", "optim.warmup_steps=10"], ["optim.warmup_steps = 10", "train.max_steps = 10", "'cosine'"], id="cosine-all-warmup"),
+    pytest.param(["train.max_steps=10", "optim.warmup_steps=10"], ["optim.warmup_steps", "= 10", "train.max_steps = 10", "never reach optim.lr"], id="constant-all-warmup"),
     pytest.param(["loss.eps_low=1"], ["loss.eps_low", "[0, 1)", "1"], id="eps-low-one"),
     pytest.param(["select.m_schedule=fast"], ["select.m_schedule", "linear"], id="unknown-m-schedule"),
     pytest.param(["shuffle.seed=1"], ["unknown config section", "shuffle", "select", "rollout"], id="unknown-section"),

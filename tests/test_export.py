@@ -246,6 +246,25 @@ def test_export_of_what_is_not_a_run_or_into_the_run(full_run, tmp_path):
     assert_user_error(code, err, "--out DIR", "--push-to-hub")
 
 
+def test_a_run_without_a_checkpoint_gets_one_way_forward_and_it_works(full_run, tmp_path):
+    """Export, --resume and eval --run of a run that stopped before its first checkpoint all give the
+    same advice (train it again in place from its config.toml), and following it gives a run to export."""
+    import shlex
+
+    run = tmp_path / "run"
+    shutil.copytree(full_run, run, ignore=shutil.ignore_patterns("model", "checkpoints"))
+    advised = f"`podsrl train {run / 'config.toml'} --out {run} --overwrite`"
+    for argv in (["export", str(run), "--out", str(tmp_path / "out")], ["train", "--resume", str(run)], ["eval", "--run", str(run)]):
+        code, _, err = run_cli(argv)
+        assert_user_error(code, err, "no checkpoint", advised)
+        assert "resume it" not in err
+    code, _, err = run_cli([*shlex.split(advised.strip("`"))[1:], "--no-plot"])
+    assert code == 0, err
+    code, _, err = run_cli(["export", str(run), "--out", str(tmp_path / "out")])
+    assert code == 0, err
+    assert (tmp_path / "out" / "config.json").is_file()
+
+
 # ------------------------------------------------------------------------------ the Hub (no network here)
 
 

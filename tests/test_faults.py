@@ -29,6 +29,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from podsrl import errors
 from podsrl.config import from_dict, load, to_toml
 from podsrl.errors import EXIT_CHECKPOINT, EXIT_ENGINE, EXIT_HUNG, EXIT_PREEMPTED, CheckpointWriteError, ConfigError, EngineError, RewardError
 from podsrl.grading.pool import RewardPool
@@ -275,6 +276,73 @@ def test_no_pool_for_built_in_rewards_or_without_a_limit(make_config, reward_spe
     assert RewardPool.from_config(make_config().reward, [reward_spec("length_reward")]) is None
     pool = RewardPool.from_config(with_limit, ["correctness", reward_spec("length_reward")])
     assert pool.names == [reward_spec("length_reward")] and not pool.serves("correctness")
+
+
+# ------------------------------------------------------------------- rewards outside their declaration
+
+SWITCHABLE_REWARD = """
+import os
+
+
+def switchable(completion, example):
+    \"\"\"Binary, as declared, until PODSRL_TEST_HALF is set: then 0.5, which it does not declare.\"\"\"
+    return 0.5 if os.environ.get("PODSRL_TEST_HALF") else float(len(completion) % 2)
+
+
+switchable.reward_values = DECLARED
+"""
+
+
+def test_a_reward_outside_its_declaration_stops_the_run_and_the_message_s_way_forward_resumes_it(make_config, tmp_path, monkeypatch, one_thread):
+    """Early stopping relies on the declared values: a reward outside them stops the run, naming the
+    function and the two ways on, and each way works with --resume (the function's declaration fixed,
+    or early stopping off: both may change on resume)."""
+    import shutil
+
+    from podsrl.grading.rewards import get_reward
+    from podsrl.run.rundir import CHANGES_FILE
+
+    source = tmp_path / "switchable.py"
+    source.write_text(SWITCHABLE_REWARD.replace("DECLARED", "(0.0, 1.0)"))
+    name = f"{source}:switchable"
+    settings = {"reward.names": [name], "rollout.n": 4, "rollout.early_stop": "exact", "rollout.round_size": 2,
+                "select.rule": "max_reward", "select.m": 2, "train.max_steps": 1, "train.checkpoint_every": 1}  # fmt: skip
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(_config(make_config, tmp_path, **settings)), "--out", str(run), "--no-plot"])
+    assert code == 0, err
+    monkeypatch.setenv("PODSRL_TEST_HALF", "1")
+    code, _, err = run_cli(["train", "--resume", str(run), "--train.max_steps=2", "--no-plot"])
+    assert code == errors.EXIT_REWARD and "Traceback" not in err
+    for fragment in ("reward values [0.5] are outside the declared values [0.0, 1.0]", f"reward function {name!r} returned 0.5",
+                     "`reward_values`", "--rollout.early_stop=off", f"resume with `podsrl train --resume {run}` (from step-000001)"):  # fmt: skip
+        assert fragment in err, f"{fragment!r} missing from {err!r}"
+    assert _steps(run) == [1]
+    shutil.copytree(run, tmp_path / "other")
+    # Way 1: early stopping off.
+    code, _, err = run_cli(["train", "--resume", str(run), "--train.max_steps=2", "--rollout.early_stop=off", "--no-plot"])
+    assert code == 0, err
+    assert _steps(run) == [1, 2]
+    changes = [json.loads(line) for line in (run / CHANGES_FILE).read_text().splitlines()]
+    assert changes[-1]["changes"]["rollout.early_stop"] == {"run": "exact", "now": "off"}
+    # Way 2: the function declares every value it returns (a new process reads the file again).
+    source.write_text(SWITCHABLE_REWARD.replace("DECLARED", "(0.0, 0.5, 1.0)"))
+    get_reward.cache_clear()
+    try:
+        code, _, err = run_cli(["train", "--resume", str(tmp_path / "other"), "--train.max_steps=2", "--no-plot"])
+        assert code == 0, err
+        assert _steps(tmp_path / "other") == [1, 2]
+    finally:
+        get_reward.cache_clear()
+
+
+def test_resume_may_change_early_stopping_and_the_declared_values(make_config, tmp_path):
+    from podsrl.run.rundir import prepare
+
+    (tmp_path / "config.toml").write_text(to_toml(make_config(**{"rollout.early_stop": "exact", "rollout.round_size": 2})))
+    changed = make_config(**{"rollout.early_stop": "off", "rollout.round_size": 1, "reward.values": [0.0, 0.5, 1.0]})
+    assert set(prepare(tmp_path, changed, resume=True).changes) == {"rollout.early_stop", "rollout.round_size", "reward.values"}
+    with pytest.raises(ConfigError, match="reward.timeout_score"):  # a reward's value is learned from: not free
+        prepare(tmp_path, make_config(**{"rollout.early_stop": "exact", "rollout.round_size": 2, "reward.timeout_score": 1.0}), resume=True)
 
 
 # ----------------------------------------------------------------------------- full disk

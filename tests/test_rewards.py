@@ -223,3 +223,116 @@ def test_gsm8k_reference_solutions_score_full_marks():
         example = ex(reference_answer(row["answer"]), row["question"])
         assert correctness(row["answer"], example) == 1.0, row["answer"]
         assert format_reward(row["answer"], example) == 1.0
+
+
+# ------------------------------------------------------------------ declared values (rollout.early_stop)
+
+DECLARING_REWARDS = '''
+def scalar(completion, example):
+    return 1.0
+scalar.reward_values = 1.0
+
+def text(completion, example):
+    return 1.0
+text.reward_values = "01"
+
+def empty(completion, example):
+    return 1.0
+empty.reward_values = []
+
+def nan(completion, example):
+    return 1.0
+nan.reward_values = (0.0, float("nan"))
+
+def only_one(completion, example):
+    return 1.0
+only_one.reward_values = (1.0,)
+
+def binary(completion, example):
+    return 0.5
+binary.reward_values = [1, 0]
+
+def undeclared(completion, example):
+    return 0.5
+'''
+
+
+@pytest.fixture(scope="module")
+def declaring(tmp_path_factory):
+    path = tmp_path_factory.mktemp("declaring") / "declaring.py"
+    path.write_text(DECLARING_REWARDS)
+    return lambda name: f"{path}:{name}"
+
+
+@pytest.mark.parametrize(
+    "name, fragments",
+    [
+        ("scalar", ["reward_values = 1.0 is not a list", "(0.0, 1.0)", "reward_values = (1.0,)"]),
+        ("text", ["reward_values = '01' is not a list"]),
+        ("empty", ["reward_values = []", "at least one"]),
+        ("nan", ["reward_values = (0.0, nan)", "finite numbers"]),
+    ],
+)
+def test_a_malformed_reward_values_declaration_is_a_config_error_naming_the_function(declaring, name, fragments):
+    from podsrl.grading.rewards import declared_values, function_values
+
+    for read in (lambda: function_values(declaring(name)), lambda: declared_values([RewardSpec(declaring(name))])):
+        with pytest.raises(ConfigError) as err:
+            read()
+        assert f"reward {declaring(name)!r}: " in str(err.value)
+        for fragment in fragments:
+            assert fragment in str(err.value)
+
+
+def test_reward_values_declarations_that_are_accepted(declaring):
+    from podsrl.grading.rewards import declared_values, function_values
+
+    assert function_values(declaring("only_one")) == (1.0,)
+    assert function_values(declaring("binary")) == (0.0, 1.0)  # any collection of numbers, sorted
+    assert function_values(declaring("undeclared")) is None
+    assert declared_values([RewardSpec(declaring("binary"), 2.0), RewardSpec("correctness")]) == (0.0, 1.0, 2.0, 3.0)
+
+
+def _reward_config(**settings):
+    from podsrl.config import RewardConfig
+
+    return RewardConfig(**{"names": ["correctness"], "weights": [1.0], **settings})
+
+
+def test_explain_undeclared_names_the_function_that_broke_its_declaration(declaring):
+    from podsrl.grading.rewards import explain_undeclared
+
+    specs = [RewardSpec("correctness"), RewardSpec(declaring("binary"), 0.5)]
+    reward = _reward_config(names=[s.name for s in specs], weights=[1.0, 0.5])
+    text = explain_undeclared(specs, [[1.0, 0.5], [0.0, 0.5]], reward)
+    assert f"reward function {declaring('binary')!r} returned 0.5, not in its `reward_values` [0.0, 1.0]" in text
+    assert "'correctness'" not in text  # it kept its promise
+    assert "--rollout.early_stop=off" in text and "resumed" in text
+    # The timeout score counts as declared for a function that can time out.
+    timed = lambda score: _reward_config(names=[s.name for s in specs], weights=[1.0, 0.5], timeout_seconds=5.0, timeout_score=score)  # noqa: E731
+    assert "not in its `reward_values` [0.0, 1.0] or reward.timeout_score -1" in explain_undeclared(specs, [[1.0, 0.5]], timed(-1.0))
+    assert "returned" not in explain_undeclared(specs, [[1.0, 0.5]], timed(0.5))  # 0.5 is its timeout score: nobody to blame
+    # Declared by reward.values: name the setting and what each function returned there.
+    values = _reward_config(names=[s.name for s in specs], weights=[1.0, 0.5], values=[0.0, 1.0])
+    text = explain_undeclared(specs, [[1.0, 0.5]], values)
+    assert "reward.values" in text and f"{declaring('binary')!r} returned 0.5" in text and "'correctness' returned 1" in text
+
+
+def test_timeout_totals_undeclared(declaring):
+    from podsrl.grading.rewards import timeout_totals_undeclared
+
+    spec = [RewardSpec(declaring("undeclared"), 2.0)]
+    reward = lambda **s: _reward_config(names=[declaring("undeclared")], weights=[2.0], **s)  # noqa: E731
+    # One function: its values are reward.values / its weight; a timeout scores -1 -> a total of -2.
+    assert timeout_totals_undeclared(spec, reward(values=[0.0, 2.0], timeout_seconds=1.0, timeout_score=-1.0)) == [-2.0]
+    assert timeout_totals_undeclared(spec, reward(values=[0.0, 2.0], timeout_seconds=1.0, timeout_score=0.0)) == []
+    assert timeout_totals_undeclared(spec, reward(values=[0.0, 2.0], timeout_score=-1.0)) == []  # no timeouts
+    assert timeout_totals_undeclared(spec, reward(timeout_seconds=1.0, timeout_score=-1.0)) == []  # no reward.values
+    # Two functions, both declared: every combination with a timeout.
+    specs = [RewardSpec("correctness"), RewardSpec(declaring("binary"))]
+    both = _reward_config(names=[s.name for s in specs], weights=[1.0, 1.0], values=[0, 1, 2], timeout_seconds=1.0, timeout_score=-1.0)
+    assert timeout_totals_undeclared(specs, both) == [-1.0]
+    # Two functions, one undeclared: unknowable here (every reward is still checked as it comes).
+    specs = [RewardSpec("correctness"), RewardSpec(declaring("undeclared"))]
+    mixed = _reward_config(names=[s.name for s in specs], weights=[1.0, 1.0], values=[0, 1, 2], timeout_seconds=1.0, timeout_score=-1.0)
+    assert timeout_totals_undeclared(specs, mixed) == []

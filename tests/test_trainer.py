@@ -326,6 +326,37 @@ def test_resuming_a_finished_run_changes_nothing(resume_case, make_config, tmp_p
     assert any("already reached its budget" in line for line in logs)
 
 
+def test_resuming_a_cosine_run_with_another_max_steps_is_refused(make_config, tmp_path):
+    """A cosine rate decays to 0 at train.max_steps: a longer run resumed would follow a schedule
+    neither length has, so the length of a cosine run is fixed (a constant rate's may be raised)."""
+    from podsrl.config import to_toml
+    from podsrl.run.rundir import prepare
+
+    cosine = {"optim.lr_schedule": "cosine", "train.max_steps": 4}
+    (tmp_path / "config.toml").write_text(to_toml(make_config(**cosine)))
+    with pytest.raises(ConfigError) as err:
+        prepare(tmp_path, make_config(**{**cosine, "train.max_steps": 8}), resume=True)
+    for fragment in ("train.max_steps (4 -> 8)", "optim.lr_schedule = 'cosine'", "--train.max_steps=8 --out NEW_DIR"):
+        assert fragment in str(err.value)
+    assert prepare(tmp_path, make_config(**{**cosine, "train.max_seconds": 1e6}), resume=True).changes  # the clock is free
+    (tmp_path / "config.toml").write_text(to_toml(make_config(**{"train.max_steps": 4})))
+    assert prepare(tmp_path, make_config(**{"train.max_steps": 8}), resume=True).changes == {"train.max_steps": (4, 8)}
+
+
+@pytest.mark.parametrize(
+    "settings, factors",
+    [
+        ({"optim.warmup_steps": 2}, [1 / 3, 2 / 3, 1.0]),  # (i + 1) / (warmup + 1), then optim.lr
+        ({"optim.lr_schedule": "cosine"}, [1.0, 0.75, 0.25]),  # 0.5 (1 + cos(pi i / 3))
+    ],
+)
+def test_metrics_log_the_learning_rate_each_step_used(make_config, tmp_path, settings, factors):
+    cfg = make_config(**{"train.max_steps": 3, "eval.at_start": False, "eval.at_end": False, "train.checkpoint_every": 0, **settings})
+    rows = read_jsonl(trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None) / "metrics.jsonl")
+    assert all("loss" in row for row in rows)  # every step updated (the scheduler moved once per step)
+    assert [row["lr"] for row in rows] == pytest.approx([cfg.optim.lr * f for f in factors])
+
+
 # ------------------------------------------------------------------------ checkpoint atomicity
 
 
@@ -466,6 +497,53 @@ def test_failing_reward_stops_training_with_the_prompt(make_config, reward_spec,
     assert reward in message and detail in message
     assert "prompt: 'What is" in message and "completion:" in message
     assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == []  # nothing was scored 0 and logged
+
+
+TIMEOUT_REWARDS = """
+def binary(completion, example):
+    return float(len(completion) % 2)
+
+
+binary.reward_values = (0.0, 1.0)
+
+
+def scalar(completion, example):
+    return 1.0
+
+
+scalar.reward_values = 1.0
+"""
+
+
+@pytest.fixture(scope="module")
+def declared_reward(tmp_path_factory):
+    path = tmp_path_factory.mktemp("declared") / "declared_rewards.py"
+    path.write_text(TIMEOUT_REWARDS)
+    return lambda name: f"{path}:{name}"
+
+
+@pytest.mark.parametrize(
+    "settings, fragments",
+    [
+        ({"reward.values": [0.0, 1.0]}, ["reward.timeout_score = -1: ", "total rewards [-1.0]", "reward.values [0.0, 1.0]"]),
+        ({}, ["reward.timeout_score = -1: ", "binary rewards", "[-1.0, 0.0, 1.0]"]),  # declared by the function
+    ],
+)
+def test_a_timeout_score_early_stopping_cannot_take_is_refused_at_the_start_naming_it(make_config, declared_reward, settings, fragments):
+    early = {"reward.names": [declared_reward("binary")], "rollout.early_stop": "exact", "select.rule": "max_variance",
+             "reward.timeout_seconds": 5.0, **settings}  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        trainer.preflight(make_config(**early, **{"reward.timeout_score": -1.0}))
+    for fragment in fragments:
+        assert fragment in str(err.value)
+    assert trainer.preflight(make_config(**early, **{"reward.timeout_score": 0.0}))[1] == (0.0, 1.0)
+
+
+def test_a_scalar_reward_values_is_one_line_naming_the_function(declared_reward, tmp_path):
+    from test_cli import assert_user_error, run_cli
+
+    code, _, err = run_cli(["train", "--out", str(tmp_path / "run"), "--no-plot", f"--reward.names={declared_reward('scalar')}"])
+    assert_user_error(code, err, f"reward {declared_reward('scalar')!r}: reward_values = 1.0 is not a list", "(0.0, 1.0)")
 
 
 # ------------------------------------------------------------------- D3S, iterations, KL

@@ -1,5 +1,6 @@
 """The plan of a comparison: the base config, the methods (dotted overrides over it) and the seeds;
-every method x seed's resolved Config is built and validated before any training.
+every method x seed's resolved Config is built and validated, and every method set up as far as it
+goes without a model (``check_setup``), before any training.
 
 The budget is the base's ``train.max_steps`` and/or ``train.max_seconds`` (whichever comes first,
 as in ``podsrl train``), the same for every method.
@@ -144,6 +145,21 @@ def load_plan(
     for method in all_methods.values():  # every method, chosen or not: a typo fails now
         plan.config(method.name, 0)
     return plan
+
+
+def check_setup(plan: Plan) -> None:
+    """Every method to run, set up as far as it goes without a model
+    (:func:`podsrl.train.loop.preflight`: the training dtype, the reward functions loaded, early
+    stopping against their declared values), so that one refused method stops the comparison before
+    the first run trains rather than after the others. ``load_plan`` checked the configs already;
+    this needs the reward functions (user code), which ``--report-only`` does not."""
+    from podsrl.train.loop import preflight
+
+    for method in plan.methods:
+        try:
+            preflight(plan.config(method.name, 0))
+        except ConfigError as err:
+            raise ConfigError(f"compare.methods.{method.name}: {err}") from None
 
 
 def _seed_plan(table: dict[str, Any], cli: int | str | None, methods: dict[str, Method]) -> tuple[int, dict[str, int]]:

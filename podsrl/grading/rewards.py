@@ -30,7 +30,7 @@ import itertools
 import math
 import numbers
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
@@ -92,6 +92,8 @@ REWARDS: dict[str, RewardFn] = {
     "correctness": correctness,
     "format": format_reward,
 }
+
+_REL_TOL = 1e-6  # declared values vs rewards that went through float32, as podsrl.core.early_stop compares them
 
 # The values a reward function can return, declared for exact early stopping
 # (podsrl.core.early_stop); a user function may declare its own as ``fn.reward_values = (0.0, 1.0)``.
@@ -215,15 +217,113 @@ def declared_values(specs: Sequence[RewardSpec], *, extra: dict[str, float] | No
     none, or when there would be more than ``limit`` combinations."""
     sets = []
     for spec in specs:
-        values = getattr(get_reward(spec.name), "reward_values", None)
+        values = function_values(spec.name)
         if values is None:
             return None
-        values = {float(v) for v in values} | ({float(extra[spec.name])} if extra and spec.name in extra else set())
-        sets.append(sorted(values))
+        sets.append(sorted(set(values) | ({float(extra[spec.name])} if extra and spec.name in extra else set())))
+    return _totals(specs, sets, limit)
+
+
+def function_values(name: str) -> tuple[float, ...] | None:
+    """The values reward function ``name`` declares it can return (its ``reward_values``), sorted;
+    None when it declares none. A declaration that is not a non-empty collection of finite numbers
+    is a ConfigError naming the function: ``reward_values = 1.0`` is refused rather than read as "always
+    1.0", which is far more often a slip for ``(0.0, 1.0)`` (a function that only ever returns 1.0
+    declares ``(1.0,)``)."""
+    declared = getattr(get_reward(name), "reward_values", None)
+    if declared is None:
+        return None
+    usage = "declare every value it can return as a list or tuple of numbers, e.g. reward_values = (0.0, 1.0)"
+    if isinstance(declared, (str, bytes)) or not isinstance(declared, Iterable):
+        raise ConfigError(
+            f"reward {name!r}: reward_values = {declared!r} is not a list of values; {usage} "
+            f"(a function that only ever returns {declared!r}: reward_values = ({declared!r},))"
+        )
+    values = list(declared)
+    if not values or not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values):
+        raise ConfigError(f"reward {name!r}: reward_values = {declared!r} must hold finite numbers, at least one; {usage}")
+    return tuple(sorted({float(v) for v in values}))
+
+
+def timeout_values(specs: Sequence[RewardSpec], reward) -> dict[str, float]:
+    """name -> ``reward.timeout_score`` for the functions whose calls can time out (``reward``: the
+    run's :class:`podsrl.config.RewardConfig`): the user functions, when ``reward.timeout_seconds``
+    runs them in worker processes (:meth:`podsrl.grading.pool.RewardPool.from_config`)."""
+    if reward.timeout_seconds is None:
+        return {}
+    return {spec.name: float(reward.timeout_score) for spec in specs if ":" in spec.name}
+
+
+def total_values(specs: Sequence[RewardSpec], reward, *, timeouts: bool = True) -> tuple[float, ...] | None:
+    """Every value the run's total reward can take: ``reward.values`` when given, else the weighted
+    sums of the functions' declared values (:func:`declared_values`), a timed-out call scoring
+    ``reward.timeout_score`` (``timeouts``); None when undeclared."""
+    if reward.values is not None:
+        return tuple(sorted({float(v) for v in reward.values}))
+    return declared_values(specs, extra=timeout_values(specs, reward) if timeouts else None)
+
+
+def timeout_totals_undeclared(specs: Sequence[RewardSpec], reward) -> list[float]:
+    """The totals a timed-out call (scored ``reward.timeout_score``) can give that ``reward.values``
+    leaves out, where they can be known: every function declares its values, or a single function's
+    are ``reward.values`` / its weight. Empty without ``reward.values``, without timeouts, or when
+    they cannot be known (each reward is still checked as it comes: :func:`explain_undeclared`)."""
+    extra = timeout_values(specs, reward)
+    if reward.values is None or not extra:
+        return []
+    sets = [function_values(spec.name) for spec in specs]
+    if len(specs) == 1 and sets[0] is None and specs[0].weight != 0:
+        sets = [tuple(v / specs[0].weight for v in reward.values)]
+    if any(values is None for values in sets):
+        return []
+    without = _totals(specs, sets) or ()
+    with_timeouts = _totals(specs, [sorted({*values, extra[spec.name]} if spec.name in extra else values) for spec, values in zip(specs, sets)])
+    return [t for t in with_timeouts or () if not _listed(t, reward.values) and not _listed(t, without)]
+
+
+def explain_undeclared(specs: Sequence[RewardSpec], values: Sequence[Sequence[float]], reward) -> str:
+    """Who broke the declaration, and the fix, for the RewardError of
+    :func:`podsrl.core.early_stop.check_values`: ``values`` [S][F] are each function's value (in
+    ``specs`` order) on the S rollouts whose total was undeclared; ``reward`` the run's RewardConfig."""
+    names = [spec.name for spec in specs]
+    then = (
+        "or go on without early stopping (--rollout.early_stop=off); the declaration and rollout.early_stop may "
+        "change when the run is resumed"
+    )
+    if reward.values is not None:
+        returned = ", ".join(f"{name!r} returned {_listing(column)}" for name, column in zip(names, zip(*values)))
+        return f"the total reward is declared by reward.values; at those rollouts {returned}. Add the totals to reward.values, {then}"
+    extra = timeout_values(specs, reward)
+    blamed = []
+    for spec, column in zip(specs, zip(*values)):
+        declared = function_values(spec.name) or ()
+        allowed = (*declared, extra[spec.name]) if spec.name in extra else declared
+        stray = [v for v in column if not _listed(v, allowed)]
+        if stray:
+            timeout = f" or reward.timeout_score {extra[spec.name]:g}" if spec.name in extra else ""
+            blamed.append(f"reward function {spec.name!r} returned {_listing(stray)}, not in its `reward_values` {list(declared)}{timeout}")
+    if not blamed:  # float rounding of a weighted sum: name the functions at least
+        blamed = [f"the reward functions {', '.join(map(repr, names))} (each one's `reward_values`)"]
+    return f"{'; '.join(blamed)}. Add every value a function can return to its `reward_values`, {then}"
+
+
+def _totals(specs: Sequence[RewardSpec], sets: Sequence[Sequence[float]], limit: int = 4096) -> tuple[float, ...] | None:
+    """The weighted sums of one value from each of ``sets`` (aligned with ``specs``); None past ``limit`` combinations."""
     if math.prod(len(v) for v in sets) > limit:
         return None
     totals = {math.fsum(spec.weight * v for spec, v in zip(specs, combo)) for combo in itertools.product(*sets)}
     return tuple(sorted(totals))
+
+
+def _listed(value: float, values: Sequence[float]) -> bool:
+    """``value`` is one of ``values``, to the tolerance of rewards that went through float32
+    (:mod:`podsrl.core.early_stop`)."""
+    return any(abs(value - v) <= _REL_TOL * max(1.0, abs(v)) for v in values)
+
+
+def _listing(values: Sequence[float]) -> str:
+    distinct = sorted(set(values))
+    return ", ".join(f"{v:g}" for v in distinct[:5]) + (" ..." if len(distinct) > 5 else "")
 
 
 def _as_spec(spec: RewardSpec | tuple[str, float]) -> RewardSpec:

@@ -26,7 +26,7 @@ from typing import Any
 from podsrl.errors import ConfigError
 from podsrl.tasks.types import Example
 
-__all__ = ["RewardFn", "from_batched", "is_batched", "load_user_reward"]
+__all__ = ["RewardFn", "from_batched", "is_batched", "load_user_reward", "user_rewards"]
 
 RewardFn = Callable[[str, Example], float]
 
@@ -72,6 +72,12 @@ def load_user_reward(spec: str) -> RewardFn:
     except ValueError:
         pass  # no introspectable signature (some builtins): trust it, _score still guards calls
     return fn
+
+
+def user_rewards(names) -> list[str]:
+    """The user specs among the rewards ``names`` (``reward.names``), each once, in order: the code
+    that loading them imports (the "module" or "file.py" part) and calls (the function)."""
+    return list(dict.fromkeys(name for name in names if ":" in name))
 
 
 def _import_module(spec: str, module_name: str) -> object:

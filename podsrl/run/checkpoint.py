@@ -23,6 +23,19 @@ and checked before anything is copied.
 The trainer draws every random number of step s from generators seeded by (seed, s), so resuming
 needs no RNG stream position; the global RNG states are saved anyway for user code that uses them.
 
+A checkpoint is data, never code (SECURITY.md): ``state.pt`` is read with ``torch.load(...,
+weights_only=True)``, which rebuilds tensors and plain Python values (dicts, lists, tuples, numbers,
+strings, None) and refuses anything else instead of running it. So ``state.pt`` holds only such
+values: the optimizer's and the scheduler's ``state_dict()``, :class:`TrainState` as a plain dict
+(``dataclasses.asdict``, read back by ``TrainState(**d)``: a field added to TrainState must be such a
+value, and a checkpoint written before the field existed gets its default) and the RNG states. A
+plain dict rather than ``torch.serialization.add_safe_globals([TrainState])``: the file then loads
+in any process, with or without podsrl imported, and no process-wide allow-list is changed. Older
+checkpoints stored ``state.__dict__``, the same plain dict, and load unchanged. A ``state.pt`` that
+needs more (a pickled object: a file changed or made elsewhere, possibly to run code when loaded) is
+an :class:`UnsafeCheckpoint` naming the file, never loaded another way and never skipped for an
+older checkpoint: the user decides what to do with a run directory that holds it.
+
 Under torchrun (``dist``) a checkpoint is still one directory of full, unsharded tensors, written by
 rank 0 alone: with "ddp" every rank holds the same weights and optimizer state; with "fsdp" they are
 gathered first (``torch.distributed.checkpoint.state_dict``'s full state dicts, offloaded to the
@@ -32,8 +45,10 @@ file system all nodes see), so a run can resume at another world size.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
+import pickle
 import random
 import shutil
 import tempfile
@@ -49,6 +64,11 @@ from podsrl.run.rundir import write_text_atomic
 
 class DamagedCheckpoint(ConfigError):
     """A checkpoint file that cannot be read: the message names it."""
+
+
+class UnsafeCheckpoint(ConfigError):
+    """A checkpoint file that does not load as plain data (``weights_only=True``): the message names
+    it. Not a DamagedCheckpoint: :func:`load_newest` does not fall back past it."""
 
 
 @dataclass
@@ -121,7 +141,7 @@ def _write(root: Path, target: Path, weights: dict, optim_state: dict, scheduler
             {
                 "optimizer": optim_state,
                 "scheduler": scheduler.state_dict(),
-                "state": state.__dict__,
+                "state": dataclasses.asdict(state),  # a plain dict: weights_only=True loads it
                 "rng": {
                     "torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -250,13 +270,36 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 def _read_state(path: Path, *, mmap: bool = False) -> dict:
     file = Path(path) / "state.pt"
     try:
-        blob = torch.load(file, weights_only=False, mmap=mmap)
+        blob = torch.load(file, weights_only=True, mmap=mmap)  # data only: see the module docstring
         missing = {"optimizer", "scheduler", "state", "rng"} - set(blob)
-    except Exception as err:  # truncated: RuntimeError, EOFError, UnpicklingError ...
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():
+            raise DamagedCheckpoint(f"checkpoint file {file} is damaged ({_one_line(err)})") from None
+        raise UnsafeCheckpoint(_unsafe_message(file, err)) from None
+    except Exception as err:  # truncated: RuntimeError, EOFError ...
         raise DamagedCheckpoint(f"checkpoint file {file} is damaged ({_one_line(err)})") from None
     if missing:
         raise DamagedCheckpoint(f"checkpoint file {file} is damaged (no {sorted(missing)[0]!r} entry)")
     return blob
+
+
+def _unsafe_message(file: Path, err: Exception) -> str:
+    """Why ``file`` was refused, in one line: the objects it would build (read without building them)."""
+    try:
+        needs = torch.serialization.get_unsafe_globals_in_checkpoint(file)
+    except Exception:  # noqa: BLE001 - only the message depends on it
+        needs = []
+    if needs:
+        what = f"it would call or build {', '.join(needs[:5])}"
+    else:
+        reason = str(err).split("WeightsUnpickler error:", 1)[-1]
+        what = " ".join(reason.split())[:160]
+    return (
+        f"checkpoint file {file} holds more than tensors and plain values ({what}), which podsrl never writes there: "
+        "it was changed or made elsewhere, and loading it could run code, so podsrl refuses it (torch.load with "
+        "weights_only=True; SECURITY.md); resume or export only run directories you made, or delete this checkpoint "
+        "directory to use an older one"
+    )
 
 
 def read_train_state(path: Path) -> TrainState:

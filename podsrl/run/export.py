@@ -223,7 +223,7 @@ def write_model_dir(
                 model = model.merge_and_unload()
         if merged or not policy.lora:
             model.to(DTYPES[dtype]).save_pretrained(target, max_shard_size=max_shard_size)
-        AutoTokenizer.from_pretrained(policy.path).save_pretrained(target)  # as the base ships it
+        AutoTokenizer.from_pretrained(policy.path, trust_remote_code=False).save_pretrained(target)  # as the base ships it
     (target / CONFIG_FILE).write_text(to_toml(cfg))
     facts = model_card.CardFacts(
         cfg=cfg, run_dir=Path(run_dir), step=state.step, train_seconds=state.train_seconds, world_size=state.world_size,
@@ -251,9 +251,11 @@ def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     run_dir = Path(run_dir)
     found = ckpt.candidates(run_dir)
     if not found:
+        from podsrl.run import rundir
+
         raise ConfigError(
-            f"{run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first one); "
-            "resume it to its end, or checkpoint more often with --train.checkpoint_every"
+            f"{run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first one), so "
+            f"nothing to export or resume; {rundir.restart_advice(run_dir)}"
         )
     if step is None:
         return found[0]

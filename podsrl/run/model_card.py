@@ -13,13 +13,16 @@ embedded ``smollm2-135m-instruct`` is named as HuggingFaceTB/SmolLM2-135M-Instru
 since its weights are that release de-quantised from a Q4_1 GGUF (:mod:`podsrl.models`). The
 quick start's example is a held-out question of the task with the system prompt and instruction
 the policy was trained with (what it answers best), or a plain question when the task cannot be
-loaded here. Papers are linked by arXiv id, not given as BibTeX.
+loaded here. Papers are linked by arXiv id, not given as BibTeX. Paths and names in the snippets
+are quoted for where they stand (:func:`_py` in Python, :func:`shlex.quote` in shell commands), so
+a location with a quote, a backslash or a space still gives code that runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,37 +140,44 @@ def example_messages(cfg) -> list[dict[str, str]]:
     return messages
 
 
+def _py(text: str) -> str:
+    """``text`` as a Python string literal (double-quoted when it holds no quote, as the snippets are
+    written; else Python's own repr)."""
+    literal = repr(text)
+    return f'"{literal[1:-1]}"' if literal[0] == "'" and "'" not in text and '"' not in text else literal
+
+
 def _quick_start(facts: CardFacts) -> str:
     cfg = facts.cfg
-    where = facts.location
+    where, shell = _py(facts.location), shlex.quote(facts.location)
     tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    messages = json.dumps(example_messages(cfg), ensure_ascii=False)
+    messages = json.dumps(example_messages(cfg), ensure_ascii=False)  # strings only: valid Python too
     if facts.merged:
         text = (
             "```python\nfrom transformers import pipeline\n\n"
-            f'generator = pipeline("text-generation", model="{where}")\n'
+            f'generator = pipeline("text-generation", model={where})\n'
             f"messages = {messages}\n"
             f"output = generator(messages, max_new_tokens={tokens}, do_sample=False, return_full_text=False)[0]\n"
             'print(output["generated_text"])\n```\n\n'
-            f'`AutoModelForCausalLM.from_pretrained("{where}")` loads it as well, and vLLM serves it (`vllm serve {where}`). '
-            f"Its held-out accuracy on the run's task: `podsrl eval --model {where}`.\n"
+            f"`AutoModelForCausalLM.from_pretrained({where})` loads it as well, and vLLM serves it (`vllm serve {shell}`). "
+            f"Its held-out accuracy on the run's task: `podsrl eval --model {shell}`.\n"
         )
         if cfg.model.lora:
             if cfg.model.name in EMBEDDED_ORIGIN:  # the weights it was trained on, not the Hub's bf16 release
-                imports, base = "from podsrl.models import resolve_model_path\n", f'resolve_model_path("{cfg.model.name}")'
+                imports, base = "from podsrl.models import resolve_model_path\n", f"resolve_model_path({_py(cfg.model.name)})"
             else:
-                imports, base = "", f'"{cfg.model.name}"'
+                imports, base = "", _py(cfg.model.name)
             text += (
                 "\nThe adapter alone, over the base model it was trained on:\n\n```python\nfrom peft import PeftModel\n"
                 f"from transformers import AutoModelForCausalLM\n{imports}\n"
                 f"base = AutoModelForCausalLM.from_pretrained({base})\n"
-                f'model = PeftModel.from_pretrained(base, "{where}", subfolder="adapter")\n```\n'
+                f'model = PeftModel.from_pretrained(base, {where}, subfolder="adapter")\n```\n'
             )
         return text
     return (
         "```python\nfrom peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
-        f'model = AutoPeftModelForCausalLM.from_pretrained("{where}")\n'
-        f'tokenizer = AutoTokenizer.from_pretrained("{where}")\n'
+        f"model = AutoPeftModelForCausalLM.from_pretrained({where})\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({where})\n"
         f"messages = {messages}\n"
         "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", return_dict=True)\n"
         f"output = model.generate(**inputs, max_new_tokens={tokens}, do_sample=False)\n"
@@ -225,7 +235,7 @@ def _evaluation(facts: CardFacts) -> str:
     if before is None and after is None:
         return (
             f"The run recorded no evaluation at step 0 or {facts.step}. Measure it with "
-            f"`podsrl eval --model {facts.location}` (the run's held-out problems and settings).\n"
+            f"`podsrl eval --model {shlex.quote(facts.location)}` (the run's held-out problems and settings).\n"
         )
     problems = (after or before)["problems"]
     lines = [
@@ -242,7 +252,7 @@ def _evaluation(facts: CardFacts) -> str:
     if before is not None and after is not None:
         lines.append(f"\nChange: {100 * (after['accuracy'] - before['accuracy']):+.1f} points.")
     elif after is None:
-        lines.append(f"\nNot evaluated at step {facts.step}: `podsrl eval --model {facts.location}` measures it.")
+        lines.append(f"\nNot evaluated at step {facts.step}: `podsrl eval --model {shlex.quote(facts.location)}` measures it.")
     return "\n".join(lines) + "\n"
 
 

@@ -21,9 +21,12 @@ A run directory holds one run (``config.toml``, ``metrics.jsonl``, ``eval.jsonl`
   run that fails its checks leaves no empty directory behind.
 - **Resume keeps the training.** The config of a resumed run may differ from the run's own only in
   settings that do not change what is learned (``FREE``: logging, checkpointing, devices, engine
-  resources, mathematically exact batching options) and in a raised budget (``BUDGET``). Anything
-  else is refused, naming the settings; an allowed change is recorded in ``config_changes.jsonl``
-  and ``config.toml`` is rewritten.
+  resources, mathematically exact batching options, exact early stopping and the reward values it
+  relies on) and in a raised budget (``BUDGET``), except ``train.max_steps`` under a cosine learning
+  rate, which decays to 0 at that step. Anything else is refused, naming the settings; an allowed
+  change is recorded in ``config_changes.jsonl`` and ``config.toml`` is rewritten. A run with no
+  checkpoint has nothing to resume: every command says to train it again in place
+  (:func:`restart_advice`).
 - **Atomic rewrites.** :func:`write_text_atomic` (write a temporary sibling, fsync, rename) is how
   every run file is rewritten; appends of whole lines are left to the readers' torn-line rule.
 
@@ -64,6 +67,11 @@ RUN_FILES = (*MARKERS, "curves.png", CHANGES_FILE, "tensorboard", "wandb", "done
 # May be raised on resume (None, no limit, is the highest); lowering one would change the
 # schedules the run has followed so far (learning rate, m, token fraction: all follow progress).
 BUDGET = ("train.max_steps", "train.max_seconds")
+# Exact early stopping trains on what fixed-n sampling trains on, in law (podsrl/core/early_stop.py),
+# and reward.values is read by it alone: turning it on or off, its round size and the declared values
+# may change on resume (the way forward when a reward leaves its declared values). Like a changed
+# world size, the rollouts then differ from an uninterrupted run's; what is learned does not, in law.
+EXACT_IN_LAW = ("rollout.early_stop", "rollout.round_size", "reward.values")
 # May change on resume: where and how the run executes, what it logs, how often it checkpoints,
 # and batching options that are exact (the same update). Evaluation *timing* is free; what an
 # evaluation measures is not, or eval.jsonl would mix two measurements.
@@ -79,6 +87,7 @@ FREE = frozenset(
         "optim.micro_batch_size", "optim.share_prompts",
         "rollout.engine", "rollout.generation_batch_size", "rollout.gpu_memory_utilization",
         "rollout.enable_sleep_mode", "rollout.kv_cache_gib", "rollout.enforce_eager", "rollout.max_model_len",
+        *EXACT_IN_LAW,
     }
 )  # fmt: skip
 FREE_SECTIONS = ("distributed.",)  # how many processes, and how they split the work
@@ -104,9 +113,16 @@ def resume_advice(path: Path, checkpoint: Path | None) -> str:
     has none), as the tail of a sentence: "; resume with `podsrl train --resume DIR` (from ...)"."""
     if checkpoint is not None:
         return f"; resume with `podsrl train --resume {path}` (from {checkpoint.name})"
+    return f" before the first checkpoint of {path}; nothing to resume: {restart_advice(path)}"
+
+
+def restart_advice(path: Path) -> str:
+    """The one way forward for a run with no checkpoint (``--resume``, ``podsrl export`` and
+    ``podsrl eval --run`` all give it): train it again from its own config.toml, in place."""
+    path = Path(path)
     return (
-        f" before the first checkpoint of {path}; nothing to resume: start it again with "
-        f"`--out {path} --overwrite` (or checkpoint more often with --train.checkpoint_every)"
+        f"train it again with `podsrl train {path / 'config.toml'} --out {path} --overwrite` (and checkpoint more "
+        "often with --train.checkpoint_every)"
     )
 
 
@@ -252,6 +268,15 @@ def resume_changes(path: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:
         raise ConfigError(
             f"--resume {path}: {', '.join(lowered)} lowers the run's budget; a resumed run may only raise it (the "
             "learning-rate and selection schedules follow it); to stop sooner, press Ctrl-C after a checkpoint"
+        )
+    if "train.max_steps" in changes and run_cfg.optim.lr_schedule == "cosine":
+        old, new = changes["train.max_steps"]
+        raise ConfigError(
+            f"--resume {path}: train.max_steps ({_show(old)} -> {_show(new)}) with optim.lr_schedule = 'cosine', which "
+            f"decays the rate to 0 at train.max_steps: the steps left would follow a cosine over {_show(new)} steps, the "
+            f"rate rising again from where the {_show(old)}-step schedule left it, a schedule neither length has. A cosine "
+            f"run's length is fixed: train a new run with the longer schedule (`podsrl train {Path(path) / 'config.toml'} "
+            f"--train.max_steps={_show(new)} --out NEW_DIR`), or resume this one with its own train.max_steps"
         )
     return changes
 

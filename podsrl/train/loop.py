@@ -45,9 +45,9 @@ from podsrl.core.downsample import Selection, downsample, has_signal, step_seed
 from podsrl.core.early_stop import why_not_exact
 from podsrl.core.schedules import training_progress
 from podsrl.engines import Engine, make_engine, resolve_engine
-from podsrl.errors import ConfigError, EngineError, RunWriteError
+from podsrl.errors import ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.grading.pool import RewardPool
-from podsrl.grading.rewards import RewardSpec, declared_values, resolve_specs
+from podsrl.grading.rewards import RewardSpec, resolve_specs, timeout_totals_undeclared, total_values
 from podsrl.models import Policy, check_training_dtype, load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import export, preemption, rundir
@@ -125,8 +125,7 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     dist = dist or Dist()
     torch.manual_seed(cfg.train.seed)
     task = build_task(cfg)
-    rewards = resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights)))
-    reward_values = _reward_values(cfg, rewards)
+    rewards, reward_values = preflight(cfg)
     policy = load_policy(cfg.model, device=rank_device(cfg.model.device, dist.local_rank, dist.world) if dist.active else None)
     if dist.active:
         if dist.sharded:
@@ -160,19 +159,43 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     )
 
 
+def preflight(cfg: Config) -> tuple[list[RewardSpec], tuple[float, ...] | None]:
+    """The set-up decisions that need no model, each refusal a ConfigError: the training dtype, the
+    reward functions (loaded) and the values their total can take, checked against early stopping
+    (``_reward_values``). ``setup`` starts with it; ``podsrl compare`` runs it for every method
+    before the first run trains (:func:`podsrl.compare.plan.check_setup`)."""
+    check_training_dtype(cfg)
+    rewards = resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights)))
+    return rewards, _reward_values(cfg, rewards)
+
+
 def _reward_values(cfg: Config, rewards: list[RewardSpec]) -> tuple[float, ...] | None:
     """The declared values of the total reward (reward.values, else the functions' declarations; a
-    user function's timed-out call scores reward.timeout_score); with rollout.early_stop = "exact",
-    a ConfigError when the run's rule and rewards have no exact stopping criterion."""
-    timeouts = {spec.name: cfg.reward.timeout_score for spec in rewards if ":" in spec.name} if cfg.reward.timeout_seconds else {}
-    values = tuple(sorted(set(cfg.reward.values))) if cfg.reward.values is not None else declared_values(rewards, extra=timeouts)
-    if cfg.rollout.early_stop == "exact":
-        sel = cfg.select
-        reason = why_not_exact(sel.rule, values=values, advantages_over_group=sel.advantages_over_group,
-                               filter_zero_variance=sel.filter_zero_variance, dynamic_sampling=cfg.rollout.dynamic_sampling)  # fmt: skip
-        if reason is not None:
-            fix = " or declare the reward's values (reward.values, or `reward_values` on each function)" if "declared" in reason else ""
-            raise ConfigError(f"rollout.early_stop = 'exact': {reason}; set rollout.early_stop = \"off\"{fix}")
+    user function's timed-out call scores reward.timeout_score: ``total_values``); with
+    rollout.early_stop = "exact", a ConfigError when the run's rule and rewards have no exact
+    stopping criterion, naming reward.timeout_score when a timed-out call's score is what breaks it."""
+    values = total_values(rewards, cfg.reward)
+    if cfg.rollout.early_stop != "exact":
+        return values
+    sel, score = cfg.select, f"reward.timeout_score = {cfg.reward.timeout_score:g}"
+    why = lambda v: why_not_exact(sel.rule, values=v, advantages_over_group=sel.advantages_over_group, filter_zero_variance=sel.filter_zero_variance,  # noqa: E731
+                                 dynamic_sampling=cfg.rollout.dynamic_sampling)
+    if stray := timeout_totals_undeclared(rewards, cfg.reward):
+        raise ConfigError(
+            f"{score}: a reward call that times out (reward.timeout_seconds) scores it, which gives the total rewards "
+            f"{stray} that reward.values {list(values)} leaves out, and rollout.early_stop = 'exact' relies on reward.values; "
+            "set reward.timeout_score to a value the reward can take, or add those totals to reward.values"
+        )
+    reason = why(values)
+    if reason is not None and why(total_values(rewards, cfg.reward, timeouts=False)) is None:
+        raise ConfigError(
+            f"{score}: a reward call that times out (reward.timeout_seconds) scores it, which adds it to the reward's "
+            f"values, and rollout.early_stop = 'exact' then fails: {reason}; set reward.timeout_score to one of the "
+            "functions' declared values (`reward_values`), or rollout.early_stop = \"off\""
+        )
+    if reason is not None:
+        fix = " or declare the reward's values (reward.values, or `reward_values` on each function)" if "declared" in reason else ""
+        raise ConfigError(f"rollout.early_stop = 'exact': {reason}; set rollout.early_stop = \"off\"{fix}")
     return values
 
 
@@ -223,11 +246,12 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     sample = sample_step(s, state.step, p, timer)  # the step's B groups [B, n], scored, every rank's numbers
     with timer("select"):
         selection = select(cfg, state, sample.groups.reward)
+    lr = scheduler.get_last_lr()[0]  # the rate this step's (first) optimizer step uses; after it, the next one's
     with timer("update"):
         stats = _update_on_kept(s, model, optimizer, scheduler, sample.groups, selection)
     with timer("sync"):
         s.engine.sync_weights(model)  # the next step samples from the new weights
-    return _step_metrics(s, state, scheduler, sample, selection, stats, timer)
+    return _step_metrics(s, state, lr, sample, selection, stats, timer)
 
 
 def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor) -> Selection:
@@ -256,7 +280,7 @@ def _update_on_kept(s: Setup, model, optimizer, scheduler, groups: Groups, selec
     return run_update(model, optimizer, scheduler, batch, settings, reference=s.reference, dist=s.dist)
 
 
-def _step_metrics(s: Setup, state: ckpt.TrainState, scheduler, sample: StepSample, selection: Selection, stats, timer) -> dict:
+def _step_metrics(s: Setup, state: ckpt.TrainState, lr: float, sample: StepSample, selection: Selection, stats, timer) -> dict:
     """The step's line of metrics.jsonl: selection (podsrl.core.downsample) over the groups trained
     on, what was sampled (podsrl.train.sampling.sample_metrics, on a fixed-n run's basis), update, times."""
     keep, dist = selection.keep, s.dist
@@ -264,7 +288,7 @@ def _step_metrics(s: Setup, state: ckpt.TrainState, scheduler, sample: StepSampl
         "step": state.step + 1,
         **selection.metrics,
         **sample_metrics(sample, [spec.name for spec in s.rewards]),
-        "lr": scheduler.get_last_lr()[0],
+        "lr": lr,
         "completion_len_kept": float(sample.groups.length[keep].mean()) if keep.any() else 0.0,
         "groups_with_signal": int(has_signal(selection).sum()),  # groups trained with a nonzero advantage
     }
@@ -352,7 +376,7 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
         return _run(s, claim, model, optimizer, scheduler, state, resume=resume, log=log)
     except KeyboardInterrupt as err:  # name the run and how to go on (the CLI prints it)
         raise rundir.RunInterrupted(claim.path, ckpt.latest(claim.path)) from err
-    except (EngineError, RunWriteError) as err:
+    except (EngineError, RunWriteError, RewardError) as err:  # fix what failed, then resume
         raise type(err)(f"{err}{rundir.resume_advice(claim.path, ckpt.latest(claim.path))}") from err
     finally:
         s.close()

@@ -67,7 +67,7 @@ from podsrl.core.downsample import groups_with_signal, step_seed
 from podsrl.core.early_stop import check_values, stop_criterion
 from podsrl.core.selection import nonzero_variance_groups
 from podsrl.engines import Rollouts, Sampling
-from podsrl.grading.rewards import RewardResult, compute_rewards
+from podsrl.grading.rewards import RewardResult, compute_rewards, explain_undeclared
 
 # The random streams of a step (podsrl.core.downsample.step_seed); selection draws from
 # SELECTION_STREAM (1) inside downsample, dropout from the trainer's stream 2.
@@ -280,8 +280,8 @@ def _sample_batch(s, step: int, j: int, m: int, timer) -> Groups:
         with timer("reward"):
             scores = compute_rewards(out.texts, [examples[g] for g in running for _ in range(k)], s.rewards, pool=s.reward_pool)
             local.record(running, count, out, scores, round)
-            if criterion is not None and s.reward_values is not None:
-                check_values(local.reward, s.reward_values)  # the criteria are exact only for declared values
+            if criterion is not None and s.reward_values is not None:  # the criteria are exact only for declared values
+                check_values(local.reward, s.reward_values, explain=lambda stray: _explain(s, local, stray))
         count, round = count + k, round + 1
         if criterion is None:
             break
@@ -289,6 +289,12 @@ def _sample_batch(s, step: int, j: int, m: int, timer) -> Groups:
         running = [g for g in running if count < n and not bool(done[g])]
     with timer("reward"):
         return local.gather(dist)
+
+
+def _explain(s, groups: Groups, stray: Tensor) -> str:
+    """Who gave the rewards outside the declared values (``stray`` [G, n] bool), and the fix."""
+    values = torch.stack([groups.per_reward[spec.name] for spec in s.rewards], dim=-1)[stray]  # [S, F] each function's value
+    return explain_undeclared(s.rewards, values.tolist(), s.cfg.reward)
 
 
 def sample_metrics(sample: StepSample, reward_names: list[str]) -> dict:
