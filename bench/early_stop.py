@@ -4,7 +4,7 @@
     python bench/early_stop.py --model runs/X/model     # a trained policy (a run's exported model)
     python bench/early_stop.py --quick                  # the tiny path check: 2 steps of 4 prompts
 
-What is measured: the trainer's own sampling (``podsrl.train.loop.sample``: generate, then score,
+What is measured: the trainer's own sampling (``podsrl.train.sampling.sample_step``: generate, then score,
 per round) for PODS max-variance with n = 16 rollouts per prompt and m = 4 kept, on the two-digit
 task of configs/compare-2digit.toml (B = 8 training prompts a step, the step's own prompts and
 seeds), with ``rollout.early_stop`` "off" (n per prompt in one call) and "exact" (rounds of
@@ -46,6 +46,7 @@ def main() -> None:
     from podsrl.config import from_dict
     from podsrl.run import checkpoint as ckpt
     from podsrl.train import loop as trainer
+    from podsrl.train.sampling import sample_step
 
     overrides = {
         "model.name": args.model, "rollout.engine": args.engine, "rollout.n": 16, "select.rule": "max_variance",
@@ -66,18 +67,18 @@ def main() -> None:
         totals = {name: dict(rollouts=0, seconds=0.0, correct=0.0) for name in ("fixed", "exact")}
         for step in range(args.steps):
             state = ckpt.TrainState(step=step)
-            idx = trainer._step_prompts(s, step)
             for name in (("fixed", "exact") if step % 2 == 0 else ("exact", "fixed")):
                 s.cfg = fixed if name == "fixed" else exact
                 timer = trainer._Timer()
-                _, scored = trainer.sample(s, state, idx, timer)
-                sampled = ~scored.rewards.isnan()
+                sample = sample_step(s, step, trainer.progress(s.cfg, state), timer)
+                rewards = sample.groups.reward  # [B, n], NaN: not sampled
+                sampled = ~rewards.isnan()
                 t = totals[name]
                 t["rollouts"] += int(sampled.sum())
                 t["seconds"] += timer.seconds["generate"]
-                t["correct"] += float(scored.rewards[sampled].sum())
+                t["correct"] += float(rewards[sampled].sum())
                 print(f"step {step}: {name:>5} {int(sampled.sum()):4d} rollouts in {timer.seconds['generate']:6.2f} s "
-                      f"({scored.rounds} round(s)), accuracy {float(scored.rewards[sampled].mean()):.2f}", flush=True)  # fmt: skip
+                      f"({sample.rounds} round(s)), accuracy {float(rewards[sampled].mean()):.2f}", flush=True)  # fmt: skip
     finally:
         s.close()
     for name, t in totals.items():

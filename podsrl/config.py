@@ -185,10 +185,15 @@ class RolloutConfig:
     # change the law of what it trains on; rules or rewards without such a criterion are refused.
     early_stop: str = "off"  # "off": n rollouts per prompt | "exact": sample in rounds, stop each group as soon as it is exact
     round_size: int | None = None  # with early_stop: rollouts per prompt per round; None: the step's m
+    # Dynamic sampling (DAPO, arXiv 2503.14476 Sec. 3.2; podsrl/train/sampling.py): groups without a
+    # signal teach nothing, so sample further batches of prompts in their place.
+    dynamic_sampling: bool = False  # sample further batches of B prompts until B groups have a signal (kept rollouts with a nonzero advantage); silent groups and the surplus are dropped
+    max_gen_batches: int = 4  # with dynamic_sampling: the most batches of B prompts a step samples; at the cap it trains on the groups with a signal it has
 
     def __post_init__(self) -> None:
         _one_of(self.early_stop, ("off", "exact"), "rollout.early_stop")
         _check(self.round_size is None or self.round_size >= 1, "rollout.round_size", f"must be >= 1 (or none: the step's m), got {self.round_size!r}")
+        _check(self.max_gen_batches >= 1, "rollout.max_gen_batches", f"must be >= 1 (the first batch included), got {self.max_gen_batches!r}")
         from podsrl.engines import ENGINE_CHOICES
 
         _one_of(self.engine, ENGINE_CHOICES, "rollout.engine")
@@ -404,6 +409,7 @@ class Config:
     def __post_init__(self) -> None:
         self.select.check_n(self.rollout.n, "rollout.n")
         self.select.check_signal(self.rollout.n, "rollout.n")  # settings under which no step could learn
+        self._check_sampling()
         if self.rollout.early_stop != "off":
             _check(
                 self.distributed.parallel != "fsdp",
@@ -445,6 +451,28 @@ class Config:
                 "loss.beta",
                 "a KL term needs a reference model, which 'fsdp' does not shard yet; use loss.beta = 0 or distributed.parallel = \"ddp\"",
             )
+
+    def _check_sampling(self) -> None:
+        """Early stopping's round size and dynamic sampling against the rest (podsrl/train/sampling.py)."""
+        r, sel = self.rollout, self.select
+        if r.early_stop != "off" and r.round_size is not None:
+            _check(
+                r.round_size < r.n,
+                "rollout.round_size",
+                f"= {r.round_size} is not below rollout.n = {r.n}: the first round would sample all n rollouts of every "
+                f"group and none could stop early; lower it (e.g. {max(1, r.n // 4)}), leave it unset (the step's m) or "
+                'set rollout.early_stop = "off"',
+            )
+        if not r.dynamic_sampling:
+            return
+        _check(
+            not sel.filter_zero_variance,
+            "select.filter_zero_variance",
+            "rollout.dynamic_sampling already drops every group without a signal (a group whose rewards are all "
+            "equal has none) and samples others in its place, so the filter would change nothing; set it to false",
+        )
+        # m = 1 with advantages over the kept subset (no group could have a signal) is refused for
+        # every run by select.check_signal, above.
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

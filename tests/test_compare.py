@@ -860,13 +860,39 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
         (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = compare.build_report(plan, out)
     grpo = report["methods"]["grpo"]
-    assert grpo["signal_per_seed"][0] == {"reward": 0.5, "zero_variance_groups": 0.75, "kept_adv_var": 0.2,
-                                          "tokens_in_loss": 0.5, "grad_norm": 1.0, "rollouts": 110, "rows_run": 6 / 16}  # fmt: skip
+    assert grpo["signal_per_seed"][0] == {"reward": 0.5, "zero_variance_groups": 0.75, "kept_adv_var": 0.2, "tokens_in_loss": 0.5,
+                                          "grad_norm": 1.0, "rollouts": 110, "prompts": 8, "groups_with_signal": None,
+                                          "rows_run": 6 / 16}  # fmt: skip
     assert grpo["signal_per_seed"][1]["kept_adv_var"] == pytest.approx(0.2)  # the NaN step is skipped
     assert grpo["signal"]["zero_variance_groups"] == pytest.approx(0.625)
     assert report["methods"]["pods"]["signal"] == dict.fromkeys(compare.report.SIGNAL)  # no finished run: no numbers
     table = compare.format_table(report)
     assert "training signal (metrics.jsonl)" in table and "62%" in table and "50%" in table and "38%" in table
+
+
+def test_training_reward_compares_like_with_like(tmp_path):
+    """The training reward of a run with exact early stopping logged before podsrl reported it on a
+    fixed-n basis (issue 36) pooled every sampled rollout: such steps are left out of ``signal`` and
+    named in a note; a step that sampled all B x n, or logged on the new basis (gen_batches), counts."""
+    plan = _plan(tmp_path, seeds=1, table={**METHODS, "pods_es": {**METHODS["pods"], "rollout.early_stop": "exact"}})
+    out = tmp_path / "out"
+    rows = {"pods_es": [{"step": 1, "reward_mean": 0.9, "rollouts_generated": 100},  # old, pooled over early-stopped groups
+                        {"step": 2, "reward_mean": 0.5, "rollouts_generated": 128},  # old, every group ran to n = 16 (B = 8)
+                        {"step": 3, "reward_mean": 0.7, "rollouts_generated": 90, "gen_batches": 1, "prompts_sampled": 8}],
+            "pods": [{"step": 1, "reward_mean": 0.9, "rollouts_generated": 128},
+                     {"step": 2, "reward_mean": 0.3, "rollouts_generated": 256, "gen_batches": 2, "prompts_sampled": 16,
+                      "groups_with_signal": 8}]}  # fmt: skip
+    for name, metrics in rows.items():
+        path = _write_run(out, plan, name, 0, [(0, 0.1), (100, 0.3)])
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    report = compare.build_report(plan, out)
+    es, pods = report["methods"]["pods_es"], report["methods"]["pods"]
+    assert es["signal"]["reward"] == pytest.approx(0.6) and es["runs"][0]["reward_steps_left_out"] == 1
+    assert pods["signal"]["reward"] == pytest.approx(0.6) and pods["runs"][0]["reward_steps_left_out"] == 0
+    assert pods["signal"]["prompts"] == 12 and pods["signal"]["groups_with_signal"] == 8 and es["signal"]["prompts"] == 8
+    assert any(note.startswith("pods_es: the training reward of 1 step is left out") for note in report["notes"])
+    assert not any(note.startswith("pods:") for note in report["notes"])
+    assert "prompts / step" in compare.format_table(report)
 
 
 def test_intervals_module_is_a_leaf_shared_by_evaluation_and_compare():

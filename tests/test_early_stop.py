@@ -346,8 +346,100 @@ def test_config_checks_early_stop_settings(make_config):
         make_config(**{"rollout.early_stop": "maybe"})
     with pytest.raises(ConfigError, match="rollout.round_size"):
         make_config(**{"rollout.round_size": 0})
+    # A round of n (or more) samples every rollout at once: nothing could stop early (issue 36).
+    for size in (4, 32):
+        with pytest.raises(ConfigError, match=rf"rollout.round_size: = {size} is not below rollout.n = 4"):
+            make_config(**{"rollout.early_stop": "exact", "rollout.round_size": size})
+    assert make_config(**{"rollout.early_stop": "exact", "rollout.round_size": 3}).rollout.round_size == 3
     with pytest.raises(ConfigError, match="reward.values"):
         make_config(**{"reward.values": []})
+
+
+# ----------------------------------------------------------------------------- what the metrics report (issue 36)
+
+
+def _early_stopped_groups(p: torch.Tensor, n: int, m: int, size: int, seed: int):
+    """(groups record, fixed-n rewards): Bernoulli(p_g) groups sampled with max_variance's exact
+    criterion in rounds of ``size``; a completion's length is 10 + 5 x its reward."""
+    from podsrl.train.sampling import Groups
+
+    G = p.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    rewards = (torch.rand(G, n, generator=gen) < p[:, None]).float()  # [G, n]
+    criterion = stop_criterion("max_variance", m, values=(0.0, 1.0))
+    count, running = torch.zeros(G, dtype=torch.long), torch.ones(G, dtype=torch.bool)
+    while running.any():
+        count = torch.where(running, (count + size).clamp(max=n), count)
+        seen = torch.where(torch.arange(n) < count[:, None], rewards, torch.nan)
+        running &= (count < n) & ~criterion(seen)
+    g = Groups.unsampled(list(range(G)), n, rank=0, batch=0, rewards=["r"], timed=[])
+    sampled = ~seen.isnan()
+    g.reward, g.per_reward["r"] = seen, seen
+    g.round = torch.where(sampled, (torch.arange(n) // size).float().expand(G, n), torch.nan)
+    g.length, g.truncated = 10 + 5 * seen, seen
+    return g, rewards
+
+
+def test_sampling_metrics_have_the_fixed_n_expectation_under_early_stopping():
+    """reward_mean, reward/<name>, completion_len and truncated are over each group's first round:
+    their expectation is a fixed-n run's. The pooled mean (podsrl before issue 36) and the mean of
+    per-group means are biased in opposite directions (bench/metric_basis.py prints the figures)."""
+    from podsrl.train.sampling import StepSample, sample_metrics
+
+    p = torch.linspace(0.02, 0.98, 40_000) ** 0.4  # [G] success probabilities, mostly high (mean 0.71)
+    g, fixed = _early_stopped_groups(p, 16, 4, 4, seed=3)
+    metrics = sample_metrics(StepSample(g, g, gen_batches=1, rollouts=int(g.sampled.sum()), rounds=4, timeouts=0, surplus=0), ["r"])
+    truth = float(fixed.mean())
+    sd = math.sqrt(truth * (1 - truth) / (40_000 * 4))  # the first round: 4 rollouts of each group
+    for key in ("reward_mean", "reward/r", "truncated"):
+        assert abs(metrics[key] - truth) < 4 * sd, (key, metrics[key], truth)
+    assert metrics["completion_len"] == pytest.approx(10 + 5 * metrics["reward_mean"], rel=1e-5)
+    assert float(g.sampled.float().mean()) < 0.8  # groups did stop early
+    assert float(g.reward.nanmean()) - truth > 20 * sd  # pooled: the groups that ran to n (mostly all-correct) outweigh
+    assert truth - float(g.reward.nanmean(dim=1).mean()) > 10 * sd  # per-group means: stopped groups are pulled to 1/2
+    # Without early stopping every group's first round is all n: the pooled mean, as before.
+    whole, _ = _early_stopped_groups(p[:100], 16, 4, 16, seed=4)
+    assert sample_metrics(StepSample(whole, whole, 1, 1600, 1, 0, 0), ["r"])["reward_mean"] == pytest.approx(float(whole.reward.mean()))
+
+
+SLEEPY_REWARD = '''
+import os, time
+
+
+def sleepy(completion, example):
+    """Sleeps forever on the first call of the run (PODSRL_TEST_SLEEP_ONCE: a file it creates)."""
+    try:
+        os.close(os.open(os.environ["PODSRL_TEST_SLEEP_ONCE"], os.O_CREAT | os.O_EXCL))
+        time.sleep(3600)
+    except FileExistsError:
+        pass
+    return len(completion) / 40.0
+'''
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_reward_timeouts_are_checked_over_the_step_not_each_round(make_config, tmp_path, monkeypatch):
+    """Rounds of one rollout for 2 groups: the first round scores 2 completions, one times out (half
+    of the round, over reward.max_timeout_fraction = 0.25), but the step scores 4: one quarter,
+    within it, so the run goes on (issue 36: it stopped). Over the fraction the step stops, whatever
+    the rounds, on every rank alike (the counts are the gathered step's)."""
+    from podsrl.run.metrics import read_jsonl
+    from podsrl.train import loop as trainer
+
+    reward = tmp_path / "sleepy.py"
+    reward.write_text(SLEEPY_REWARD)
+    monkeypatch.setenv("PODSRL_TEST_SLEEP_ONCE", str(tmp_path / "slept"))
+    cfg = make_config(**{"reward.names": [f"{reward}:sleepy"], "reward.timeout_seconds": 1.0, "reward.max_timeout_fraction": 0.25,
+                         "rollout.n": 8, "rollout.early_stop": "exact", "rollout.round_size": 1, "select.rule": "random",
+                         "select.m": 2, "train.max_steps": 1, "eval.at_start": False, "eval.at_end": False,
+                         "train.export_model": False})  # fmt: skip
+    (row,) = read_jsonl(trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None) / "metrics.jsonl")
+    assert (tmp_path / "slept").exists() and row["reward/timeouts"] == 1 and row["rollouts_generated"] == 4
+    assert row["sample_rounds"] == 2
+    from podsrl.grading.pool import check_timeouts
+
+    with pytest.raises(RewardError, match=r"'f' timed out .* on 2 of the step's 4 completions, more than reward.max_timeout_fraction = 0.25"):
+        check_timeouts({"g": 1, "f": 2}, 4, max_fraction=0.25, timeout=1.0)
 
 
 def test_declared_values_of_weighted_rewards(parity_file):

@@ -252,8 +252,10 @@ def test_reward_pool_scores_counts_and_stops_past_the_fraction(faulty, tmp_path,
         monkeypatch.setenv("PODSRL_TEST_FAULT", "hang:0:1")  # now every fresh worker's first call hangs
         monkeypatch.setenv("PODSRL_TEST_MARK", str(tmp_path / "mark"))
         pool.close()
-        with pytest.raises(RewardError, match=r"timed out .* on 4 of 4 completions, more than reward.max_timeout_fraction = 0.25"):
-            compute_rewards(["a", "bb", "ccc", "dddd"], examples, [(faulty, 1.0)], pool=pool)
+        result = compute_rewards(["a", "bb", "ccc", "dddd"], examples, [(faulty, 1.0)], pool=pool)  # the pool warns only
+        assert result.timed_out[faulty] == [True] * 4
+        with pytest.raises(RewardError, match=r"timed out .* on 4 of the step's 4 completions, more than reward.max_timeout_fraction = 0.25"):
+            pool.check_timeouts({faulty: sum(result.timed_out[faulty])}, 4)  # the step's check (podsrl.train.sampling)
     finally:
         pool.close()
 

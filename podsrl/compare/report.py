@@ -19,7 +19,7 @@ from podsrl.compare.stats import (
 )  # fmt: skip
 from podsrl.config import Config
 from podsrl.intervals import t_interval
-from podsrl.run.metrics import read_jsonl
+from podsrl.run.metrics import comparable_reward, read_jsonl
 from podsrl.run.rundir import write_text_atomic
 
 # Per axis, the report's key prefix: steps_to_target, time_to_target_seconds, ...
@@ -58,12 +58,18 @@ DEFINITIONS = {
     "commits": "the podsrl source commits the reported runs were trained with (from their launch.jsonl; '+dirty': "
                "with uncommitted changes)",
     "signal": "what each step trained on, from metrics.jsonl: the mean over a run's steps, averaged over seeds (signal_per_seed: "
-              "each seed's). reward: mean reward of all sampled rollouts; zero_variance_groups: share of sampled groups whose "
+              "each seed's). reward: mean reward of the step's sampled rollouts on a fixed-n run's basis (the first B prompts, "
+              "each group's first round: the same expectation with or without early stopping and dynamic sampling; steps of "
+              "early-stopping runs logged before podsrl reported that basis pooled every sampled rollout, which is biased "
+              "towards the groups that ran to n: they are left out, runs[].reward_steps_left_out counts them); "
+              "zero_variance_groups: share of the first B sampled groups whose "
               "rewards are all equal (zero advantage, no gradient); kept_adv_var: population variance of the advantages the "
               "update used (comparable between rules that normalise the same way: PODS re-normalises over the m kept, D3S "
               "keeps the full group's advantages, which are larger); tokens_in_loss: completion tokens of the kept rollouts "
               "that entered the loss, over all of theirs (below 1 with token selection); grad_norm: before clipping; rollouts: "
-              "rollouts sampled per step (below B x n with exact early stopping; runs older than that metric: null); "
+              "rollouts sampled per step (below B x n with exact early stopping, above with dynamic sampling; runs older "
+              "than that metric: null); prompts: prompts sampled per step (B, more with dynamic sampling); "
+              "groups_with_signal: groups per step trained with a nonzero advantage (runs older than that metric: null); "
               "rows_run: the kept rollouts that ran the update's forward and backward, over all kept (skipped: advantage 0)",
     "device_sharing": "runs_per_device: the most runs that trained at once on one device (--parallel, --devices); above 1 "
                       "they shared its time, so wall-clock times are inflated by the sharing and the step axis is the fair one",
@@ -114,6 +120,12 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         if entry["seeds_missing"] and entry["runs"]:
             notes.append(f"{name}: {len(entry['runs'])} of {plan.n_seeds(name)} seeds finished (not seed "
                          f"{', '.join(map(str, entry['seeds_missing']))}); its row is over those")  # fmt: skip
+    for name, entry in entries.items():
+        left_out = sum(run["reward_steps_left_out"] for run in entry["runs"])
+        if left_out:
+            notes.append(f"{name}: the training reward of {left_out} step{'s' * (left_out != 1)} is left out of its signal: logged before podsrl "
+                         "reported it on a fixed-n basis, it pools every rollout sampled with early stopping (biased towards "
+                         "the groups that ran to n); retrain to compare it")  # fmt: skip
     horizon = _add_time_auc(entries)
     notes += _paired_differences(entries, plan.baseline)
     sharing = _device_sharing(entries)
@@ -177,7 +189,8 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
             "peak_accuracy": max((r["accuracy"] for r in evals), default=None),
             **{key: f(evals) for key, f in SUMMARIES.items()},
             "median_seconds": _median_phase_seconds(metrics),
-            "signal": _signal(metrics),
+            "signal": _signal(metrics, cfg),
+            "reward_steps_left_out": _reward_left_out(metrics, cfg),
             "device": launches[-1].get("device") if launches else None,
             "runs_per_device": max((int(r.get("runs_on_device", 1)) for r in launches), default=None),
             "commits": sorted({r["commit"] for r in launches if r.get("commit")}),
@@ -325,12 +338,13 @@ def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
     return out
 
 
-SIGNAL = ("reward", "zero_variance_groups", "kept_adv_var", "tokens_in_loss", "grad_norm", "rollouts", "rows_run")
-_SIGNAL_KEYS = {"reward": "reward_mean", "zero_variance_groups": "zero_variance_groups", "kept_adv_var": "kept_adv_var",
-                "grad_norm": "grad_norm", "rollouts": "rollouts_generated"}  # fmt: skip
+SIGNAL = ("reward", "zero_variance_groups", "kept_adv_var", "tokens_in_loss", "grad_norm", "rollouts", "prompts", "groups_with_signal",
+          "rows_run")  # fmt: skip
+_SIGNAL_KEYS = {"zero_variance_groups": "zero_variance_groups", "kept_adv_var": "kept_adv_var", "grad_norm": "grad_norm",
+                "rollouts": "rollouts_generated", "groups_with_signal": "groups_with_signal"}  # fmt: skip
 
 
-def _signal(metrics: list[dict]) -> dict[str, float | None]:
+def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     """A run's means over its steps of what it trained on (DEFINITIONS["signal"]); None where
     metrics.jsonl has no such value."""
 
@@ -338,12 +352,28 @@ def _signal(metrics: list[dict]) -> dict[str, float | None]:
         return [float(r[key]) for r in metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
 
     out: dict[str, float | None] = {name: statistics.fmean(v) if (v := values(key)) else None for name, key in _SIGNAL_KEYS.items()}
+    rewards = [v for r in metrics if (v := _reward(r, cfg)) is not None]
+    out["reward"] = statistics.fmean(rewards) if rewards else None
+    B = cfg.train.prompts_per_step  # a row older than prompts_sampled sampled B prompts (no dynamic sampling then)
+    prompts = [float(r.get("prompts_sampled", B)) for r in metrics if "step" in r]
+    out["prompts"] = statistics.fmean(prompts) if prompts else None
     kept, total = sum(values("tokens_kept")), sum(values("tokens_total"))
     out["tokens_in_loss"] = kept / total if total else None
     both = [r for r in metrics if isinstance(r.get("rows_run"), int) and isinstance(r.get("kept"), (int, float))]  # older runs lack rows_run
     ran, kept_rows = sum(r["rows_run"] for r in both), sum(r["kept"] for r in both)
     out["rows_run"] = ran / kept_rows if kept_rows else None
     return {name: out[name] for name in SIGNAL}
+
+
+def _reward(row: dict, cfg: Config) -> float | None:
+    """The row's reward_mean where it is comparable with a fixed-n run's (podsrl.run.metrics.comparable_reward)."""
+    early_stop = cfg.rollout.early_stop != "off"
+    return comparable_reward(row, early_stop=early_stop, rollouts=cfg.train.prompts_per_step * cfg.rollout.n)
+
+
+def _reward_left_out(metrics: list[dict], cfg: Config) -> int:
+    """Steps whose reward_mean is left out of ``signal`` (pooled over early-stopped rollouts, older runs)."""
+    return sum(1 for r in metrics if isinstance(r.get("reward_mean"), (int, float)) and _reward(r, cfg) is None)
 
 
 def _mean_over_seeds(signals: list[dict[str, float | None]]) -> dict[str, float | None]:

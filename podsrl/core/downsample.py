@@ -68,7 +68,10 @@ from podsrl.core.schedules import SCHEDULES, schedule_value, scheduled_m
 from podsrl.core.selection import RULES, drop_zero_variance_groups, get_rule, nonzero_variance_groups
 from podsrl.errors import ConfigError
 
-__all__ = ["DownsampleSpec", "Selection", "downsample", "selection_generator", "step_seed", "SELECTION_STREAM"]
+__all__ = [
+    "DownsampleSpec", "Selection", "downsample", "selection_generator", "step_seed", "SELECTION_STREAM", "has_signal",
+    "groups_with_signal",
+]  # fmt: skip
 
 ADVANTAGE_SETS = ("auto", "kept", "group")
 TOKEN_SCORES = ("adv_entropy", "entropy")
@@ -263,6 +266,41 @@ def downsample(
     token_fraction = spec.token_fraction_at(progress)
     metrics = selection_metrics(rewards, keep, advantages, m, token_fraction, scored)
     return Selection(keep, advantages, m, token_fraction, metrics)
+
+
+def has_signal(selection: Selection) -> Tensor:
+    """[B] bool: the groups of a selection whose kept rollouts carry a nonzero advantage, the only
+    groups a step learns from (the others add exactly nothing to the policy gradient)."""
+    return (selection.keep & (selection.advantages != 0)).any(dim=1)
+
+
+def groups_with_signal(
+    rewards: Tensor,
+    spec: DownsampleSpec,
+    *,
+    progress: float = 0.0,
+    generator: torch.Generator | None = None,
+    allow_missing: bool = False,
+) -> Tensor:
+    """Dynamic sampling's test (DAPO, arXiv 2503.14476 Sec. 3.2, for every rule): rewards [G, n]
+    -> [G] bool, whether each group, selected *alone* by :func:`downsample` (a batch of one), keeps
+    a rollout with a nonzero advantage (:func:`has_signal`).
+
+    Alone, so that the answer is the group's own and does not depend on which other groups were
+    sampled with it: for ``d3s_cross``, whose pool is the batch, alone means "the group has a
+    nonzero advantage the pool could choose" (its full-group rewards are not all equal), and a
+    batch-wide std (``std_over="batch"``) is then the group's own, which changes no advantage's
+    sign. For every rule but ``random`` the answer is a function of the group's rewards only (the
+    rule's random tie-breaks change which rollouts it keeps, never whether their advantages are 0),
+    so the selection a step then makes over the groups that pass keeps a signal in each (``d3s_cross``
+    may leave a group without rows, as it may without dynamic sampling). ``random`` keeps a random
+    subset: the test draws one from ``generator``, the step's selection draws again. DAPO's own test
+    ("not all rewards equal") is this one for GRPO (rule ``all``); PODS' ``max_reward`` over the kept
+    subset also needs the m highest rewards not all equal, and m = 1 over the kept subset never has a
+    signal. One :func:`downsample` call per group: about 0.3 ms each on a CPU.
+    """
+    rows = [downsample(rewards[g : g + 1], spec, progress=progress, generator=generator, allow_missing=allow_missing) for g in range(rewards.shape[0])]
+    return torch.tensor([bool(has_signal(sel)[0]) for sel in rows], dtype=torch.bool)
 
 
 def selection_metrics(

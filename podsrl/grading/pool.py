@@ -7,10 +7,13 @@ completion. A Python thread cannot be stopped from outside, so the calls go to w
 (SIGKILL, to its whole process group, so a sandbox it started goes too) any worker whose call
 outlives the limit, starting a fresh one in its place. The call is scored ``reward.timeout_score``
 (0 by default: a failure), counted (``reward/timeouts`` in metrics.jsonl) and reported in a
-warning naming the function and the example; when one function times out on more than
-``reward.max_timeout_fraction`` of a step's completions the run stops with a RewardError naming it
-(a verifier that times out that often is broken, and its zeros would look like a model that does
-not learn). On several ranks each rank scores, and checks, its own share of the step.
+warning naming the function and the example. When one function times out on more than
+``reward.max_timeout_fraction`` of a training step's completions the run stops with a RewardError
+naming it (a verifier that times out that often is broken, and its zeros would look like a model
+that does not learn): :func:`check_timeouts`, which the trainer calls once per step over every
+completion the step scored, every sampling round (``rollout.early_stop``), generation batch
+(``rollout.dynamic_sampling``) and rank together (podsrl/train/sampling.py). Checking each call
+instead would stop a run on one timeout in a small early-stopping round (issue 36).
 
 Choices:
 
@@ -130,7 +133,7 @@ class RewardPool:
     timeout: float
     workers: int = 1
     timeout_score: float = 0.0
-    max_fraction: float = 0.25
+    max_fraction: float = 0.25  # reward.max_timeout_fraction, for the step's check_timeouts (the pool itself only warns)
     warn: Callable[[str], None] = field(default=lambda text: print(f"podsrl: warning: {text}", file=sys.stderr, flush=True))
     _pool: list[_Worker] = field(default_factory=list, init=False, repr=False)
 
@@ -148,8 +151,8 @@ class RewardPool:
 
     def score(self, name: str, completions: Sequence[str], examples: Sequence[Example]) -> tuple[list[float], list[bool]]:
         """(value per completion, whether its call timed out), a timed-out call valued
-        ``timeout_score``. Raises RewardError when the function raises, returns a non-number, kills
-        its worker, or times out on more than ``max_fraction`` of the completions."""
+        ``timeout_score`` and warned about. Raises RewardError when the function raises, returns a
+        non-number or kills its worker; too many timeouts are the step's check (:func:`check_timeouts`)."""
         if not self._pool:
             self._pool = [self._start() for _ in range(self.workers)]
         job = _Job(name, completions, examples, [self.timeout_score] * len(completions), [False] * len(completions), deque(range(len(completions))))
@@ -217,19 +220,20 @@ class RewardPool:
                 raise RewardError(f"reward worker for {', '.join(self.names)} did not start within {START_SECONDS:.0f} s")
 
     def _report(self, job: _Job) -> None:
-        """Warn about the step's timeouts, or stop the run when they are more than max_fraction."""
+        """Warn about this call's timeouts (the step's check_timeouts decides whether they are too many)."""
         count = sum(job.timed_out)
         if not count:
             return
         ids = [job.examples[i].id for i, t in enumerate(job.timed_out) if t]
-        what = (f"reward function {job.name!r} timed out (> {self.timeout:g} s, reward.timeout_seconds) on {count} of "
-                f"{len(job.completions)} completions")  # fmt: skip
-        if count > self.max_fraction * len(job.completions):
-            raise RewardError(
-                f"{what}, more than reward.max_timeout_fraction = {self.max_fraction:g} of them: it hangs systematically "
-                "(fix it, or raise reward.timeout_seconds or reward.max_timeout_fraction and resume)"
-            )
-        self.warn(f"{what} (example {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}); scored {self.timeout_score:g} (reward.timeout_score)")
+        self.warn(
+            f"reward function {job.name!r} timed out (> {self.timeout:g} s, reward.timeout_seconds) on {count} of "
+            f"{len(job.completions)} completions (example {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}); "
+            f"scored {self.timeout_score:g} (reward.timeout_score)"
+        )
+
+    def check_timeouts(self, timed_out: dict[str, int], total: int) -> None:
+        """:func:`check_timeouts` with this pool's limit and ``max_fraction``."""
+        check_timeouts(timed_out, total, max_fraction=self.max_fraction, timeout=self.timeout)
 
     def close(self) -> None:
         for w in self._pool:
@@ -266,3 +270,17 @@ class RewardPool:
             raise RewardError(f"a reward worker for {', '.join(self.names)} died while starting ({how})")
         problem = f"killed its worker process ({how}; a crash or the out-of-memory killer, not a slow call)"
         raise RewardError(describe_failure(name, problem, completions[i], examples[i]))
+
+
+def check_timeouts(timed_out: dict[str, int], total: int, *, max_fraction: float, timeout: float) -> None:
+    """Stop the run (RewardError naming the function) when one reward function timed out on more than
+    ``max_fraction`` of a training step's ``total`` completions; ``timed_out``: function -> how many of
+    its calls timed out in the step. Checked once over the whole step, never per call: a step sampled
+    in small rounds would otherwise stop on one timeout."""
+    for name, count in timed_out.items():
+        if total and count > max_fraction * total:
+            raise RewardError(
+                f"reward function {name!r} timed out (> {timeout:g} s, reward.timeout_seconds) on {count} of the step's "
+                f"{total} completions, more than reward.max_timeout_fraction = {max_fraction:g} of them: it hangs "
+                "systematically (fix it, or raise reward.timeout_seconds or reward.max_timeout_fraction and resume)"
+            )

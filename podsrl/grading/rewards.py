@@ -138,6 +138,7 @@ class RewardResult:
     total: list[float]
     per_reward: dict[str, list[float]]
     timeouts: list[int] = field(default_factory=list)  # [N]: how many functions timed out on each (reward.timeout_seconds)
+    timed_out: dict[str, list[bool]] = field(default_factory=dict)  # per function served by the pool: [N], whether its call timed out
 
 
 class Scorer(Protocol):
@@ -183,7 +184,9 @@ def compute_rewards(
     Raises RewardError if any reward function raises or returns a non-finite or non-number
     value; nothing is silently scored 0. The functions ``pool`` serves (user functions, with
     ``reward.timeout_seconds``: :mod:`podsrl.grading.pool`) run in its worker processes, where a
-    call that times out scores ``reward.timeout_score`` and is counted in ``timeouts``.
+    call that times out scores ``reward.timeout_score`` and is counted in ``timeouts`` (and flagged in
+    ``timed_out``, per function); whether too many did is the caller's check, over a whole training
+    step (:func:`podsrl.grading.pool.check_timeouts`).
     """
     if len(completions) != len(examples):
         raise ValueError(
@@ -192,11 +195,12 @@ def compute_rewards(
         )
     resolved = resolve_specs(specs)
     per_reward: dict[str, list[float]] = {}
+    timed_out: dict[str, list[bool]] = {}
     timeouts = [0] * len(completions)
     for spec in resolved:
         if pool is not None and pool.serves(spec.name):
-            per_reward[spec.name], timed_out = pool.score(spec.name, completions, examples)
-            timeouts = [t + int(out) for t, out in zip(timeouts, timed_out)]
+            per_reward[spec.name], timed_out[spec.name] = pool.score(spec.name, completions, examples)
+            timeouts = [t + int(out) for t, out in zip(timeouts, timed_out[spec.name])]
         else:
             fn = get_reward(spec.name)
             per_reward[spec.name] = [_score(spec.name, fn, completion, example) for completion, example in zip(completions, examples)]
@@ -204,7 +208,7 @@ def compute_rewards(
         math.fsum(spec.weight * per_reward[spec.name][i] for spec in resolved)
         for i in range(len(completions))
     ]
-    return RewardResult(total=total, per_reward=per_reward, timeouts=timeouts)
+    return RewardResult(total=total, per_reward=per_reward, timeouts=timeouts, timed_out=timed_out)
 
 
 def declared_values(specs: Sequence[RewardSpec], *, extra: dict[str, float] | None = None, limit: int = 4096) -> tuple[float, ...] | None:

@@ -38,6 +38,8 @@ BAR_FIELDS: tuple[tuple[str, str, str], ...] = (
 def bar_text(metrics: dict, last_eval: str) -> str:
     """The text beside the progress bar's "k/N" for a step's ``metrics``."""
     parts = [f"{label} {fmt.format(metrics[key])}" for label, key, fmt in BAR_FIELDS if isinstance(metrics.get(key), (int, float))]
+    if sampling := _sampling_postfix(metrics):
+        parts.append(sampling)
     parts.append(f"eval {last_eval}")
     if isinstance(metrics.get("time/step"), (int, float)):
         parts.append(f"{metrics['time/step']:.1f}s/step")
@@ -201,3 +203,30 @@ def _append(path: Path, line: str) -> None:
 def _finite(metrics: dict) -> dict:
     """JSON has no NaN: write null instead."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+
+
+def _sampling_postfix(metrics: dict) -> str:
+    """The progress bar's sampling figures: groups trained with a signal of B, the prompts and
+    generation batches sampled (with dynamic sampling, when more than one) and the rollouts."""
+    if "gen_batches" not in metrics:
+        return ""
+    B = metrics["prompts_sampled"] // max(1, metrics["gen_batches"])
+    text = f"signal {metrics['groups_with_signal']}/{B}"
+    if metrics["gen_batches"] > 1:
+        text += f" of {metrics['prompts_sampled']} prompts ({metrics['gen_batches']} batches)"
+    return text + f" {metrics['rollouts_generated']} rollouts"
+
+
+def comparable_reward(row: dict, *, early_stop: bool, rollouts: int) -> float | None:
+    """A metrics.jsonl row's ``reward_mean`` when it is on a fixed-n run's basis (the step's first B
+    prompts, each group's first round: podsrl/train/sampling.py), else None. Rows written since
+    podsrl logs that basis have ``gen_batches``; an older row is on it unless its run used exact
+    early stopping (``early_stop``) and the step sampled fewer than B x n rollouts (``rollouts``):
+    then its mean was pooled over every sampled rollout, which weighs the groups that ran to n
+    more than the others and is not comparable with a fixed-n run's (docs/run-directory.md)."""
+    value = row.get("reward_mean")
+    if not isinstance(value, (int, float)) or value != value:
+        return None
+    if "gen_batches" in row or not early_stop or row.get("rollouts_generated", rollouts) >= rollouts:
+        return float(value)
+    return None

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from podsrl.errors import ConfigError
-from podsrl.run.metrics import read_jsonl
+from podsrl.run.metrics import comparable_reward, read_jsonl
 
 
 def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) -> Path:
@@ -47,7 +47,8 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
         color = f"C{i % 10}"
         x_step = [r["step"] for r in steps]
         x_time = [r["train_seconds"] / 60 for r in steps]
-        reward = _smooth([r["reward_mean"] for r in steps])
+        early_stop, rollouts = _sampling(run)
+        reward = _smooth([comparable_reward(r, early_stop=early_stop, rollouts=rollouts) for r in steps])
         axes[0, 0].plot(x_step, reward, color=color, label=label)
         axes[0, 1].plot(x_time, reward, color=color, label=label)
         if evals:
@@ -57,7 +58,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
             for ax, xs in ((axes[1, 0], [r["step"] for r in evals]), (axes[1, 1], [r["train_seconds"] / 60 for r in evals])):
                 ax.plot(xs, acc, "o-", color=color, label=label)
                 ax.fill_between(xs, lo, hi, color=color, alpha=0.15)
-    axes[0, 0].set(title="training reward (mean over all n rollouts, smoothed)", xlabel="step", ylabel="reward")
+    axes[0, 0].set(title="training reward (first B prompts, first round: the fixed-n basis; smoothed)", xlabel="step", ylabel="reward")
     axes[0, 1].set(title="training reward vs training wall-clock", xlabel="minutes (eval excluded)", ylabel="reward")
     axes[1, 0].set(title="held-out accuracy (95% CI)", xlabel="step", ylabel="accuracy %")
     axes[1, 1].set(title="held-out accuracy vs training wall-clock", xlabel="minutes (eval excluded)", ylabel="accuracy %")
@@ -98,6 +99,18 @@ def _rows(path: Path, fields: tuple[str, ...]) -> list[dict]:
         if missing:
             raise ConfigError(f"{path}: row {i} has no {missing[0]!r}; is it a podsrl {path.name}? (fix or delete that row)")
     return rows
+
+
+def _sampling(run: Path) -> tuple[bool, int]:
+    """(exact early stopping, B x n) from the run's config.toml, for comparable_reward: older
+    early-stopping runs logged a pooled reward, which is left out of the curve (a gap)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads((run / "config.toml").read_text(encoding="utf-8"))
+        return data["rollout"].get("early_stop", "off") != "off", int(data["train"]["prompts_per_step"]) * int(data["rollout"]["n"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False, 0  # no readable config: plot the logged reward as it is
 
 
 def _smooth(values: list[float], window: int = 5) -> list[float]:

@@ -1,11 +1,12 @@
 """The training loop: sample -> score -> downsample -> update -> log, one screen per step.
 
 One step (``train_step``) of B prompts:
-  1. sample n rollouts per prompt with the engine (current weights);
-  2. score them with the reward functions -> rewards [B, n] (``score``); with rollout.early_stop
-     = "exact", steps 1-2 run in rounds and a group stops once more rollouts could not change the
-     law of what it trains on (``sample``, :mod:`podsrl.core.early_stop`): NaN marks the rollouts
-     never sampled;
+  1-2. sample n rollouts per prompt with the engine (current weights) and score them with the
+     reward functions -> B groups, rewards [B, n] (:mod:`podsrl.train.sampling`, one record of
+     groups); with rollout.early_stop = "exact" in rounds, a group stopping once more rollouts
+     could not change the law of what it trains on (:mod:`podsrl.core.early_stop`; NaN marks the
+     rollouts never sampled); with rollout.dynamic_sampling, further batches of prompts until B
+     groups have a signal;
   3. downsample (:func:`podsrl.core.downsample.downsample`, the call every trainer makes): keep
      B*m rollouts by the selection rule, m from its schedule, and compute their advantages over the
      kept subset (PODS) or the full group (GRPO, D3S);
@@ -16,13 +17,15 @@ Evaluation runs every k steps and/or every T seconds of *training* time; its own
 but kept off the training clock, which is what budgets and wall-clock plots measure.
 
 Every random number of step s comes from generators seeded by (seed, s)
-(:func:`podsrl.core.downsample.step_seed`): which prompts, the sampling seed, tie-breaking in
-selection, dropout. A resumed run therefore continues exactly as an uninterrupted one would, given
-the checkpointed weights and optimizer state.
+(:func:`podsrl.core.downsample.step_seed`): which prompts (per generation batch), the sampling seed,
+tie-breaking in selection, dropout. A resumed run therefore continues exactly as an uninterrupted
+one would, given the checkpointed weights and optimizer state (dynamic sampling carries nothing from
+one step to the next: :mod:`podsrl.train.sampling`).
 
 Under torchrun every rank runs this same loop on its B / world prompts (``s.dist``, see
 :mod:`podsrl.train.distributed`): rewards are gathered so that selection, advantages and metrics
-are the global ones, the update sums the ranks' gradients, and only rank 0 writes files.
+are the global ones, each rank updates on its own kept rows (any number, none included), the
+update sums the ranks' gradients, and only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,13 +41,13 @@ import torch
 from torch import Tensor
 
 from podsrl.config import Config
-from podsrl.core.downsample import Selection, downsample, step_seed
-from podsrl.core.early_stop import check_values, stop_criterion, why_not_exact
+from podsrl.core.downsample import Selection, downsample, has_signal, step_seed
+from podsrl.core.early_stop import why_not_exact
 from podsrl.core.schedules import training_progress
-from podsrl.engines import Engine, Rollouts, Sampling, make_engine, resolve_engine
+from podsrl.engines import Engine, make_engine, resolve_engine
 from podsrl.errors import ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.grading.pool import RewardPool
-from podsrl.grading.rewards import RewardSpec, compute_rewards, explain_undeclared, resolve_specs, timeout_totals_undeclared, total_values
+from podsrl.grading.rewards import RewardSpec, resolve_specs, timeout_totals_undeclared, total_values
 from podsrl.models import Policy, check_training_dtype, load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import export, preemption, rundir
@@ -55,6 +57,7 @@ from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
 from podsrl.train.evaluate import EvalResult, evaluate
 from podsrl.train.heartbeat import Heartbeat
+from podsrl.train.sampling import Groups, StepSample, sample_metrics, sample_step
 from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
 
 
@@ -175,7 +178,8 @@ def _reward_values(cfg: Config, rewards: list[RewardSpec]) -> tuple[float, ...] 
     if cfg.rollout.early_stop != "exact":
         return values
     sel, score = cfg.select, f"reward.timeout_score = {cfg.reward.timeout_score:g}"
-    why = lambda v: why_not_exact(sel.rule, values=v, advantages_over_group=sel.advantages_over_group, filter_zero_variance=sel.filter_zero_variance)  # noqa: E731
+    why = lambda v: why_not_exact(sel.rule, values=v, advantages_over_group=sel.advantages_over_group, filter_zero_variance=sel.filter_zero_variance,  # noqa: E731
+                                 dynamic_sampling=cfg.rollout.dynamic_sampling)
     if stray := timeout_totals_undeclared(rewards, cfg.reward):
         raise ConfigError(
             f"{score}: a reward call that times out (reward.timeout_seconds) scores it, which gives the total rewards "
@@ -228,9 +232,9 @@ def progress(cfg: Config, state: ckpt.TrainState) -> float:
     return training_progress(state.step, cfg.train.max_steps, seconds=state.train_seconds, max_seconds=cfg.train.max_seconds)
 
 
-# The random streams of a step (podsrl.core.downsample.step_seed); selection draws from its own,
-# SELECTION_STREAM, inside downsample.
-_PROMPT_STREAM, _TORCH_STREAM, _SAMPLING_STREAM = 0, 2, 3
+# The random stream of a step's dropout and HF sampling (podsrl.core.downsample.step_seed); the
+# sampling streams are podsrl.train.sampling's, selection's is SELECTION_STREAM inside downsample.
+_TORCH_STREAM = 2
 
 
 def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) -> dict:
@@ -238,16 +242,16 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     cfg, dist, timer = s.cfg, s.dist, _Timer()
     dist.reset_counters()
     torch.manual_seed(step_seed(cfg.train.seed, state.step, _TORCH_STREAM))  # dropout, HF sampling
-    idx = _step_prompts(s, state.step)  # this rank's block of the step's B prompts
-    rollouts, scored = sample(s, state, idx, timer)  # rollouts [b*n] group-major, scored [B, n]
+    p = progress(cfg, state)
+    sample = sample_step(s, state.step, p, timer)  # the step's B groups [B, n], scored, every rank's numbers
     with timer("select"):
-        selection = select(cfg, state, scored.rewards)
+        selection = select(cfg, state, sample.groups.reward)
     lr = scheduler.get_last_lr()[0]  # the rate this step's (first) optimizer step uses; after it, the next one's
     with timer("update"):
-        stats = _update_on_kept(s, model, optimizer, scheduler, idx, rollouts, selection)
+        stats = _update_on_kept(s, model, optimizer, scheduler, sample.groups, selection)
     with timer("sync"):
         s.engine.sync_weights(model)  # the next step samples from the new weights
-    return _step_metrics(s, state, lr, scored, selection, stats, timer)
+    return _step_metrics(s, state, lr, sample, selection, stats, timer)
 
 
 def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor) -> Selection:
@@ -257,136 +261,36 @@ def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor) -> Selection:
     return downsample(rewards, cfg.select, progress=progress(cfg, state), step=state.step, seed=cfg.train.seed, allow_missing=missing)
 
 
-def _step_prompts(s: Setup, step: int) -> list[int]:
-    """This rank's block of the B training prompts of ``step`` (indices into task.train)."""
-    B, pool = s.cfg.train.prompts_per_step, range(len(s.task.train))  # B global
-    rng = random.Random(step_seed(s.cfg.train.seed, step, _PROMPT_STREAM))
-    idx = rng.sample(pool, B) if B <= len(pool) else rng.choices(pool, k=B)
-    return s.dist.shard(idx)
-
-
-def _sampling(cfg: Config, step: int, rank: int, round: int = 0, n: int | None = None) -> Sampling:
-    """The sampling of ``rank``'s prompts at ``step`` (round ``round`` of early stopping, n rollouts
-    each; round 0 is the sampling of a run without early stopping)."""
-    r = cfg.rollout
-    seed = step_seed(cfg.train.seed, step, _SAMPLING_STREAM + 100 * rank + _ROUND_STREAMS * round)
-    return Sampling(n=r.n if n is None else n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
-
-
-_ROUND_STREAMS = 1_000_000  # stream offset between sampling rounds (above every rank's stream)
-
-
-def sample(s: Setup, state: ckpt.TrainState, idx: list[int], timer) -> tuple[Rollouts, Scored]:
-    """Sample and score this rank's groups (prompts ``idx``): n rollouts each, or with
-    rollout.early_stop = "exact" in rounds of rollout.round_size (default: the step's m), each group
-    until its exact stopping criterion holds (:mod:`podsrl.core.early_stop`) or it has n. Rollouts
-    keep the [b*n] group-major layout; a rollout never sampled is an empty completion whose fields
-    in Scored are NaN. Stopping is decided per rank on its own groups: no collective per round."""
-    cfg, rank = s.cfg, s.dist.rank
-    prompts, examples = [s.train_prompts[i] for i in idx], [s.task.train[i] for i in idx]
-    if cfg.rollout.early_stop == "off":
-        with timer("generate"):
-            rollouts = s.engine.generate(prompts, _sampling(cfg, state.step, rank))
-        with timer("reward"):
-            return rollouts, score(s, rollouts, examples)
-    sel, n, b = cfg.select, cfg.rollout.n, len(idx)
-    m = sel.m_at(n, progress(cfg, state))  # the m downsample will keep at this step
-    criterion = stop_criterion(sel.rule, m, values=s.reward_values, filter_zero_variance=sel.filter_zero_variance)
-    size = cfg.rollout.round_size or m
-    table = torch.full((b, n, 4 + len(s.rewards)), math.nan)  # [b, n, C] the columns of score(), NaN: not sampled
-    completions, texts, truncated = [[] for _ in range(b * n)], [""] * (b * n), [False] * (b * n)
-    logprobs: list[list[float]] | None = [[] for _ in range(b * n)]  # the engine's, None if it gives none
-    running, count, rounds = list(range(b)), 0, 0  # every running group has `count` rollouts
-    while running:
-        k = min(size, n - count)
-        with timer("generate"):
-            out = s.engine.generate([prompts[g] for g in running], _sampling(cfg, state.step, rank, round=rounds, n=k))
-        with timer("reward"):
-            table[running, count : count + k] = _score_columns(s, out, [examples[g] for g in running], k)
-            if s.reward_values is not None:
-                explain = lambda stray: explain_undeclared(s.rewards, table[stray][:, 3:-1].tolist(), cfg.reward)  # noqa: E731  [S, F] each function's values
-                check_values(table[..., 0], s.reward_values, explain=explain)  # the criteria are exact only for declared values
-        for j, g in enumerate(running):
-            for i in range(k):
-                pos, src = g * n + count + i, j * k + i
-                completions[pos], texts[pos], truncated[pos] = out.completion_ids[src], out.texts[src], out.truncated[src]
-                if logprobs is not None and out.logprobs is not None:
-                    logprobs[pos] = out.logprobs[src]
-        if out.logprobs is None:
-            logprobs = None
-        count, rounds = count + k, rounds + 1
-        done = criterion(table[..., 0])  # [b]
-        running = [g for g in running if count < n and not bool(done[g])]
-    rollouts = Rollouts(prompt_ids=prompts, completion_ids=completions, texts=texts, truncated=truncated, logprobs=logprobs)
-    with timer("reward"):
-        scored = _gather_scored(s, table)
-    sampled = (~scored.rewards.isnan()).sum(dim=1)  # [B] rollouts sampled per group, every rank's
-    scored.rounds = int(((sampled + size - 1) // size).max()) if sampled.numel() else 0
-    return rollouts, scored
-
-
-@dataclass
-class Scored:
-    """One step's rollouts scored, over the whole batch (every rank's groups, gathered): [B, n] each."""
-
-    rewards: Tensor  # the weighted sum of the reward functions
-    lengths: Tensor  # completion tokens
-    truncated: Tensor  # 1.0 where the completion hit rollout.max_new_tokens
-    per_reward: dict[str, Tensor]  # each reward function's unweighted values, by name
-    timeouts: Tensor  # how many reward calls were stopped at reward.timeout_seconds
-    rounds: int = 1  # sampling rounds (rollout.early_stop; the most any rank took)
-
-
-def score(s: Setup, rollouts: Rollouts, examples: list[Example]) -> Scored:
-    """Score this rank's groups (group-major, n per example) and gather every rank's: [B, n] fields."""
-    return _gather_scored(s, _score_columns(s, rollouts, examples, s.cfg.rollout.n))
-
-
-def _score_columns(s: Setup, rollouts: Rollouts, examples: list[Example], n: int) -> Tensor:
-    """This rank's rollouts (group-major, n per example) -> [b, n, C]: reward, length, truncated,
-    each reward function's value, timeouts."""
-    result = compute_rewards(rollouts.texts, [ex for ex in examples for _ in range(n)], s.rewards, pool=s.reward_pool)
-    columns = [result.total, [len(c) for c in rollouts.completion_ids], rollouts.truncated, *result.per_reward.values(), result.timeouts]
-    return torch.tensor(columns, dtype=torch.float32).T.reshape(len(examples), n, len(columns))  # [b, n, C]
-
-
-def _gather_scored(s: Setup, local: Tensor) -> Scored:
-    table = s.dist.gather_rows(local)  # [B, n, C]: one collective for every field
-    rewards, lengths, truncated, *each, timeouts = table.unbind(-1)
-    return Scored(rewards, lengths, truncated, dict(zip([spec.name for spec in s.rewards], each)), timeouts)
-
-
-def _update_on_kept(s: Setup, model, optimizer, scheduler, idx: list[int], rollouts: Rollouts, selection: Selection):
-    """The optimizer step on this rank's kept rollouts; None when every group was filtered out (no
-    signal, no step). Every rank joins the update, with its rows or with none."""
+def _update_on_kept(s: Setup, model, optimizer, scheduler, groups: Groups, selection: Selection):
+    """The optimizer step on this rank's kept rollouts; None when no rollout was kept (the DAPO
+    filter, or dynamic sampling's cap with no signal: no step). Every rank joins the update, with
+    its rows or with none."""
     if not selection.keep.any():
         return None
-    n, dist = s.cfg.rollout.n, s.dist
-    kept = dist.local_rows(selection.keep).flatten().nonzero().flatten().tolist()  # this rank's rows
+    keep = selection.keep & (groups.rank == s.dist.rank)[:, None]  # [G, n]: this rank's kept rollouts
+    rows = keep.nonzero().tolist()  # (group, rollout), group-major
+    completions = [groups.completions[g][i] for g, i in rows]
     batch = UpdateBatch(
-        prompt_ids=[s.train_prompts[idx[i // n]] for i in kept],
-        completion_ids=[rollouts.completion_ids[i] for i in kept],
-        advantages=dist.local_rows(selection.advantages).flatten()[kept],
-        sampler_logprobs=None if rollouts.logprobs is None else [rollouts.logprobs[i] for i in kept],
+        prompt_ids=[s.train_prompts[int(groups.prompt[g])] for g, _ in rows],
+        completion_ids=[c.ids for c in completions],
+        advantages=selection.advantages[keep],
+        sampler_logprobs=None if any(c.logprobs is None for c in completions) else [c.logprobs for c in completions],
     )
     settings = UpdateSettings.from_config(s.cfg, pad_id=s.policy.tokenizer.pad_token_id, token_fraction=selection.token_fraction)
-    return run_update(model, optimizer, scheduler, batch, settings, reference=s.reference, dist=dist)
+    return run_update(model, optimizer, scheduler, batch, settings, reference=s.reference, dist=s.dist)
 
 
-def _step_metrics(s: Setup, state: ckpt.TrainState, lr: float, scored: Scored, selection: Selection, stats, timer) -> dict:
-    """The step's line of metrics.jsonl: selection (podsrl.core.downsample), rollouts, update, times."""
+def _step_metrics(s: Setup, state: ckpt.TrainState, lr: float, sample: StepSample, selection: Selection, stats, timer) -> dict:
+    """The step's line of metrics.jsonl: selection (podsrl.core.downsample) over the groups trained
+    on, what was sampled (podsrl.train.sampling.sample_metrics, on a fixed-n run's basis), update, times."""
     keep, dist = selection.keep, s.dist
     metrics = {
         "step": state.step + 1,
         **selection.metrics,
+        **sample_metrics(sample, [spec.name for spec in s.rewards]),
         "lr": lr,
-        "completion_len": float(scored.lengths.nanmean()),  # NaN: never sampled (rollout.early_stop)
-        "completion_len_kept": float(scored.lengths[keep].mean()) if keep.any() else 0.0,
-        "truncated": float(scored.truncated.nanmean()),
-        **{f"reward/{name}": float(values.nanmean()) for name, values in scored.per_reward.items()},
-        "reward/timeouts": int(scored.timeouts.nansum()),  # calls stopped at reward.timeout_seconds
-        "rollouts_generated": int((~scored.rewards.isnan()).sum()),  # B*n, fewer with rollout.early_stop
-        "sample_rounds": scored.rounds,
+        "completion_len_kept": float(sample.groups.length[keep].mean()) if keep.any() else 0.0,
+        "groups_with_signal": int(has_signal(selection).sum()),  # groups trained with a nonzero advantage
     }
     if stats is not None:
         metrics.update(stats.metrics())
@@ -516,6 +420,7 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
             run_eval(s, state, logger, log, label="base model")
         if sig := stop.agreed(dist):  # a signal before the first step: nothing new to save
             raise preemption.Preempted(run_dir, ckpt.latest(run_dir), sig, state.step)
+        capped = False  # dynamic sampling's cap was hit (warned once)
         while not _done(cfg, state):
             start = time.perf_counter()
             metrics = train_step(s, model, optimizer, scheduler, state)
@@ -524,6 +429,7 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
             state.train_seconds = dist.broadcast_object(state.train_seconds + time.perf_counter() - start)
             metrics["train_seconds"] = state.train_seconds
             logger.log_step(metrics, state)
+            capped = _warn_at_the_cap(cfg, metrics, log, capped)
             if sig := stop.agreed(dist):  # one rank's signal is enough: every rank stops after this step
                 raise preemption.Preempted(run_dir, save(), sig, state.step)
             if _eval_due(cfg, state) and not _done(cfg, state):
@@ -539,6 +445,21 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
         stop.restore()
         logger.close()
     return run_dir
+
+
+def _warn_at_the_cap(cfg: Config, metrics: dict, log, warned: bool) -> bool:
+    """Warn, the first time only, when dynamic sampling stopped at its cap without B groups with a
+    signal (metrics.jsonl has gen_batches and groups_with_signal for every step); returns whether warned."""
+    B, cap = cfg.train.prompts_per_step, cfg.rollout.max_gen_batches
+    if warned or not cfg.rollout.dynamic_sampling or metrics["gen_batches"] < cap or metrics["groups_with_signal"] >= B:
+        return warned
+    log(
+        f"podsrl: warning: step {metrics['step']}: {metrics['groups_with_signal']} of {B} groups had a signal after "
+        f"rollout.max_gen_batches = {cap} batches of {B} prompts; the step trained on those (warned once; metrics.jsonl "
+        "logs gen_batches and groups_with_signal every step). Raise rollout.max_gen_batches, or sample more per prompt "
+        "(rollout.n) where the task is too easy or too hard for the policy"
+    )
+    return True
 
 
 def _resume(s: Setup, run_dir: Path, model, optimizer, scheduler, log) -> ckpt.TrainState:
@@ -564,6 +485,8 @@ def _describe(s: Setup, model) -> str:
         + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
         + (f", exact early stopping in rounds of {cfg.rollout.round_size or 'm'} (reward values {list(s.reward_values or [])})"
            if cfg.rollout.early_stop == "exact" else "")
+        + (f", dynamic sampling (up to {cfg.rollout.max_gen_batches} batches of {cfg.train.prompts_per_step} prompts a step)"
+           if cfg.rollout.dynamic_sampling else "")
     )  # fmt: skip
 
 

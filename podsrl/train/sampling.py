@@ -1,0 +1,321 @@
+"""A step's rollouts: prompts -> rollouts -> rewards, as one record of groups (:class:`Groups`).
+
+``sample_step`` samples and scores the groups one training step trains on:
+
+1. A generation batch j of the step draws B prompts with a generator seeded by (seed, step, j)
+   (:func:`batch_prompts`); under torchrun every rank draws the same B and takes its contiguous
+   block of B / world (:meth:`podsrl.train.distributed.Dist.shard`).
+2. Each rank samples n rollouts per prompt of its block, or with ``rollout.early_stop = "exact"``
+   in rounds of ``rollout.round_size`` (default: the step's m), each group until its exact stopping
+   criterion holds (:mod:`podsrl.core.early_stop`) or it has n; a rollout never sampled has NaN in
+   every numeric field. Stopping is decided per rank on its own groups: no collective per round.
+3. It scores them (:func:`podsrl.grading.rewards.compute_rewards`) and the batch is gathered in
+   one collective (:meth:`Groups.gather`): every rank then holds every group's numbers, and the
+   tokens of the groups it sampled.
+4. Without ``rollout.dynamic_sampling`` that one batch is the step's. With it (DAPO's dynamic
+   sampling, arXiv 2503.14476 Sec. 3.2, for every rule), further batches j = 1, 2, ... are sampled
+   until B groups have a *signal*: the rule, run on the group alone, keeps a rollout with a nonzero
+   advantage (:func:`podsrl.core.downsample.groups_with_signal`; for GRPO that is DAPO's "not all
+   rewards equal"). The step trains on the first B of them, in the order they were sampled (batch,
+   then the batch's prompt order, which is also rank order): its selection (``downsample``) runs on
+   those B groups as a step without dynamic sampling runs on its B, so ``d3s_cross`` pools them and
+   ``std_over = "batch"`` is their std. Every rank decides on the gathered batch, so all run the
+   same number of batches and collectives; a rank may end with more of the B groups than another
+   (the update takes any number of rows per rank, none included; FSDP pads forwards).
+
+Choices (where DAPO, verl's ``algorithm.filter_groups`` and NeMo-RL's ``dynamic_sampling`` differ
+or are silent):
+
+- **The cap** (``rollout.max_gen_batches``, batches a step samples, the first included): verl and
+  NeMo-RL stop the run with an error there. Here the step trains on the groups with a signal it
+  has (fewer than B; with none it takes no optimizer step, like the DAPO filter), logs it
+  (``gen_batches``, ``groups_with_signal`` in metrics.jsonl) and the trainer warns once.
+- **Surplus groups** (with a signal, beyond B, from the last batch): dropped, as verl and NeMo-RL
+  drop them. Kept for the next step they would train a step later on the previous weights
+  (off-policy by one step) and make the checkpoint carry rollouts; dropped, every step samples
+  from its own weights and a step is a function of (seed, step) and the weights alone. So a
+  resumed run continues exactly: the position in the prompt stream is implied by the step, and
+  nothing else is carried (``metrics.jsonl`` logs ``groups_surplus``).
+- **Seeds**: batch 0 uses the streams a run without dynamic sampling uses, so it samples the same
+  B prompts and rollouts; batch j >= 1 offsets every stream by j x ``_BATCH_STREAMS``.
+- **What the step's metrics report** (``sample_metrics``): early stopping samples a group until
+  its kept set is settled, so the groups that run long (rewards all equal) outweigh the others in
+  a mean pooled over every sampled rollout, and dynamic sampling adds batches exactly when signal
+  is scarce. Neither the pooled mean nor the mean of per-group means (which equals the pooled
+  mean when every group has n) estimates what a fixed-n run logs: in a simulation with podsrl's
+  criterion (``python bench/metric_basis.py``: p ~ Beta(3, 1), n = 16, m = 4, rounds of 4) fixed n
+  logs 0.751, the pooled mean is 0.798 and the mean of per-group means 0.727. The rollouts sampled
+  whatever happens later do (0.751 there): the first batch's B groups, each group's first round
+  (all n without early stopping). ``reward_mean``, ``reward_std``, ``reward/<name>``,
+  ``completion_len``, ``truncated`` are over those, ``zero_variance_groups`` over the first batch's
+  groups: the same quantities, with the same expectation, as a fixed-n run's (identical values
+  without early stopping and dynamic sampling).
+- **Reward timeouts** (``reward.max_timeout_fraction``) are checked once per step, over every
+  completion of every round, batch and rank (:func:`podsrl.grading.pool.check_timeouts`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from podsrl.core.downsample import groups_with_signal, step_seed
+from podsrl.core.early_stop import check_values, stop_criterion
+from podsrl.core.selection import nonzero_variance_groups
+from podsrl.engines import Rollouts, Sampling
+from podsrl.grading.rewards import RewardResult, compute_rewards, explain_undeclared
+
+# The random streams of a step (podsrl.core.downsample.step_seed); selection draws from
+# SELECTION_STREAM (1) inside downsample, dropout from the trainer's stream 2.
+_PROMPT_STREAM, _SAMPLING_STREAM, _SIGNAL_STREAM = 0, 3, 4
+_ROUND_STREAMS = 1_000_000  # stream offset between sampling rounds (above every rank's, 100 apart)
+_BATCH_STREAMS = 1_000_000_000  # stream offset between generation batches (above every round's)
+
+
+@dataclass
+class Completion:
+    """One sampled completion's tokens, kept on the rank that sampled it."""
+
+    ids: list[int]
+    logprobs: list[float] | None  # the engine's sampling log-prob of each token (vLLM); None: not given
+
+
+@dataclass
+class Groups:
+    """G groups of n rollouts, one record: every field has one row per group, so selecting groups,
+    concatenating batches and gathering over ranks each touch one place (``_GROUP_FIELDS``,
+    ``_ROLLOUT_FIELDS``, ``_PER_REWARD``). Once gathered, every rank holds every group's numbers
+    and the tokens of the groups it sampled; ``completions`` is None where another rank holds them
+    or a rollout was never sampled."""
+
+    prompt: Tensor  # [G] int64: the prompt's index in task.train
+    rank: Tensor  # [G] int64: the process that sampled the group (and holds its tokens)
+    batch: Tensor  # [G] int64: the step's generation batch it came from (0: the first B prompts)
+    reward: Tensor  # [G, n] float32: the weighted sum of the reward functions; NaN: never sampled
+    round: Tensor  # [G, n] float32: the sampling round that drew it (0: the first; early stopping); NaN: never sampled
+    length: Tensor  # [G, n] float32: completion tokens
+    truncated: Tensor  # [G, n] float32: 1.0 where the completion hit rollout.max_new_tokens
+    per_reward: dict[str, Tensor]  # name -> [G, n] float32: each reward function's unweighted value
+    timed_out: dict[str, Tensor]  # name -> [G, n] float32: 1.0 where that function's call was stopped at reward.timeout_seconds
+    completions: list[list[Completion | None]]  # [G][n]
+
+    _GROUP_FIELDS = ("prompt", "rank", "batch")
+    _ROLLOUT_FIELDS = ("reward", "round", "length", "truncated")
+    _PER_REWARD = ("per_reward", "timed_out")
+
+    @classmethod
+    def unsampled(cls, prompts: list[int], n: int, *, rank: int, batch: int, rewards: list[str], timed: list[str]) -> Groups:
+        """``len(prompts)`` groups of n rollouts not sampled yet (NaN everywhere)."""
+        G = len(prompts)
+        nan = lambda: torch.full((G, n), math.nan)  # noqa: E731
+        return cls(
+            prompt=torch.tensor(prompts, dtype=torch.long).reshape(G),
+            rank=torch.full((G,), rank, dtype=torch.long),
+            batch=torch.full((G,), batch, dtype=torch.long),
+            **{name: nan() for name in cls._ROLLOUT_FIELDS},
+            per_reward={name: nan() for name in rewards},
+            timed_out={name: nan() for name in timed},
+            completions=[[None] * n for _ in range(G)],
+        )
+
+    def __len__(self) -> int:
+        return self.prompt.shape[0]
+
+    @property
+    def sampled(self) -> Tensor:
+        """[G, n] bool: the rollouts that were sampled."""
+        return ~self.reward.isnan()
+
+    def record(self, groups: list[int], first: int, out: Rollouts, scores: RewardResult, round: int) -> None:
+        """Write one engine call's k rollouts per group (``out``, group-major, for ``groups``) and
+        their scores into rollout positions first .. first + k - 1, drawn in sampling round ``round``."""
+        k = len(out.completion_ids) // max(1, len(groups))
+        cols = slice(first, first + k)
+        as_rows = lambda values: torch.tensor(values, dtype=torch.float32).reshape(len(groups), k)  # noqa: E731
+        self.reward[groups, cols] = as_rows(scores.total)
+        self.round[groups, cols] = float(round)
+        self.length[groups, cols] = as_rows([len(ids) for ids in out.completion_ids])
+        self.truncated[groups, cols] = as_rows([float(t) for t in out.truncated])
+        for name, values in scores.per_reward.items():
+            self.per_reward[name][groups, cols] = as_rows(values)
+        for name in self.timed_out:
+            self.timed_out[name][groups, cols] = as_rows([float(t) for t in scores.timed_out[name]])
+        for j, g in enumerate(groups):
+            for i in range(k):
+                logprobs = None if out.logprobs is None else out.logprobs[j * k + i]
+                self.completions[g][first + i] = Completion(out.completion_ids[j * k + i], logprobs)
+
+    def take(self, rows: Tensor | list[int]) -> Groups:
+        """The groups at ``rows`` (indices or a [G] bool mask), in that order."""
+        rows = torch.as_tensor(rows)
+        if rows.dtype == torch.bool:
+            rows = rows.nonzero().flatten()
+        rows = rows.long().reshape(-1)
+        return Groups(
+            **{name: getattr(self, name)[rows] for name in (*self._GROUP_FIELDS, *self._ROLLOUT_FIELDS)},
+            **{name: {k: v[rows] for k, v in getattr(self, name).items()} for name in self._PER_REWARD},
+            completions=[self.completions[i] for i in rows.tolist()],
+        )
+
+    @classmethod
+    def cat(cls, parts: list[Groups]) -> Groups:
+        """The groups of ``parts`` one after another (every part has the same n and reward names)."""
+        first = parts[0]
+        return cls(
+            **{name: torch.cat([getattr(p, name) for p in parts]) for name in (*cls._GROUP_FIELDS, *cls._ROLLOUT_FIELDS)},
+            **{name: {k: torch.cat([getattr(p, name)[k] for p in parts]) for k in getattr(first, name)} for name in cls._PER_REWARD},
+            completions=[row for p in parts for row in p.completions],
+        )
+
+    def gather(self, dist) -> Groups:
+        """Every rank's groups (the same number on each; ``dist``: :class:`podsrl.train.distributed.Dist`),
+        in rank order, on every rank: every number in one collective ([G, n, C] float64, which holds
+        float32 values and indices exactly); the tokens stay on the rank that sampled them."""
+        if not dist.active:
+            return self
+        G, n = self.reward.shape
+        columns = [getattr(self, name)[:, None].expand(G, n) for name in self._GROUP_FIELDS]
+        columns += [getattr(self, name) for name in self._ROLLOUT_FIELDS]
+        columns += [t for name in self._PER_REWARD for t in getattr(self, name).values()]
+        table = dist.gather_rows(torch.stack([c.to(torch.float64) for c in columns], dim=-1))  # [world * G, n, C]
+        it = iter(table.unbind(-1))
+        fields = {name: next(it)[:, 0].to(getattr(self, name).dtype) for name in self._GROUP_FIELDS}
+        fields |= {name: next(it).to(getattr(self, name).dtype) for name in self._ROLLOUT_FIELDS}
+        fields |= {name: {k: next(it).to(v.dtype) for k, v in getattr(self, name).items()} for name in self._PER_REWARD}
+        others = [[None] * n for _ in range(G)]
+        completions = [row for r in range(dist.world) for row in (self.completions if r == dist.rank else others)]
+        return Groups(**fields, completions=completions)
+
+
+@dataclass
+class StepSample:
+    """What ``sample_step`` sampled for one step."""
+
+    groups: Groups  # the groups the step trains on: B (fewer at the dynamic-sampling cap), every rank's numbers
+    first: Groups  # the step's first batch of B prompts: the basis of the sampling metrics (module docstring)
+    gen_batches: int  # generation batches of B prompts sampled (1 without dynamic sampling)
+    rollouts: int  # rollouts generated, every batch, round and rank
+    rounds: int  # sampling rounds, summed over the batches (in each, the most any group took)
+    timeouts: int  # reward calls stopped at reward.timeout_seconds, every function
+    surplus: int  # groups with a signal sampled beyond B and dropped
+
+
+def sample_step(s, step: int, progress: float, timer) -> StepSample:
+    """Sample and score the groups of training step ``step`` (module docstring). ``s`` is the run's
+    :class:`podsrl.train.loop.Setup`; ``progress`` its training progress (for m's schedule)."""
+    cfg = s.cfg
+    B, dynamic = cfg.train.prompts_per_step, cfg.rollout.dynamic_sampling
+    spec, m = cfg.select, cfg.select.m_at(cfg.rollout.n, progress)
+    batches: list[Groups] = []
+    chosen: list[Groups] = []
+    found = 0
+    for j in range(cfg.rollout.max_gen_batches if dynamic else 1):
+        batch = _sample_batch(s, step, j, m, timer)
+        batches.append(batch)
+        if not dynamic:
+            chosen.append(batch)
+            break
+        with timer("select"):
+            seed = spec.seed if spec.seed is not None else cfg.train.seed
+            generator = torch.Generator().manual_seed(step_seed(seed, step, _SIGNAL_STREAM + _BATCH_STREAMS * j))
+            signal = groups_with_signal(batch.reward, spec, progress=progress, generator=generator, allow_missing=True)  # [B]
+        chosen.append(batch.take(signal))
+        found += int(signal.sum())
+        if found >= B:
+            break
+    everything = Groups.cat(batches)
+    timed_out = {name: int(t.nansum()) for name, t in everything.timed_out.items()}
+    if s.reward_pool is not None:  # over the whole step, every rank's (the same decision on each)
+        s.reward_pool.check_timeouts(timed_out, int(everything.sampled.sum()))
+    groups = Groups.cat(chosen)
+    return StepSample(
+        groups=groups.take(torch.arange(min(len(groups), B))),
+        first=batches[0],
+        gen_batches=len(batches),
+        rollouts=int(everything.sampled.sum()),
+        rounds=sum(int(b.round.nan_to_num(-1).max()) + 1 for b in batches),
+        timeouts=sum(timed_out.values()),
+        surplus=max(0, len(groups) - B),
+    )
+
+
+def batch_prompts(cfg, step: int, batch: int, pool: int) -> list[int]:
+    """The B training prompts (indices into a pool of ``pool``) of generation batch ``batch`` of
+    ``step``, the same on every rank: without replacement when the pool holds B, else with."""
+    B = cfg.train.prompts_per_step
+    rng = random.Random(step_seed(cfg.train.seed, step, _PROMPT_STREAM + _BATCH_STREAMS * batch))
+    return rng.sample(range(pool), B) if B <= pool else rng.choices(range(pool), k=B)
+
+
+def _sampling(cfg, step: int, rank: int, *, batch: int, round: int, n: int) -> Sampling:
+    """The sampling of ``rank``'s prompts in round ``round`` of batch ``batch`` of ``step`` (n
+    rollouts each; round 0 of batch 0 is the sampling of a run without early stopping)."""
+    r = cfg.rollout
+    seed = step_seed(cfg.train.seed, step, _SAMPLING_STREAM + 100 * rank + _ROUND_STREAMS * round + _BATCH_STREAMS * batch)
+    return Sampling(n=n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
+
+
+def _sample_batch(s, step: int, j: int, m: int, timer) -> Groups:
+    """Generation batch ``j``: this rank's groups sampled (in rounds with early stopping) and
+    scored, then every rank's gathered."""
+    cfg, dist = s.cfg, s.dist
+    n, sel = cfg.rollout.n, cfg.select
+    idx = dist.shard(batch_prompts(cfg, step, j, len(s.task.train)))  # this rank's block
+    prompts, examples = [s.train_prompts[i] for i in idx], [s.task.train[i] for i in idx]
+    timed = [spec.name for spec in s.rewards if s.reward_pool is not None and s.reward_pool.serves(spec.name)]
+    local = Groups.unsampled(idx, n, rank=dist.rank, batch=j, rewards=[spec.name for spec in s.rewards], timed=timed)
+    criterion = None
+    if cfg.rollout.early_stop != "off":
+        criterion = stop_criterion(sel.rule, m, values=s.reward_values, filter_zero_variance=sel.filter_zero_variance)
+    size = n if criterion is None else cfg.rollout.round_size or m
+    running, count, round = list(range(len(idx))), 0, 0  # every running group has `count` rollouts
+    while running:
+        k = min(size, n - count)
+        with timer("generate"):
+            out = s.engine.generate([prompts[g] for g in running], _sampling(cfg, step, dist.rank, batch=j, round=round, n=k))
+        with timer("reward"):
+            scores = compute_rewards(out.texts, [examples[g] for g in running for _ in range(k)], s.rewards, pool=s.reward_pool)
+            local.record(running, count, out, scores, round)
+            if criterion is not None and s.reward_values is not None:  # the criteria are exact only for declared values
+                check_values(local.reward, s.reward_values, explain=lambda stray: _explain(s, local, stray))
+        count, round = count + k, round + 1
+        if criterion is None:
+            break
+        done = criterion(local.reward)  # [b]
+        running = [g for g in running if count < n and not bool(done[g])]
+    with timer("reward"):
+        return local.gather(dist)
+
+
+def _explain(s, groups: Groups, stray: Tensor) -> str:
+    """Who gave the rewards outside the declared values (``stray`` [G, n] bool), and the fix."""
+    values = torch.stack([groups.per_reward[spec.name] for spec in s.rewards], dim=-1)[stray]  # [S, F] each function's value
+    return explain_undeclared(s.rewards, values.tolist(), s.cfg.reward)
+
+
+def sample_metrics(sample: StepSample, reward_names: list[str]) -> dict:
+    """The step's metrics of what was sampled, on the basis a fixed-n run's have (module docstring):
+    the first batch's groups, each group's first round."""
+    first = sample.first
+    basis = first.sampled & (first.round == 0)  # [B, n]
+    rewards = first.reward[basis]  # [N]
+    sampled = first.sampled
+    silent = ~nonzero_variance_groups(first.reward.nan_to_num(0.0), sampled)  # [B]
+    return {
+        "reward_mean": float(rewards.mean()) if rewards.numel() else math.nan,
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "zero_variance_groups": float(silent.float().mean()),
+        "completion_len": float(first.length[basis].mean()),
+        "truncated": float(first.truncated[basis].mean()),
+        **{f"reward/{name}": float(first.per_reward[name][basis].mean()) for name in reward_names},
+        "reward/timeouts": sample.timeouts,  # calls stopped at reward.timeout_seconds, the whole step
+        "rollouts_generated": sample.rollouts,  # B*n, fewer with early stopping, more with dynamic sampling
+        "sample_rounds": sample.rounds,
+        "prompts_sampled": sample.gen_batches * len(first),
+        "gen_batches": sample.gen_batches,
+        "groups_surplus": sample.surplus,
+    }

@@ -1,0 +1,343 @@
+"""Dynamic sampling (``rollout.dynamic_sampling``, podsrl/train/sampling.py): a step samples further
+batches of prompts until B groups have a signal, for every rule.
+
+- The signal test (podsrl.core.downsample.groups_with_signal), every rule, by hand and against the
+  selection a step then makes over the groups that pass.
+- One process, the tiny model and a reward that leaves about half the groups silent: every rule
+  fills its B groups; the cap trains on what it has (none: no optimizer step) and warns once; a
+  resumed run equals an uninterrupted one; exact early stopping inside each batch, whose
+  signal law is fixed-n's (statistical).
+- torchrun, 2 gloo ranks: one step equals one process's when rank 1's groups are all silent (rank 1
+  trains nothing; "ddp" and "fsdp"); ``podsrl train`` with early stopping keeps the ranks in step.
+- Configuration: nonsense is refused with the field's name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from podsrl.config import from_dict, to_toml
+from podsrl.core.downsample import DownsampleSpec, downsample, groups_with_signal, has_signal
+from podsrl.core.early_stop import stop_criterion
+from podsrl.core.selection import RULES
+from podsrl.errors import ConfigError
+from podsrl.run import checkpoint as ckpt
+from podsrl.run.metrics import read_jsonl
+from podsrl.train import loop as trainer
+
+from conftest import tiny_config_dict
+from test_distributed import WORKER, _env, _torchrun
+from test_early_stop import _chi_square_same
+
+nan = math.nan
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# ------------------------------------------------------------------------- the signal test
+
+
+SIGNAL_REWARDS = torch.tensor([
+    [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # all equal: no rule has a signal
+    [1.0, 1.0, 1.0, 1.0, 1.0, 0.0],  # varied, the 2 highest equal
+    [0.0, 1.0, 0.0, 0.0, 1.0, 0.0],  # varied, the 2 highest equal
+    [0.0, 0.5, 1.0, 0.0, 0.0, 0.0],  # varied, the 2 highest differ
+    [0.5, 0.5, nan, nan, nan, nan],  # stopped early (not sampled: NaN), equal so far
+    [0.0, 1.0, nan, nan, nan, nan],  # stopped early, varied
+])  # fmt: skip
+VARIED = [False, True, True, True, False, True]
+
+
+@pytest.mark.parametrize(
+    "rule,options,want",
+    [
+        ("all", {"m": 6}, VARIED),
+        ("max_variance", {}, VARIED),
+        ("d3s_intra", {}, VARIED),
+        ("d3s_cross", {}, VARIED),  # alone, its pool is the group
+        ("max_reward", {}, [False, False, False, True, False, True]),  # the 2 kept must differ
+        ("max_reward", {"advantage_over": "group"}, VARIED),  # the highest is above the group's mean
+        ("max_variance", {"m": 1}, [False] * 6),  # one kept rollout: advantage 0 over itself
+        ("max_variance", {"m": 1, "advantage_over": "group"}, VARIED),
+        ("max_variance", {"std_over": "batch"}, VARIED),
+        ("d3s_cross", {"scale_std": False}, VARIED),
+    ],
+)
+def test_signal_of_each_group_alone(rule, options, want):
+    spec = DownsampleSpec(rule=rule, **{"m": 2, **options})
+    got = groups_with_signal(SIGNAL_REWARDS, spec, generator=torch.Generator().manual_seed(0), allow_missing=True)
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("std_over", ["group", "batch"])
+def test_the_step_selection_agrees_with_the_signal_test(rule, std_over):
+    """Over random rewards: a group that fails the test never has a signal in a batch's selection
+    (any rule), and for the per-group rules but ``random`` every group that passes keeps one when
+    the step selects over the groups that passed (so B groups that pass are B groups with signal)."""
+    gen = torch.Generator().manual_seed(1)
+    rewards = torch.randint(0, 3, (60, 6), generator=gen).float() / 2  # [G, n], many groups all equal or with equal tops
+    rewards[::7] = 1.0  # some all equal for sure
+    spec = DownsampleSpec(rule=rule, m=6 if rule == "all" else 2, std_over=std_over)
+    passed = groups_with_signal(rewards, spec, generator=torch.Generator().manual_seed(2))
+    assert 0 < int(passed.sum()) < len(passed)
+    in_batch = has_signal(downsample(rewards, spec, step=3, seed=0))
+    if rule != "random":
+        assert not bool((in_batch & ~passed).any())
+    if rule not in ("random", "d3s_cross"):
+        assert bool(has_signal(downsample(rewards[passed], spec, step=3, seed=0)).all())
+        assert torch.equal(in_batch, passed)
+
+
+def _simulate_signal(rule: str, m: int, *, early: bool, seed: int, groups: int = 3000, n: int = 8, round_size: int = 2):
+    """(share of groups with a signal, Counter of the kept reward multiset of those groups) when
+    Bernoulli(0.3) groups are sampled with (early) or without exact early stopping."""
+    from collections import Counter
+
+    gen = torch.Generator().manual_seed(seed)
+    rewards = (torch.rand(groups, n, generator=gen) < 0.3).float()  # [G, n]
+    if early:
+        criterion = stop_criterion(rule, m, values=(0.0, 1.0))
+        count, running = torch.zeros(groups, dtype=torch.long), torch.ones(groups, dtype=torch.bool)
+        while running.any():
+            count = torch.where(running, (count + round_size).clamp(max=n), count)
+            seen = torch.where(torch.arange(n) < count[:, None], rewards, nan)
+            running &= (count < n) & ~criterion(seen)
+        rewards = seen
+    spec = DownsampleSpec(rule=rule, m=m)
+    signal = groups_with_signal(rewards, spec, generator=torch.Generator().manual_seed(seed + 1), allow_missing=True)
+    sel = downsample(rewards[signal], spec, step=seed, seed=0, allow_missing=True)
+    kept = torch.where(sel.keep, rewards[signal], 0.0).sum(1)  # [S] highs kept
+    return float(signal.float().mean()), Counter(kept.tolist())
+
+
+@pytest.mark.parametrize("rule,m", [("max_variance", 2), ("max_variance", 3), ("max_reward", 2), ("max_reward", 3)])
+def test_early_stopping_keeps_the_signal_law_of_fixed_n(rule, m):
+    """Dynamic sampling's test runs on the early-stopped groups: the share of groups with a signal
+    and the kept rewards of those groups have the law of fixed-n sampling (the test is a function
+    of the kept set, whose law early stopping preserves: podsrl/core/early_stop.py). ``random`` has
+    no exact criterion with dynamic sampling (refused below)."""
+    share_fixed, kept_fixed = _simulate_signal(rule, m, early=False, seed=11)
+    share_early, kept_early = _simulate_signal(rule, m, early=True, seed=12)
+    sd = math.sqrt(share_fixed * (1 - share_fixed) * 2 / 3000)
+    assert abs(share_fixed - share_early) < 4 * sd, (share_fixed, share_early)
+    stat, critical = _chi_square_same(kept_fixed, kept_early)
+    assert stat < critical
+
+
+# ------------------------------------------------------------------------- the trainer, one process
+
+CONSTANT = "def constant(completion, example):\n    return 0.5\n\n\nconstant.reward_values = (0.5,)\n"
+
+
+def _dynamic(make_config, reward_spec, **overrides):
+    settings = {
+        "reward.names": [reward_spec("half_silent_reward")],
+        "rollout.dynamic_sampling": True,
+        "train.prompts_per_step": 4,
+        "train.max_steps": 3,
+        "eval.at_start": False,
+        "eval.at_end": False,
+        "train.export_model": False,
+        **overrides,
+    }
+    return make_config(**settings)
+
+
+def _steps(cfg, steps: int) -> list[dict]:
+    s = trainer.setup(cfg)
+    model = s.policy.model
+    model.train()
+    optimizer, scheduler = trainer.make_optimizer(cfg, model)
+    state, rows = ckpt.TrainState(), []
+    try:
+        for _ in range(steps):
+            rows.append(trainer.train_step(s, model, optimizer, scheduler, state))
+            state.step += 1
+    finally:
+        s.close()
+    return rows
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_every_rule_fills_the_step_with_groups_that_have_a_signal(make_config, reward_spec, rule):
+    m = None if rule == "all" else 2
+    cfg = _dynamic(make_config, reward_spec, **{"select.rule": rule, "select.m": m})
+    B, n, cap = 4, cfg.rollout.n, cfg.rollout.max_gen_batches
+    rows = _steps(cfg, 2)
+    for row in rows:
+        assert 1 <= row["gen_batches"] <= cap and row["prompts_sampled"] == B * row["gen_batches"]
+        assert row["rollouts_generated"] == row["prompts_sampled"] * n and row["sample_rounds"] == row["gen_batches"]
+        if rule not in ("random", "d3s_cross"):  # the step's selection keeps a signal in every group that passed
+            assert row["groups_with_signal"] == B and row["kept"] == B * cfg.select.m_start(n)
+        assert row["groups_with_signal"] <= B and row["rows_run"] <= row["kept"]
+    assert any(row["gen_batches"] > 1 for row in rows)  # about half the groups are silent: it had to sample more
+    plain = _steps(_dynamic(make_config, reward_spec, **{"select.rule": rule, "select.m": m, "rollout.dynamic_sampling": False}), 2)
+    assert plain[0]["reward_mean"] == rows[0]["reward_mean"]  # the first batch is a plain step's
+    assert any(r["groups_with_signal"] < B for r in plain)  # which would have trained on fewer groups with a signal
+
+
+def test_the_cap_trains_on_what_it_has_and_warns_once(make_config, reward_spec, tmp_path):
+    reward = tmp_path / "constant.py"
+    reward.write_text(CONSTANT)
+    logs: list[str] = []
+    cfg = _dynamic(make_config, reward_spec, **{"reward.names": [f"{reward}:constant"], "rollout.max_gen_batches": 2, "train.max_steps": 2})
+    s = trainer.setup(cfg)
+    before = {k: v.clone() for k, v in s.policy.model.state_dict().items()}
+    s.close()
+    run = trainer.train(cfg, run_dir=tmp_path / "run", log=logs.append)
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [(r["gen_batches"], r["prompts_sampled"], r["groups_with_signal"], r["kept"]) for r in rows] == [(2, 8, 0, 0)] * 2
+    assert all("loss" not in r for r in rows)  # no signal: no optimizer step, as with the DAPO filter
+    after = load_file(str(ckpt.latest(run) / "weights.safetensors"))
+    assert all(torch.equal(after[k], before[k]) for k in after)
+    warnings = [line for line in logs if "rollout.max_gen_batches = 2" in line]
+    assert len(warnings) == 1 and "step 1: 0 of 4 groups had a signal" in warnings[0]
+    # Some signal at the cap: the step trains on the groups it found, fewer than B.
+    rows = _steps(_dynamic(make_config, reward_spec, **{"rollout.max_gen_batches": 1, "select.m": 2}), 3)
+    assert all(r["gen_batches"] == 1 for r in rows) and any(0 < r["groups_with_signal"] < 4 for r in rows)
+    assert all(r["kept"] == 2 * r["groups_with_signal"] for r in rows)
+
+
+def test_resume_equals_an_uninterrupted_run(make_config, reward_spec, tmp_path):
+    """Nothing is carried between steps (the surplus is dropped; batch j's prompts come from (seed,
+    step, j)), so a run resumed at step 2 logs and trains what an uninterrupted one does."""
+    from test_trainer import _assert_rows_equal, _weights
+
+    settings = {"select.m": 2, "train.checkpoint_every": 1}
+    full = trainer.train(_dynamic(make_config, reward_spec, **settings), run_dir=tmp_path / "a", log=lambda *_: None)
+    short = _dynamic(make_config, reward_spec, **settings, **{"train.max_steps": 2})
+    part = trainer.train(short, run_dir=tmp_path / "b", log=lambda *_: None)
+    trainer.train(_dynamic(make_config, reward_spec, **settings), run_dir=part, resume=True, log=lambda *_: None)
+    rows = read_jsonl(full / "metrics.jsonl")
+    _assert_rows_equal(rows, read_jsonl(part / "metrics.jsonl"))
+    assert any(r["gen_batches"] > 1 for r in rows)
+    wa, wb = _weights(full), _weights(part)
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5)
+
+
+def test_early_stopping_inside_dynamic_sampling(make_config, reward_spec, tmp_path):
+    reward = tmp_path / "parity.py"
+    reward.write_text("def parity(completion, example):\n    return float(len(completion) % 2)\n\n\nparity.reward_values = (0.0, 1.0)\n")
+    cfg = _dynamic(make_config, reward_spec, **{"reward.names": [f"{reward}:parity"], "rollout.n": 8, "rollout.early_stop": "exact",
+                                                "rollout.round_size": 2, "select.m": 2})  # fmt: skip
+    rows = _steps(cfg, 3)
+    for row in rows:
+        assert row["groups_with_signal"] == 4 or row["gen_batches"] == cfg.rollout.max_gen_batches
+        assert row["rollouts_generated"] <= row["prompts_sampled"] * 8 and row["sample_rounds"] >= row["gen_batches"]
+    assert sum(r["rollouts_generated"] for r in rows) < sum(r["prompts_sampled"] for r in rows) * 8  # groups did stop early
+    assert _untimed(rows) == _untimed(_steps(cfg, 3))  # reproducible
+
+
+def test_random_has_no_exact_early_stop_with_dynamic_sampling(make_config, reward_spec):
+    cfg = _dynamic(make_config, reward_spec, **{"select.rule": "random", "select.m": 2, "rollout.n": 8, "rollout.early_stop": "exact"})
+    with pytest.raises(ConfigError, match="rollout.early_stop = 'exact': dynamic sampling .* rule 'random'"):
+        trainer._reward_values(cfg, trainer.resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights))))
+
+
+def _untimed(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def test_the_progress_bar_shows_what_was_sampled(make_config, tmp_path):
+    from podsrl.run.metrics import RunLogger
+
+    logger = RunLogger(tmp_path, make_config(**{"train.progress": True}))
+    row = {"step": 1, "reward_mean": 0.5, "reward_kept_mean": 0.5, "completion_len": 7.0, "time/step": 1.0, "gen_batches": 3,
+           "prompts_sampled": 12, "groups_with_signal": 4, "rollouts_generated": 48}  # fmt: skip
+    logger.log_step(row, ckpt.TrainState(step=1))
+    assert "signal 4/4 of 12 prompts (3 batches) 48 rollouts" in logger.bar.postfix
+    logger.log_step({**row, "gen_batches": 1, "prompts_sampled": 4, "groups_with_signal": 3, "rollouts_generated": 16}, ckpt.TrainState(step=2))
+    assert "signal 3/4 16 rollouts" in logger.bar.postfix
+    logger.close()
+
+
+# ------------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    "overrides,field,needle",
+    [
+        ({"select.filter_zero_variance": True}, "select.filter_zero_variance", "would change nothing"),
+        ({"select.m": 1}, "select.m", "no group would have a signal"),
+        ({"select.m": 4, "select.m_final": 1, "select.m_schedule": "linear"}, "select.m", "reaches 1"),
+        ({"rollout.max_gen_batches": 0}, "rollout.max_gen_batches", ">= 1"),
+    ],
+)
+def test_nonsense_is_refused(make_config, reward_spec, overrides, field, needle):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as err:
+        _dynamic(make_config, reward_spec, **overrides)
+    assert needle in str(err.value)
+
+
+def test_m_of_one_is_fine_with_advantages_over_the_group(make_config, reward_spec):
+    cfg = _dynamic(make_config, reward_spec, **{"select.m": 1, "select.advantage_over": "group"})
+    assert cfg.rollout.dynamic_sampling and cfg.select.m == 1
+    assert make_config(**{"select.m": 1}).select.m == 1  # without dynamic sampling: not this check's business
+
+
+# ------------------------------------------------------------------------- torchrun, 2 gloo ranks
+
+DIST_BASE = {"train.prompts_per_step": 4, "rollout.n": 4, "select.m": 2, "optim.micro_batch_size": 2, "eval.max_problems": 3,
+             "rollout.dynamic_sampling": True}  # fmt: skip
+DIST_CASES = {
+    "dynamic": {},
+    "dynamic_d3s_cross": {"select.rule": "d3s_cross"},
+    "fsdp_dynamic": {"distributed.parallel": "fsdp", "model.lora": False},
+}
+
+
+def test_two_ranks_fill_the_step_as_one_process(tmp_path, tiny_model_dir, reward_file):
+    """Rank 1's groups are all silent (tests/dist_worker.py's FixedEngine): the step samples a
+    second batch and trains on rank 0's four groups; rank 1 runs the same batches and collectives
+    and trains nothing. The weights equal one process's ("fsdp": torchrun with 1 process)."""
+    cases = {name: {"overrides": {**DIST_BASE, **o}, "uniform_second_half": True} for name, o in DIST_CASES.items()}
+
+    def spec(names: list[str]) -> Path:
+        path = tmp_path / f"spec-{len(names)}-{names[0]}.json"
+        body = {"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(tmp_path), "cases": {k: cases[k] for k in names}}
+        path.write_text(json.dumps(body))
+        return path
+
+    plain = [k for k in cases if not k.startswith("fsdp")]
+    alone = subprocess.run([sys.executable, str(WORKER), str(spec(plain))], env=_env(), capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    one = _torchrun(str(WORKER), str(spec(["fsdp_dynamic"])), nproc=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _torchrun(str(WORKER), str(spec(list(cases))), nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    for name in cases:
+        w1, w2 = load_file(str(tmp_path / f"{name}-w1.safetensors")), load_file(str(tmp_path / f"{name}-w2.safetensors"))
+        diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+        assert diff <= 1e-5, f"{name}: max abs weight difference {diff:.2e}"
+        m1, m2 = (json.loads((tmp_path / f"{name}-w{w}.json").read_text()) for w in (1, 2))
+        for key in ("gen_batches", "prompts_sampled", "groups_with_signal", "kept", "rollouts_generated", "reward_mean", "tokens_total"):
+            assert m1[key] == pytest.approx(m2[key], rel=1e-6), (name, key)
+        assert m2["gen_batches"] == 2 and m2["groups_with_signal"] == 4 and m2["world_size"] == 2
+        assert m2["zero_variance_groups"] == 0.5  # of the first batch: a fixed-n run's figure
+
+
+def test_torchrun_train_with_dynamic_sampling_and_early_stopping(tmp_path, tiny_model_dir, reward_file):
+    """``podsrl train`` on 2 ranks: each rank stops its own groups early, every rank runs the same
+    generation batches (decided on the gathered batch), and the run finishes."""
+    reward = tmp_path / "parity.py"
+    reward.write_text("def parity(completion, example):\n    return float(len(completion) % 2)\n\n\nparity.reward_values = (0.0, 1.0)\n")
+    overrides = {**DIST_BASE, "reward.names": [f"{reward}:parity"], "rollout.n": 8, "rollout.early_stop": "exact", "rollout.round_size": 2,
+                 "eval.at_start": False, "eval.at_end": False, "train.max_steps": 2}  # fmt: skip
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
+    done = _torchrun("-m", "podsrl", "train", str(config), "--out", str(tmp_path / "run"), "--no-plot")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["world_size"] == 2 and r["prompts_sampled"] == 4 * r["gen_batches"]
+        assert r["groups_with_signal"] == 4 or r["gen_batches"] == 4
+        assert r["rollouts_generated"] <= 8 * r["prompts_sampled"]
