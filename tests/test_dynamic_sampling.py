@@ -266,8 +266,9 @@ def test_the_progress_bar_shows_what_was_sampled(make_config, tmp_path):
     "overrides,field,needle",
     [
         ({"select.filter_zero_variance": True}, "select.filter_zero_variance", "would change nothing"),
-        ({"select.m": 1}, "select.m", "no group would have a signal"),
-        ({"select.m": 4, "select.m_final": 1, "select.m_schedule": "linear"}, "select.m", "reaches 1"),
+        # m = 1 over the kept subset: refused for every run (select.check_signal), dynamic sampling or not
+        ({"select.m": 1}, "select.m", "nothing would be learned"),
+        ({"select.m": 4, "select.m_final": 1, "select.m_schedule": "linear"}, "select.m_final", "nothing would be learned"),
         ({"rollout.max_gen_batches": 0}, "rollout.max_gen_batches", ">= 1"),
     ],
 )
@@ -280,7 +281,8 @@ def test_nonsense_is_refused(make_config, reward_spec, overrides, field, needle)
 def test_m_of_one_is_fine_with_advantages_over_the_group(make_config, reward_spec):
     cfg = _dynamic(make_config, reward_spec, **{"select.m": 1, "select.advantage_over": "group"})
     assert cfg.rollout.dynamic_sampling and cfg.select.m == 1
-    assert make_config(**{"select.m": 1}).select.m == 1  # without dynamic sampling: not this check's business
+    with pytest.raises(ConfigError, match=r"select\.m = 1"):  # over the kept subset: refused, dynamic sampling or not
+        make_config(**{"select.m": 1})
 
 
 # ------------------------------------------------------------------------- torchrun, 2 gloo ranks
