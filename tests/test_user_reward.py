@@ -1,9 +1,11 @@
 """A newcomer's reward works as first written (issue 38): ``"my_rewards:fn"`` finds my_rewards.py in
 the current directory, as ``python -m`` would; ``example["answer"]`` reads the Example like the dict
-a TRL dataset row is."""
+a TRL dataset row is; ``PODSTrainer(model="smollm2-135m-instruct")`` takes podsrl's embedded model."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 
 import pytest
@@ -46,3 +48,23 @@ def test_example_reads_like_a_dataset_row():
     assert (example["id"], example["question"], example["answer"]) == ("gsm8k:3", "What is 6 x 7?", "42")
     with pytest.raises(KeyError, match="'prompt'.*'id', 'question', 'answer'"):
         example["prompt"]
+
+
+def test_podstrainer_takes_the_embedded_model_by_name(monkeypatch):
+    pytest.importorskip("trl")
+    from trl import GRPOTrainer
+
+    from podsrl.integrations.trl import PODSConfig, PODSTrainer
+    from podsrl.models import resolve_model_path
+
+    seen, original = {}, GRPOTrainer.__init__
+
+    @functools.wraps(original)  # PODSTrainer binds its arguments to this signature
+    def stop(self, *args, **kwargs):
+        seen.update(inspect.signature(original).bind(self, *args, **kwargs).arguments)
+        raise RuntimeError("stop before loading")
+
+    monkeypatch.setattr(GRPOTrainer, "__init__", stop)
+    with pytest.raises(RuntimeError, match="stop before loading"):
+        PODSTrainer(model="smollm2-135m-instruct", reward_funcs=[], args=PODSConfig(output_dir="out", use_cpu=True, bf16=False))
+    assert seen["model"] == resolve_model_path("smollm2-135m-instruct")  # a local directory: no Hub lookup
