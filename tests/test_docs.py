@@ -596,7 +596,11 @@ def tiny_run(tmp_path_factory, tiny_model_dir) -> Path:
 
 @pytest.fixture
 def doc_env(monkeypatch, one_thread):
-    # A name that reached the Hub would wait for the network (31 s for a model id): fail at once instead.
+    # A name that reached the Hub would wait for the network (31 s for a model id) or download: fail
+    # at once instead. The library reads the variable when imported, hence its constant too.
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
