@@ -12,12 +12,14 @@ and use it in the next), and handled by its kind:
   time), with :func:`tiny_args` appended (the tiny random model of conftest.py, the transformers
   engine, one step, 8 new tokens, two held-out problems: what a test needs, the command's other
   settings kept); ``python FILE`` in a subprocess, and so are ``torchrun`` and ``accelerate launch`` of
-  ``-m podsrl`` (with the same tiny settings; torchrun ``--standalone``, on a free port); ``make TARGET`` as ``make -n TARGET`` (the target exists and expands:
+  ``-m podsrl`` (with the same tiny settings; torchrun ``--standalone``, on a free port);
+  ``make TARGET`` as ``make -n TARGET`` (the target exists and expands:
   ``make demo`` would set up a virtual environment and train for 10 minutes, and its last command,
   ``podsrl train``, is run at tiny size in README's tour). A command must exit with 0. After a
   ``$ command`` line, the lines up to the next ``$`` are its output: each must appear in what it
   printed (then it may exit with an error, if the output shows one).
-- *python*: executed in this process, in the page's directory. A fragment may use the names of
+- *python*: executed in this process, in the page's directory, first on sys.path (as for
+  ``python`` started there: ``from my_rewards import ...`` finds the page's file). A fragment may use the names of
   :data:`GIVEN` without defining them (``rewards``, ``dataset``, ``step``, ...). Hub model ids of
   :data:`HUB_MODELS` become the tiny model, and ``PODSConfig`` trains one step of 8 tokens
   (:data:`TINY_TRL`).
@@ -329,7 +331,8 @@ def tiny_args(args: list[str], tiny_model: Path) -> list[str]:
     if sub == "compare":
         extra = ["--in-process", "--seeds=1"]
         if not has("--methods"):  # the baseline and one other method
-            extra.append(f"--methods={','.join(_compare_methods(args[1] if len(args) > 1 and not args[1].startswith('-') else None)[:2])}")
+            config = args[1] if len(args) > 1 and not args[1].startswith("-") else None
+            extra.append(f"--methods={','.join(_compare_methods(config)[:2])}")
         return [*args, *extra, *fresh, *budget]
     return args
 
@@ -397,7 +400,8 @@ def _tiny_toml(tiny_model: Path) -> str:
 
 
 def _math_jsonl(_: Path) -> str:
-    rows = [{"problem": f"What is $\\frac{{{k}}}{{2}}$ in lowest terms?", "answer": f"\\frac{{{k}}}{{2}}"} for k in (1, 3, 5, 7, 9, 11)]
+    rows = [{"problem": f"What is $\\frac{{{k}}}{{2}}$ in lowest terms?", "answer": f"\\frac{{{k}}}{{2}}"}
+            for k in (1, 3, 5, 7, 9, 11)]
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
@@ -725,7 +729,7 @@ def inventory() -> list[str]:
         for block in blocks:
             if block.kind == "commands":
                 for c in block.commands:
-                    how = {"run": "run" if _safe_plan(c) else "?", "slow": f"slow ({c.reason})", "skip": f"not run ({c.reason})"}[c.mode]
+                    how = {"run": _how(c), "slow": f"slow ({c.reason}): {_how(c)}", "skip": f"not run ({c.reason})"}[c.mode]
                     rows.append(f"{block.page}:{c.line}\tcommand\t{c.text.split(' #')[0].strip()[:90]}\t{how}")
             else:
                 marker = block.markers[0] if block.markers else None
@@ -737,12 +741,13 @@ def inventory() -> list[str]:
     return rows
 
 
-def _safe_plan(command: Command) -> bool:
+def _how(command: Command) -> str:
     try:
-        _plan(command)
-        return True
-    except DocTestError:
-        return False
+        plan = _plan(command)
+    except DocTestError as err:
+        return f"UNKNOWN: {err}"
+    how = "in-process, tiny" if plan.in_process else "make -n" if plan.argv[0] == "make" else "subprocess"
+    return how + (", its output checked" if command.expected else "")
 
 
 if __name__ == "__main__":
