@@ -8,6 +8,11 @@ strings, TRL's "standard" format), ``answer=[answer]``, ``id=[id]`` and ``questi
 only the names the function accepts unless it takes ``**kwargs``; it must return one number. One
 call per completion: correct, not batched.
 
+A ``"module:function"`` whose module is on no entry of sys.path is looked for in the current
+directory, as ``python -m`` would find it: the directory is appended to sys.path (after the installed
+packages, so it shadows none of them), for the rest of the process. That imports only the module the
+config names, as a file path would (SECURITY.md: a config, a resumed run's too, names code to run).
+
 Every failure to load (module not found, import error, missing attribute, not callable, wrong
 arguments) is a ConfigError naming the spec and the fix.
 """
@@ -18,6 +23,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,7 +42,7 @@ def load_user_reward(spec: str) -> RewardFn:
     as ``fn(completion, example)`` (a TRL-style batched function is adapted, :func:`from_batched`)."""
     module_name, _, attribute = spec.rpartition(":")
     usage = (
-        "give a user reward as 'module:function' (importable from sys.path) or "
+        "give a user reward as 'module:function' (importable from sys.path or the current directory) or "
         "'path/to/file.py:function', where the function is "
         "def fn(completion: str, example: Example) -> float"
     )
@@ -85,9 +91,14 @@ def _import_module(spec: str, module_name: str) -> object:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            cwd = os.getcwd()
+            if cwd not in sys.path and "" not in sys.path:  # as `python -m` would (the module docstring)
+                sys.path.append(cwd)
+                importlib.invalidate_caches()
+                return _import_module(spec, module_name)
             raise ConfigError(
-                f"reward {spec!r}: no module named {module_name!r} on sys.path; check the "
-                "spelling, install it, or pass a file path like 'path/to/file.py:function'"
+                f"reward {spec!r}: no module named {module_name!r} on sys.path or in the current directory "
+                f"({cwd}); check the spelling, install it, or pass a file path like 'path/to/file.py:function'"
             ) from None
         raise ConfigError(f"reward {spec!r}: importing {module_name} failed: {exc}") from exc
     except Exception as exc:

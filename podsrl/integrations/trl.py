@@ -161,6 +161,7 @@ from podsrl.core.selection import RULES
 from podsrl.core.schedules import training_progress
 from podsrl.core.token_selection import quantile_threshold_mask, score_tokens, selectable
 from podsrl.envinfo import SUPPORTED_TRL, TRL_BELOW as _TRL_BELOW, TRL_MIN as _TRL_MIN  # the range, kept where `podsrl env` reads it
+from podsrl.models import EMBEDDED, resolve_model_path
 
 
 def _check_trl() -> None:
@@ -375,6 +376,8 @@ class PODSTrainer(GRPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         bound = inspect.signature(GRPOTrainer.__init__).bind(None, *args, **kwargs)
         bound.arguments["args"] = _pods_args(bound.arguments.get("args"), bound.arguments["model"])
+        if isinstance(bound.arguments["model"], str) and bound.arguments["model"] in EMBEDDED:  # as model.name takes it
+            bound.arguments["model"] = resolve_model_path(bound.arguments["model"])
         super().__init__(*bound.args[1:], **bound.kwargs)
         if self.use_vllm and self.args.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
             _reload_weights_on_cpu(self.vllm_generation)

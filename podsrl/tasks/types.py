@@ -1,7 +1,7 @@
 """The task types: an `Example` (question and reference answer) and a `Task` (train and held-out
 examples, and how to prompt for them). A leaf: the task loaders and the rewards import it."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from podsrl.errors import ConfigError
 
@@ -16,6 +16,14 @@ class Example:
     id: str
     question: str
     answer: str
+
+    def __getitem__(self, key: str) -> str:
+        """``example["answer"]`` as well as ``example.answer``: a reward written for a TRL dataset
+        row (a dict) reads an Example the same way."""
+        names = [f.name for f in fields(self)]
+        if key not in names:
+            raise KeyError(f"{key!r}: an Example has {', '.join(map(repr, names))}")
+        return getattr(self, key)
 
 
 @dataclass(frozen=True)
