@@ -98,10 +98,21 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def reward_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("rewards") / "test_rewards.py"
-    path.write_text(REWARD_SOURCE)
-    return path
+def reward_file(write_module) -> Path:
+    return write_module("test_rewards", REWARD_SOURCE)
+
+
+@pytest.fixture(scope="session")
+def write_module(tmp_path_factory):
+    """``write_module(stem, source)`` -> the path of a new ``stem.py`` holding ``source``, in a
+    directory of its own (reward functions for a test, named as "path.py:function")."""
+
+    def write(stem: str, source: str) -> Path:
+        path = tmp_path_factory.mktemp(stem) / f"{stem}.py"
+        path.write_text(source)
+        return path
+
+    return write
 
 
 def exit_without_teardown() -> None:

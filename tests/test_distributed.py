@@ -71,6 +71,12 @@ def _torchrun(*args: str, nproc: int = 2, timeout: int = 300) -> subprocess.Comp
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+def worker_spec(path: Path, model: Path, reward: Path, out: Path, cases: dict) -> Path:
+    """Write tests/dist_worker.py's spec of ``cases`` (name -> {"overrides": ..., ...}) to ``path``."""
+    path.write_text(json.dumps({"model": str(model), "reward": str(reward), "out": str(out), "cases": cases}))
+    return path
+
+
 @pytest.fixture(scope="module")
 def step_results(tmp_path_factory, tiny_model_dir, reward_file):
     out = tmp_path_factory.mktemp("dist-steps")
@@ -80,16 +86,13 @@ def step_results(tmp_path_factory, tiny_model_dir, reward_file):
         if name.startswith("fsdp"):  # FSDP needs a launcher: its reference is torchrun with 1 process
             case["overrides"]["model.lora"] = False
         cases[name] = case
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(out), "cases": cases}))
+    spec = worker_spec(out / "spec.json", tiny_model_dir, reward_file, out, cases)
     single = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
-    spec1 = out / "spec1.json"
-    spec1.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(out), "cases": single}))
+    spec1 = worker_spec(out / "spec1.json", tiny_model_dir, reward_file, out, single)
     alone = subprocess.run([sys.executable, str(WORKER), str(spec1)], env=_env(), capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr[-3000:]
     fsdp = {k: v for k, v in cases.items() if k.startswith("fsdp")}
-    spec_f = out / "spec_fsdp1.json"
-    spec_f.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(out), "cases": fsdp}))
+    spec_f = worker_spec(out / "spec_fsdp1.json", tiny_model_dir, reward_file, out, fsdp)
     one = _torchrun(str(WORKER), str(spec_f), nproc=1)
     assert one.returncode == 0, one.stderr[-3000:]
     two = _torchrun(str(WORKER), str(spec), nproc=2)
@@ -489,11 +492,9 @@ def test_nccl_steps_like_one_process_on_the_gpu(tmp_path, tiny_model_dir, reward
     cases = {}
     for name, overrides in NCCL_CASES.items():
         cases[name] = {"overrides": {**BASE, "model.device": "cuda", **overrides}, "uniform_all": name.endswith("all_skipped")}
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(tmp_path), "cases": cases}))
+    spec = worker_spec(tmp_path / "spec.json", tiny_model_dir, reward_file, tmp_path, cases)
     groupless = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
-    alone_spec = tmp_path / "alone.json"
-    alone_spec.write_text(json.dumps({"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(tmp_path), "cases": groupless}))
+    alone_spec = worker_spec(tmp_path / "alone.json", tiny_model_dir, reward_file, tmp_path, groupless)
     alone = subprocess.run([sys.executable, str(WORKER), str(alone_spec)], env=_env(), capture_output=True, text=True, timeout=600)
     assert alone.returncode == 0, alone.stderr[-3000:]
     for name in groupless:  # both write <name>-w1: keep the groupless results apart

@@ -34,7 +34,7 @@ from podsrl.run.metrics import read_jsonl
 from podsrl.train import loop as trainer
 
 from conftest import tiny_config_dict
-from test_distributed import WORKER, _env, _torchrun
+from test_distributed import WORKER, _env, _torchrun, worker_spec
 from test_early_stop import _chi_square_same
 
 nan = math.nan
@@ -303,10 +303,7 @@ def test_two_ranks_fill_the_step_as_one_process(tmp_path, tiny_model_dir, reward
     cases = {name: {"overrides": {**DIST_BASE, **o}, "uniform_second_half": True} for name, o in DIST_CASES.items()}
 
     def spec(names: list[str]) -> Path:
-        path = tmp_path / f"spec-{len(names)}-{names[0]}.json"
-        body = {"model": str(tiny_model_dir), "reward": str(reward_file), "out": str(tmp_path), "cases": {k: cases[k] for k in names}}
-        path.write_text(json.dumps(body))
-        return path
+        return worker_spec(tmp_path / f"spec-{len(names)}-{names[0]}.json", tiny_model_dir, reward_file, tmp_path, {k: cases[k] for k in names})
 
     plain = [k for k in cases if not k.startswith("fsdp")]
     alone = subprocess.run([sys.executable, str(WORKER), str(spec(plain))], env=_env(), capture_output=True, text=True, timeout=300)

@@ -269,10 +269,8 @@ def half(completion, example):
 
 
 @pytest.fixture(scope="module")
-def parity_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("rewards") / "parity_rewards.py"
-    path.write_text(PARITY_REWARD)
-    return path
+def parity_file(write_module):
+    return write_module("parity_rewards", PARITY_REWARD)
 
 
 def _early_config(make_config, parity_file, **overrides):

@@ -91,10 +91,8 @@ QUIET = {"eval.at_start": False, "eval.at_end": False, "train.progress": False, 
 
 
 @pytest.fixture(scope="module")
-def faulty(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("faulty") / "faulty_reward.py"
-    path.write_text(FAULTY_REWARD)
-    return f"{path}:faulty_reward"
+def faulty(write_module) -> str:
+    return f"{write_module('faulty_reward', FAULTY_REWARD)}:faulty_reward"
 
 
 @pytest.fixture

@@ -258,9 +258,8 @@ def undeclared(completion, example):
 
 
 @pytest.fixture(scope="module")
-def declaring(tmp_path_factory):
-    path = tmp_path_factory.mktemp("declaring") / "declaring.py"
-    path.write_text(DECLARING_REWARDS)
+def declaring(write_module):
+    path = write_module("declaring", DECLARING_REWARDS)
     return lambda name: f"{path}:{name}"
 
 

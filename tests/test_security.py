@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from podsrl.cli import main
+from test_cli import run_cli  # (exit code, stdout, stderr) of podsrl ARGV, in-process
 from podsrl.config import from_dict, to_toml
 from podsrl.errors import ConfigError
 from podsrl.run import checkpoint as ckpt
@@ -51,17 +51,6 @@ def plant(file: Path, marker: Path) -> None:
     torch.save(blob, file)
 
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    import contextlib
-    import io
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exc:
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 def _quiet(*args, **kwargs) -> None:

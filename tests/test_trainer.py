@@ -516,9 +516,8 @@ scalar.reward_values = 1.0
 
 
 @pytest.fixture(scope="module")
-def declared_reward(tmp_path_factory):
-    path = tmp_path_factory.mktemp("declared") / "declared_rewards.py"
-    path.write_text(TIMEOUT_REWARDS)
+def declared_reward(write_module):
+    path = write_module("declared_rewards", TIMEOUT_REWARDS)
     return lambda name: f"{path}:{name}"
 
 
