@@ -10,8 +10,8 @@ Paths that name local data are resolved when a config is built: a relative task 
 made absolute, so a run's config.toml works from any directory (docs/run-directory.md).
 
 The defaults are the embedded demo: SmolLM2-135M-Instruct, full fine-tuning, one-digit arithmetic,
-PODS max-variance with n=16 rollouts per prompt and m=4 kept for the update, 10 minutes of
-training on a CPU.
+PODS max-variance with n=16 rollouts per prompt and m=4 kept for the update, 4 minutes of
+training on a CPU (held-out accuracy saturates at about 82-86% from the third minute on: docs/results.md).
 """
 
 from __future__ import annotations
@@ -180,6 +180,7 @@ class RolloutConfig:
     enable_sleep_mode: bool = False  # GPU only: free vLLM's memory during the update
     kv_cache_gib: float | None = None  # vLLM KV cache; None: GPU from gpu_memory_utilization, CPU 2 GiB
     enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
+    sampler_dtype: str = "auto"  # vLLM's weights: "auto" (model.dtype) | "bfloat16" | "float16" | "float32"; bfloat16 samples 1.5x faster on a CPU with AVX512-BF16, slightly off-policy (docs/vllm.md)
     max_model_len: int = 1024  # vLLM: longest prompt + completion, in tokens
     # Exact early stopping (podsrl/core/early_stop.py): a group stops once more rollouts could not
     # change the law of what it trains on; rules or rewards without such a criterion are refused.
@@ -204,6 +205,7 @@ class RolloutConfig:
         _check(self.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
         _check(self.kv_cache_gib is None or self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0 (or none)")
+        _one_of(self.sampler_dtype, ("auto", "bfloat16", "float16", "float32"), "rollout.sampler_dtype")
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,7 @@ def catchable_signal(name: str):
 class TrainConfig:
     prompts_per_step: int = 8  # B
     max_steps: int | None = None  # training-step budget; None: none (then max_seconds must be set)
-    max_seconds: float | None = 600.0  # training wall-clock budget (evaluation excluded)
+    max_seconds: float | None = 240.0  # training wall-clock budget (evaluation excluded); the demo's: make demo in about 5 minutes
     seed: int = 0  # seeds the task's split, sampling, selection and initialisation
     out_dir: str = "runs/{time}-{rule}"  # {time}, {rule} and {seed} are filled in
     checkpoint_every: int = 20  # steps; 0: only at the end

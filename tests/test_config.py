@@ -334,3 +334,24 @@ def test_engine_auto_is_vllm_when_installed_else_transformers(monkeypatch):
     assert resolve_engine("auto") == "vllm"
     assert resolve_engine("transformers") == "transformers"
     assert load().rollout.engine == "auto"
+
+
+def test_sampler_dtype_reaches_vllm_and_is_refused_where_it_cannot_apply(monkeypatch):
+    """rollout.sampler_dtype: a bad name names the field; the transformers engine, which samples
+    with the policy itself, refuses any other than "auto"; vLLM is built in the dtype asked for
+    ("auto": the policy's)."""
+    import torch
+
+    from podsrl.engines import make_engine
+    from podsrl.engines.vllm import VLLMEngine
+
+    with pytest.raises(ConfigError, match=r"rollout\.sampler_dtype"):
+        load(overrides=["--rollout.sampler_dtype=fp8"])
+    policy = type("Policy", (), {"model": torch.nn.Linear(2, 2), "tokenizer": None, "path": "/m"})()
+    with pytest.raises(ConfigError, match=r"rollout\.sampler_dtype = 'bfloat16'.*rollout\.engine = 'vllm'"):
+        make_engine(load(overrides=["--rollout.engine=transformers", "--rollout.sampler_dtype=bfloat16"]).rollout, policy)
+    built = []
+    monkeypatch.setattr(VLLMEngine, "__init__", lambda self, path, tokenizer, options, **kw: built.append(options.dtype))
+    for value, dtype in (("auto", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        VLLMEngine.from_config(load(overrides=[f"--rollout.sampler_dtype={value}"]).rollout, policy)
+        assert built[-1] == dtype, value

@@ -14,7 +14,7 @@ and use it in the next), and handled by its kind:
   settings kept); ``python FILE`` in a subprocess, and so are ``torchrun`` and ``accelerate launch`` of
   ``-m podsrl`` (with the same tiny settings; torchrun ``--standalone``, on a free port);
   ``make TARGET`` as ``make -n TARGET`` (the target exists and expands:
-  ``make demo`` would set up a virtual environment and train for 10 minutes, and its last command,
+  ``make demo`` would set up a virtual environment and train for 4 minutes, and its last command,
   ``podsrl train``, is run at tiny size in README's tour). A command must exit with 0. After a
   ``$ command`` line, the lines up to the next ``$`` are its output: each must appear in what it
   printed (then it may exit with an error, if the output shows one).

@@ -21,6 +21,14 @@ __all__ = ["ENGINES", "ENGINE_CHOICES", "Engine", "Rollouts", "Sampling", "make_
 
 def _transformers(cfg, policy) -> Engine:
     from podsrl.engines.hf import TransformersEngine
+    from podsrl.errors import ConfigError
+
+    if getattr(cfg, "sampler_dtype", "auto") != "auto":
+        raise ConfigError(
+            f"rollout.sampler_dtype = {cfg.sampler_dtype!r}: the transformers engine samples with the policy's own "
+            "weights (model.dtype); set rollout.engine = 'vllm' for a sampler of its own dtype, or leave "
+            "rollout.sampler_dtype = 'auto'"
+        )
 
     return TransformersEngine(policy.model, policy.tokenizer, batch_size=cfg.generation_batch_size)
 
