@@ -15,7 +15,7 @@ names another (each sync casts them). A bfloat16 sampler beside a float32 policy
 trainers usually run; it samples from a slightly different distribution than the policy the update
 differentiates (the update's log-probs are always the policy's own, so the step stays a correct
 gradient of the rollouts it got; ``sampler_logp_diff`` / ``sampler_kl`` in metrics.jsonl measure the
-gap). On this project's CPU (AVX512-BF16) it samples 128 rollouts 1.5x faster (docs/vllm.md).
+gap). On this project's CPU (AVX512-BF16) 128 rollouts take 0.65x the time (docs/vllm.md).
 
 The engine runs in this process, so "the engine process dies" is this rank dying (torchrun stops the
 others within seconds, and ``--resume auto`` restarts the run); what can fail on its own is vLLM's
