@@ -115,6 +115,11 @@ def write_module(tmp_path_factory):
     return write
 
 
+def function_refs(path: Path):
+    """``ref(name)`` -> ``"path.py:name"``: how a config names function ``name`` of the module at ``path``."""
+    return lambda name: f"{path}:{name}"
+
+
 def exit_without_teardown() -> None:
     """The last call of a process that a multi-process test launched (torchrun, accelerate launch),
     once it has done and checked its work: leave without the interpreter's teardown. On this CPU

@@ -13,6 +13,7 @@ from podsrl.grading.answers import answers_match, extract_answer, last_boxed, pa
 from podsrl.grading.rewards import REWARDS, RewardSpec, compute_rewards, correctness, format_reward, get_reward, resolve_specs
 from podsrl.tasks import Example
 from podsrl.tasks.jsonl import reference_answer
+from conftest import function_refs
 
 
 def ex(answer: str, question: str = "How many?") -> Example:
@@ -259,8 +260,7 @@ def undeclared(completion, example):
 
 @pytest.fixture(scope="module")
 def declaring(write_module):
-    path = write_module("declaring", DECLARING_REWARDS)
-    return lambda name: f"{path}:{name}"
+    return function_refs(write_module("declaring", DECLARING_REWARDS))
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from podsrl.run import checkpoint as ckpt
 from podsrl.train import loop as trainer
 from podsrl.errors import CheckpointWriteError, ConfigError, RewardError
 from podsrl.run.metrics import read_jsonl
-from conftest import update_settings
+from conftest import function_refs, update_settings
 from podsrl.train.update import UpdateBatch, micro_batch_order, run_update
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -517,8 +517,7 @@ scalar.reward_values = 1.0
 
 @pytest.fixture(scope="module")
 def declared_reward(write_module):
-    path = write_module("declared_rewards", TIMEOUT_REWARDS)
-    return lambda name: f"{path}:{name}"
+    return function_refs(write_module("declared_rewards", TIMEOUT_REWARDS))
 
 
 @pytest.mark.parametrize(
