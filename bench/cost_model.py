@@ -7,10 +7,13 @@
 
 The model. A training step of B prompts costs
 
-    t_step = g0 + s * R  +  u0 + u * F + c * S  +  o
+    t_step = g0 * C + s * R  +  u0 + u * F + c * S  +  o
 
-- R: rollouts generated (B * n, or fewer with early stopping: metrics ``rollouts_generated``),
-  at s seconds each beyond the fixed g0 (engine overhead, weight sync excluded);
+- C: the step's sampling calls (metrics ``sample_rounds``: 1 a step at fixed n, one per round with
+  early stopping, one per round of every batch with dynamic sampling), at g0 each (a call's fixed
+  cost: bench/sampling_call.py);
+- R: rollouts generated (B * n, fewer with early stopping, more with dynamic sampling: metrics
+  ``rollouts_generated``), at s seconds each beyond the calls' fixed cost (weight sync excluded);
 - F: completion tokens that take the update's forward and backward (``tokens_run``; ``tokens_total``
   before exact skipping), at u each beyond the fixed u0 (optimizer step, gradient clipping, one
   pass over the weights). Tokens rather than rows: the rows per step are fixed except in D3S,
@@ -18,7 +21,7 @@ The model. A training step of B prompts costs
 - S: completion tokens scored by D3S's entropy pass (F while ``token_fraction`` < 1, else 0), c each;
 - o: reward, selection and weight sync (the step's rest, taken as measured per method).
 
-g0, s are fitted by least squares on every step's ``time/generate`` against R; u0, u, c on
+g0, s are fitted by least squares on every step's ``time/generate`` against C and R; u0, u, c on
 ``time/update`` against F and S, over the methods and seeds given. The check: summing the
 predicted step times up to the step where each method first reaches the comparison's target
 (compare.json ``steps_to_target``, the seed mean) gives a predicted training time to the target, and
@@ -60,31 +63,36 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 H100_RHO = 68.0  # (1.5 s / 128 rollouts) / (1.4 s / (128 x 64 tokens)), docs/results.md "On a GPU"
-METHODS = ("grpo", "pods_max_variance", "d3s_intra", "d3s_cross")  # binary rewards: skipping is exact and predictable
+RULES = ("all", "max_variance", "d3s_intra", "d3s_cross")  # binary rewards: skipping is exact and predictable
 
 
 def _steps(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def _config_n(run: Path) -> int:
+def _config(run: Path) -> dict:
     import tomllib
 
-    config = tomllib.loads((run / "config.toml").read_text())
-    return int(config["rollout"]["n"]) * int(config["train"]["prompts_per_step"])
+    return tomllib.loads((run / "config.toml").read_text())
 
 
 def load(runs: Path, seeds: list[int]) -> dict[str, list[list[dict]]]:
-    """method -> [steps of each seed]; every step gets R, F, S (the model's counts) as measured."""
+    """method -> [steps of each seed], for every method under ``runs`` whose rule is one of RULES
+    (GRPO first); every step gets C, R, F, S (the model's counts) as measured."""
     out: dict[str, list[list[dict]]] = {}
-    for method in METHODS:
+    methods = sorted((p.name for p in runs.iterdir() if p.is_dir()), key=lambda m: (m != "grpo", m)) if runs.is_dir() else []
+    for method in methods:
         for seed in seeds:
             run = runs / method / f"seed{seed}"
             if not (run / "metrics.jsonl").exists():
                 continue
-            generated = _config_n(run)
+            config = _config(run)
+            if config["select"]["rule"] not in RULES:
+                continue
+            generated = int(config["rollout"]["n"]) * int(config["train"]["prompts_per_step"])
             steps = _steps(run)
             for st in steps:
+                st["C"] = st.get("sample_rounds", 1)
                 st["R"] = st.get("rollouts_generated", generated)
                 st["F"] = st.get("tokens_run", st["tokens_total"])
                 st["S"] = st["F"] if st.get("token_fraction", 1.0) < 1.0 else 0
@@ -96,9 +104,10 @@ def load(runs: Path, seeds: list[int]) -> dict[str, list[list[dict]]]:
 
 def fit(data: dict[str, list[list[dict]]]) -> dict[str, float]:
     steps = [st for seeds in data.values() for run in seeds for st in run]
+    C = np.array([st["C"] for st in steps], dtype=float)
     R = np.array([st["R"] for st in steps], dtype=float)
     g = np.array([st["time/generate"] for st in steps])
-    (g0, s), *_ = np.linalg.lstsq(np.stack([np.ones_like(R), R], 1), g, rcond=None)
+    (g0, s), *_ = np.linalg.lstsq(np.stack([C, R], 1), g, rcond=None)
     X = np.stack([np.ones(len(steps)), [st["F"] for st in steps], [st["S"] for st in steps]], 1).astype(float)
     y = np.array([st["time/update"] for st in steps])
     (u0, u, c), *_ = np.linalg.lstsq(X, y, rcond=None)
@@ -109,7 +118,7 @@ def step_time(st: dict, k: dict, *, skip: bool, rho: float | None = None) -> flo
     s = k["s"] if rho is None else rho * k["u"]
     F, S = (st["F_skip"], st["S_skip"]) if skip else (st["F"], st["S"])
     rest = st["time/step"] - st["time/generate"] - st["time/update"]
-    return k["g0"] + s * st["R"] + k["u0"] + k["u"] * F + k["c"] * S + rest
+    return k["g0"] * st["C"] + s * st["R"] + k["u0"] + k["u"] * F + k["c"] * S + rest
 
 
 def time_to(runs: list[list[dict]], step: int, k: dict | None, **kw) -> float:
@@ -136,7 +145,7 @@ def main() -> None:
         sys.exit(f"cost_model: no GRPO run under {args.runs} for seeds {seeds}")
     k = fit(data)
     fitted = k  # the fitted costs check the model against the runs' clocks
-    print(f"fitted: generate {k['g0']:.2f} s + {k['s']:.4f} s/rollout; update {k['u0']:.2f} s + {k['u']:.4f} s/token "
+    print(f"fitted: generate {k['g0']:.2f} s a call + {k['s']:.4f} s/rollout; update {k['u0']:.2f} s + {k['u']:.4f} s/token "
           f"+ {k['c']:.4f} s/scored token")  # fmt: skip
     if args.update_cost:
         u0, u = (float(x) for x in args.update_cost.split(","))
