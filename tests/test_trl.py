@@ -375,6 +375,13 @@ def test_config_validation(tmp_path):
         PODSConfig(**base, pods_m=2, pods_m_final=4)
     with pytest.raises(ValueError, match="keeps every rollout"):
         PODSConfig(**base, pods_rule="all", pods_m=4)
+    # Settings that can never learn are refused, as by podsrl train (issue 38): one kept rollout
+    # with advantages over the kept subset; a group of one (TRL refuses it first).
+    with pytest.raises(ValueError, match=r"pods_m = 1 keeps one rollout per prompt.*pods_advantage_over"):
+        PODSConfig(**base, pods_rule="max_reward", pods_m=1)
+    assert PODSConfig(**base, pods_rule="max_reward", pods_m=1, pods_advantage_over="group").pods_m == 1
+    with pytest.raises(ValueError, match=r"at least 2 generations"):  # TRL's own refusal, before podsrl's
+        PODSConfig(**{**base, "num_generations": 1, "per_device_train_batch_size": 1, "generation_batch_size": 1})
     # TRL's advantage convention becomes the spec's: scale_rewards, and normalize_then_sum's batch std.
     conventions = {
         ("group", "sum_then_normalize"): (True, "group"),

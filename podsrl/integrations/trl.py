@@ -283,6 +283,7 @@ class PODSConfig(GRPOConfig):
         """Validate the pods_ fields against TRL's (a ConfigError, which is a ValueError, naming the field)."""
         spec = self.pods_spec()
         spec.check_n(self.num_generations, "num_generations")
+        spec.check_signal(self.num_generations, "num_generations")  # no setting that can never learn (as podsrl train)
         if spec.uses_token_selection and self.top_entropy_quantile < 1.0:
             raise ValueError(
                 "top_entropy_quantile and pods_token_fraction both select tokens; set only pods_token_fraction "
