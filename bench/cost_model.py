@@ -41,6 +41,17 @@ Predictions, from the same fitted costs:
   H100 figure of docs/results.md, 68, are always printed), u and every count kept: the wall-clock
   speedup with skipping at the same step counts.
 
+- **a GPU-like sampler**: a GPU engine samples K rollouts at once in about the time of one (a
+  decode step reads the weights once for the whole batch: on an A100, vLLM serving Llama-3.1-8B
+  gave 6.6x the throughput at 8 concurrent requests for almost no added latency,
+  johnmusgrave.com/p/vllm-throughput-latency-sweep-on; a 135M model batches far more). A step's
+  sampling then costs C x W x ceil(R / C / K) update-token units: W is one call's cost in units of
+  updating one completion token (``--gpu-call``; default 8800, this project's H100 run in
+  docs/results.md "On a GPU": transformers ``generate`` of 128 rollouts of 64 tokens in 1.5 s
+  against 1.4 s to update those 8,192 tokens), and every other cost stays as fitted. Printed for K
+  = 8, 128 and unbounded and W, W/4, W/16 (a vLLM-like engine; no vLLM GPU figure was measured
+  here). Dynamic sampling pays W for every further batch: that is what the table weighs.
+
 ``--update-cost U0,U`` replaces the fitted update cost in the predictions (not in the check) by a
 measured one, e.g. bench/zero_signal.py's two updates of the same batch, with skipping and without
 (2.09 s for 7 rows of ~70 completion tokens, 4.80 s for 32 rows of ~320: U0 = 1.33 s, U = 0.0108 s
@@ -55,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -121,12 +133,26 @@ def step_time(st: dict, k: dict, *, skip: bool, rho: float | None = None) -> flo
     return k["g0"] * st["C"] + s * st["R"] + k["u0"] + k["u"] * F + k["c"] * S + rest
 
 
-def time_to(runs: list[list[dict]], step: int, k: dict | None, **kw) -> float:
-    """Median over seeds of the training time to ``step``: measured (k None) or predicted."""
+def gpu_step_time(st: dict, k: dict, *, call: float, parallel: float) -> float:
+    """The step with exact skipping and a GPU-like sampler (module docstring): sampling is C calls
+    of ``call`` update-token units per wave of ``parallel`` rollouts."""
+    waves = max(1, math.ceil(st["R"] / st["C"] / parallel))  # a call of any size takes one wave at least
+    rest = st["time/step"] - st["time/generate"] - st["time/update"]
+    return st["C"] * call * k["u"] * waves + k["u0"] + k["u"] * st["F_skip"] + k["c"] * st["S_skip"] + rest
+
+
+def time_to(runs: list[list[dict]], step: int, k: dict | None, *, gpu: tuple[float, float] | None = None, **kw) -> float:
+    """Median over seeds of the training time to ``step``: measured (k None) or predicted (with
+    ``gpu`` = (call, parallel): the GPU-like sampler)."""
     per_seed = []
     for run in runs:
         upto = [st for st in run if st["step"] <= step]
-        per_seed.append(upto[-1]["train_seconds"] if k is None else sum(step_time(st, k, **kw) for st in upto))
+        if k is None:
+            per_seed.append(upto[-1]["train_seconds"])
+        elif gpu is not None:
+            per_seed.append(sum(gpu_step_time(st, k, call=gpu[0], parallel=gpu[1]) for st in upto))
+        else:
+            per_seed.append(sum(step_time(st, k, **kw) for st in upto))
     return statistics.median(per_seed)
 
 
@@ -136,6 +162,7 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, default=None, help="compare.json (default: beside --runs)")
     parser.add_argument("--seeds", default="1,2,3,4", help="seeds to read (default: the quiet seeds of the committed comparison)")
     parser.add_argument("--rho", type=float, action="append", default=[], help="also predict at this sampling/update cost ratio")
+    parser.add_argument("--gpu-call", type=float, default=8800.0, help="a GPU-like sampler's call, in update-token units")
     parser.add_argument("--update-cost", default=None, help="U0,U: the update's fixed seconds and seconds per token, for the predictions")
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
@@ -188,6 +215,12 @@ def main() -> None:
         print(f"{r['method']:>18} " + " ".join(f"{x:>9.2f}x" for x in line))
     print(f"(rho {rho_here:.1f}: this CPU with vLLM; rho {H100_RHO:g}: the H100 of docs/results.md with transformers "
           f"generate, 1.5 s for 128 rollouts against 1.4 s to update 128 rows of 64 tokens)")  # fmt: skip
+    print("\nspeedup vs GRPO with skipping and a GPU-like sampler (K rollouts at once, a call of W update-token units):")
+    grid = [(w, K) for w in (args.gpu_call, args.gpu_call / 4, args.gpu_call / 16) for K in (8, 128, math.inf)]
+    print(f"{'method':>18} " + " ".join(f"{f'W {w:.0f} K {K:g}':>15}" for w, K in grid))
+    for r in rows:
+        line = [time_to(data[base], target[base], k, gpu=(w, K)) / time_to(data[r["method"]], target[r["method"]], k, gpu=(w, K)) for w, K in grid]
+        print(f"{r['method']:>18} " + " ".join(f"{x:>14.2f}x" for x in line))
     summary = ", ".join(f"{m} {v:.2f}x" for m, v in speedups.items() if m != base)
     print(f"predicted time speedup vs GRPO, every exact saving: {summary}; model check: training time to the target "
           f"within {100 * max(errors):.0f}% of the measured for every method")  # fmt: skip
