@@ -51,7 +51,9 @@ bench: setup setup-vllm
 	@$(PY) bench/engines.py | tail -n 1 > .bench-engines.txt
 	@$(PY) bench/update_cost.py | tail -n 1 > .bench-update.txt
 	@$(PY) bench/zero_signal.py | tail -n 1 > .bench-zero-signal.txt
-	@echo "== make bench: summary =="; cat .bench-selection.txt .bench-engines.txt .bench-update.txt .bench-zero-signal.txt
+	@$(PY) bench/sampling_call.py --arms float32-eager,bfloat16-compiled | tail -n 1 > .bench-sampling-call.txt
+	@$(PY) bench/vllm_update.py | tail -n 1 > .bench-vllm-update.txt
+	@echo "== make bench: summary =="; cat .bench-selection.txt .bench-engines.txt .bench-update.txt .bench-zero-signal.txt .bench-sampling-call.txt .bench-vllm-update.txt
 
 # TRL is installed in .venv by `make setup` (the trl extra).
 bench-trl: setup setup-vllm
