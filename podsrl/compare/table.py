@@ -3,7 +3,8 @@ at which the seed mean first reaches the target (95% intervals over the seeds' o
 the speedups on both axes, and the cost of a step. Second, the robust summaries: AUC and final
 accuracy with their intervals over seeds, and each method minus the baseline paired by seed with
 the paired t-interval, starred where it excludes zero; then every other pair of methods the same
-way. Third, what each method trained on (from metrics.jsonl). The report's notes follow."""
+way. Third, the seed-mean held-out accuracy at each evaluation (at equal training minutes when evaluation
+is time-based). Fourth, what each method trained on (from metrics.jsonl). The report's notes follow."""
 
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ def format_table(report: dict[str, Any]) -> str:
         )
     head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
                 "first evaluations at it]; speedup: the baseline's over the method's")  # fmt: skip
-    return "\n".join(head + lines + [""] + _summary_table(report) + [""] + _pairwise_table(report) + _signal_table(report)
-                     + [f"note: {n}" for n in report["notes"]])  # fmt: skip
+    sections = [*_summary_table(report), "", *_pairwise_table(report), *_curve_table(report), *_signal_table(report)]
+    return "\n".join(head + lines + [""] + sections + [f"note: {n}" for n in report["notes"]])
 
 
 def _grid(rows: list[tuple[str, ...]]) -> list[str]:
@@ -132,6 +133,26 @@ def _difference(d: dict[str, Any] | None, is_baseline: bool) -> str:
     return f"{100 * d['mean']:+.1f} [{low:+.1f}, {high:+.1f}]{'*' if d['excludes_zero'] else ''} ({k})"
 
 
+def _curve_table(report: dict[str, Any]) -> list[str]:
+    """Each method's seed-mean accuracy at each evaluation, on the axis evaluation is scheduled on:
+    at equal training minutes for time-based evaluation. Only when every method's seeds are aligned
+    by evaluation index and all have as many points (else the figure shows the curves)."""
+    axis = report.get("peak_axis", "step")
+    curves = {name: e["curves"][axis] for name, e in report["methods"].items() if e["runs"]}
+    counts = {len(c["x"]) for c in curves.values()}
+    if not curves or len(counts) != 1 or {c["aligned_by"] for c in curves.values()} != {"index"}:
+        return []
+    points = counts.pop()
+    if axis == "train_seconds":
+        xs = [sum(c["x"][i] for c in curves.values()) / len(curves) / 60 for i in range(points)]
+        header, what = [f"{x:.1f} min" for x in xs], "at each evaluation, by training minutes (the methods' mean time of each)"
+    else:
+        header, what = [f"step {x:g}" for x in next(iter(curves.values()))["x"]], "at each evaluation step"
+    rows = [("method", "seeds", *header)]
+    rows += [(name, str(len(report["methods"][name]["runs"])), *(f"{100 * a:.1f}" for a in c["accuracy"])) for name, c in curves.items()]
+    return [f"held-out accuracy % {what}: mean over seeds (95% bands in compare.json curves)"] + _grid(rows) + [""]
+
+
 def _signal_table(report: dict[str, Any]) -> list[str]:
     """What each method trained on (compare.json ``signal``; DEFINITIONS["signal"])."""
     rows = [("method", "train reward", "zero-variance groups", "kept adv variance", "tokens in loss", "grad norm",
@@ -144,8 +165,9 @@ def _signal_table(report: dict[str, Any]) -> list[str]:
                  _fmt(sig.get("groups_with_signal"), "{:.1f}"), _fmt(sig.get("rows_run"), "{:.0%}")]  # fmt: skip
         rows.append((name, *cells))
     head = ["training signal (metrics.jsonl): mean over each run's steps, then over seeds; train reward and zero-variance "
-            "groups: of the first B prompts sampled (each group's first round: a fixed-n run's basis); kept adv variance: of the advantages the update used (D3S keeps the full group's, PODS "
-            "re-normalises over the m kept: compare like with like)"]  # fmt: skip
+            "groups: of the first B prompts sampled (each group's first round: a fixed-n run's basis); kept adv variance: "
+            "of the advantages the update used (D3S keeps the full group's, PODS re-normalises over the m kept: compare "
+            "like with like)"]  # fmt: skip
     return head + _grid(rows)
 
 
