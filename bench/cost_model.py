@@ -30,7 +30,8 @@ at that step, the median over the seeds).
 
 Predictions, from the same fitted costs:
 
-- **exact skipping** (``optim.skip_zero_advantage``): F = S = tokens_total x (1 - zero_variance_groups). This
+- **exact skipping** (``optim.skip_zero_advantage``): as measured (``tokens_run``) for a run that
+  skipped; for one that did not, F = S = tokens_total x (1 - zero_variance_groups). This
   holds for binary rewards under GRPO, max-variance and D3S: a kept row's advantage is exactly 0 iff
   its group's rewards are all equal (max-variance keeps a constant set only from a constant group;
   D3S centres on the full group's mean, which a reward of 0 or 1 equals only in a constant group).
@@ -108,7 +109,10 @@ def load(runs: Path, seeds: list[int]) -> dict[str, list[list[dict]]]:
                 st["R"] = st.get("rollouts_generated", generated)
                 st["F"] = st.get("tokens_run", st["tokens_total"])
                 st["S"] = st["F"] if st.get("token_fraction", 1.0) < 1.0 else 0
-                st["F_skip"] = st["tokens_total"] * (1.0 - st["zero_variance_groups"])
+                # A run that skipped measured it (with dynamic sampling the trained groups are not the
+                # first B that zero_variance_groups counts); a run that did not is predicted.
+                skipped = config.get("optim", {}).get("skip_zero_advantage", False) and "tokens_run" in st
+                st["F_skip"] = st["tokens_run"] if skipped else st["tokens_total"] * (1.0 - st["zero_variance_groups"])
                 st["S_skip"] = st["F_skip"] if st["S"] else 0.0
             out.setdefault(method, []).append(steps)
     return out
