@@ -31,12 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _isolated import run_isolated  # noqa: E402  (bench/_isolated.py)
 
 SIZES = ((1, 1), (1, 4), (1, 16), (2, 16), (4, 16), (8, 16), (16, 16))  # (prompts, n)
 QUICK_SIZES = ((1, 1), (1, 16), (8, 16))
@@ -50,8 +52,8 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def worker(arm: str, args) -> dict:
-    """One arm in this process: the seconds of a call at each size."""
+def worker(spec: dict) -> dict:
+    """One arm (``spec["arm"]``) in this process: the seconds of a call at each size."""
     import torch
 
     from bench.engines import arithmetic_prompts
@@ -59,25 +61,34 @@ def worker(arm: str, args) -> dict:
     from podsrl.engines.vllm import VLLMEngine, VLLMOptions
     from podsrl.models import load_tokenizer, resolve_model_path
 
+    arm, max_new_tokens = spec["arm"], spec["max_new_tokens"]
     dtype, mode = arm.split("-")
     path = resolve_model_path("smollm2-135m-instruct")
     tokenizer = load_tokenizer(path)
     prompts = arithmetic_prompts(tokenizer, 16)
-    options = VLLMOptions(dtype=getattr(torch, dtype), max_model_len=max(map(len, prompts)) + args.max_new_tokens + 16,
+    options = VLLMOptions(dtype=getattr(torch, dtype), max_model_len=max(map(len, prompts)) + max_new_tokens + 16,
                           kv_cache_gib=1.0, enforce_eager=mode == "eager")  # fmt: skip
     engine = VLLMEngine(path, tokenizer, options, eos_token_ids=[tokenizer.eos_token_id])
 
     def call(k: int, n: int, seed: int) -> float:
         start = time.perf_counter()
-        engine.generate(prompts[:k], Sampling(n=n, temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=seed))
+        engine.generate(prompts[:k], Sampling(n=n, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=seed))
         return time.perf_counter() - start
 
     call(8, 4, seed=99)
     seconds = {}
-    for k, n in QUICK_SIZES if args.quick else SIZES:
-        seconds[k * n] = statistics.median(call(k, n, seed=r) for r in range(args.repeats))
+    for k, n in QUICK_SIZES if spec["quick"] else SIZES:
+        seconds[k * n] = statistics.median(call(k, n, seed=r) for r in range(spec["repeats"]))
     engine.close()
     return {"arm": arm, "seconds": seconds}
+
+
+def record(results: dict[str, list[dict]], r: int, arm: str, seconds: dict[int, float]) -> None:
+    """Keep one worker's calls and print its line."""
+    _, per = fit(sorted(seconds.items()))
+    results[arm].append({"seconds": seconds, "fixed": seconds[1], "per": per})
+    sizes = "  ".join(f"{x}: {y:.3f}" for x, y in sorted(seconds.items()))
+    print(f"round {r + 1} {arm:>18}: fixed {seconds[1]:.3f} s, {per * 1000:.1f} ms a rollout   (rollouts: s  {sizes})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,26 +98,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="calls at each size (median)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(worker(args.worker, args)), flush=True)
+        Path(args.result).write_text(json.dumps(worker(json.loads(rest[0]))))
         return
     arms = args.arms.split(",")
+    bad = [a for a in arms if a.count("-") != 1 or a.split("-")[1] not in ("eager", "compiled")]
+    if bad:
+        parser.error(f"--arms: {bad} are not DTYPE-MODE with MODE eager or compiled (e.g. bfloat16-compiled)")
+    spec = {"repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "quick": args.quick}
     rounds = 1 if args.quick else args.rounds
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
-    for r in range(rounds):
-        for arm in arms if r % 2 == 0 else arms[::-1]:
-            cmd = [sys.executable, __file__, "--worker", arm, "--repeats", str(args.repeats), "--max-new-tokens", str(args.max_new_tokens)]
-            out = subprocess.run(cmd + (["--quick"] if args.quick else []), capture_output=True, text=True, check=False)
-            line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if line is None:
-                sys.exit(f"worker {arm} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-            seconds = {int(k): v for k, v in json.loads(line[7:])["seconds"].items()}
-            _, per = fit(sorted(seconds.items()))
-            results[arm].append({"seconds": seconds, "fixed": seconds[1], "per": per})
-            sizes = "  ".join(f"{x}: {y:.3f}" for x, y in sorted(seconds.items()))
-            print(f"round {r + 1} {arm:>18}: fixed {seconds[1]:.3f} s, {per * 1000:.1f} ms a rollout   (rollouts: s  {sizes})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="sampling-call-") as logs:
+        for r in range(rounds):
+            for arm in arms if r % 2 == 0 else arms[::-1]:
+                out = run_isolated(__file__, ["--worker"], {**spec, "arm": arm}, log=Path(logs) / f"{arm}-{r}.log", prefix="sampling-call-")
+                if "error" in out:
+                    sys.exit(f"worker {arm} (round {r + 1}) failed: {out['error']}")
+                record(results, r, arm, {int(k): v for k, v in out["seconds"].items()})
     for arm, rows in results.items():
         print(f"{arm:>18}: fixed {statistics.median(r['fixed'] for r in rows):.3f} s, {statistics.median(r['per'] for r in rows) * 1000:.1f} ms a rollout, "
               f"128 rollouts {statistics.median(r['seconds'][128] for r in rows):.3f} s", flush=True)  # fmt: skip
