@@ -7,13 +7,15 @@
 
 The model. A training step of B prompts costs
 
-    t_step = g0 * C + s * R  +  u0 + u * F + c * S  +  o
+    t_step = g0 * C + s * R  +  u0 * U + u * F + c * S  +  o
 
 - C: the step's sampling calls (metrics ``sample_rounds``: 1 a step at fixed n, one per round with
   early stopping, one per round of every batch with dynamic sampling), at g0 each (a call's fixed
   cost: bench/sampling_call.py);
 - R: rollouts generated (B * n, fewer with early stopping, more with dynamic sampling: metrics
   ``rollouts_generated``), at s seconds each beyond the calls' fixed cost (weight sync excluded);
+- U: 1 when the step ran an update, 0 when it kept no row (dynamic sampling that met no signal
+  within its cap of batches);
 - F: completion tokens that take the update's forward and backward (``tokens_run``; ``tokens_total``
   before exact skipping), at u each beyond the fixed u0 (optimizer step, gradient clipping, one
   pass over the weights). Tokens rather than rows: the rows per step are fixed except in D3S,
@@ -107,12 +109,13 @@ def load(runs: Path, seeds: list[int]) -> dict[str, list[list[dict]]]:
             for st in steps:
                 st["C"] = st.get("sample_rounds", 1)
                 st["R"] = st.get("rollouts_generated", generated)
-                st["F"] = st.get("tokens_run", st["tokens_total"])
+                st["U"] = 1.0 if st.get("kept", 1) else 0.0  # a step that kept no row runs no update (dynamic sampling at its cap)
+                st["F"] = st.get("tokens_run", st.get("tokens_total", 0))
                 st["S"] = st["F"] if st.get("token_fraction", 1.0) < 1.0 else 0
                 # A run that skipped measured it (with dynamic sampling the trained groups are not the
                 # first B that zero_variance_groups counts); a run that did not is predicted.
                 skipped = config.get("optim", {}).get("skip_zero_advantage", False) and "tokens_run" in st
-                st["F_skip"] = st["tokens_run"] if skipped else st["tokens_total"] * (1.0 - st["zero_variance_groups"])
+                st["F_skip"] = st["tokens_run"] if skipped else st.get("tokens_total", 0) * (1.0 - st["zero_variance_groups"])
                 st["S_skip"] = st["F_skip"] if st["S"] else 0.0
             out.setdefault(method, []).append(steps)
     return out
@@ -124,7 +127,7 @@ def fit(data: dict[str, list[list[dict]]]) -> dict[str, float]:
     R = np.array([st["R"] for st in steps], dtype=float)
     g = np.array([st["time/generate"] for st in steps])
     (g0, s), *_ = np.linalg.lstsq(np.stack([C, R], 1), g, rcond=None)
-    X = np.stack([np.ones(len(steps)), [st["F"] for st in steps], [st["S"] for st in steps]], 1).astype(float)
+    X = np.stack([[st["U"] for st in steps], [st["F"] for st in steps], [st["S"] for st in steps]], 1).astype(float)
     y = np.array([st["time/update"] for st in steps])
     (u0, u, c), *_ = np.linalg.lstsq(X, y, rcond=None)
     return dict(g0=g0, s=s, u0=u0, u=u, c=c)
@@ -134,7 +137,7 @@ def step_time(st: dict, k: dict, *, skip: bool, rho: float | None = None) -> flo
     s = k["s"] if rho is None else rho * k["u"]
     F, S = (st["F_skip"], st["S_skip"]) if skip else (st["F"], st["S"])
     rest = st["time/step"] - st["time/generate"] - st["time/update"]
-    return k["g0"] * st["C"] + s * st["R"] + k["u0"] + k["u"] * F + k["c"] * S + rest
+    return k["g0"] * st["C"] + s * st["R"] + k["u0"] * st["U"] + k["u"] * F + k["c"] * S + rest
 
 
 def gpu_step_time(st: dict, k: dict, *, call: float, parallel: float) -> float:
@@ -142,7 +145,7 @@ def gpu_step_time(st: dict, k: dict, *, call: float, parallel: float) -> float:
     of ``call`` update-token units per wave of ``parallel`` rollouts."""
     waves = max(1, math.ceil(st["R"] / st["C"] / parallel))  # a call of any size takes one wave at least
     rest = st["time/step"] - st["time/generate"] - st["time/update"]
-    return st["C"] * call * k["u"] * waves + k["u0"] + k["u"] * st["F_skip"] + k["c"] * st["S_skip"] + rest
+    return st["C"] * call * k["u"] * waves + k["u0"] * st["U"] + k["u"] * st["F_skip"] + k["c"] * st["S_skip"] + rest
 
 
 def time_to(runs: list[list[dict]], step: int, k: dict | None, *, gpu: tuple[float, float] | None = None, **kw) -> float:
