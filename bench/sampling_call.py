@@ -42,6 +42,7 @@ from _isolated import run_isolated  # noqa: E402  (bench/_isolated.py)
 
 SIZES = ((1, 1), (1, 4), (1, 16), (2, 16), (4, 16), (8, 16), (16, 16))  # (prompts, n)
 QUICK_SIZES = ((1, 1), (1, 16), (8, 16))
+DTYPES = ("float32", "bfloat16", "float16")  # rollout.sampler_dtype's values other than "auto"
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -105,9 +106,9 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.result).write_text(json.dumps(worker(json.loads(rest[0]))))
         return
     arms = args.arms.split(",")
-    bad = [a for a in arms if a.count("-") != 1 or a.split("-")[1] not in ("eager", "compiled")]
+    bad = [a for a in arms if a.count("-") != 1 or a.split("-")[0] not in DTYPES or a.split("-")[1] not in ("eager", "compiled")]
     if bad:
-        parser.error(f"--arms: {bad} are not DTYPE-MODE with MODE eager or compiled (e.g. bfloat16-compiled)")
+        parser.error(f"--arms: {bad} are not DTYPE-MODE with DTYPE one of {DTYPES} and MODE eager or compiled (e.g. bfloat16-compiled)")
     spec = {"repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "quick": args.quick}
     rounds = 1 if args.quick else args.rounds
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
