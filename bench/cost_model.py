@@ -133,19 +133,24 @@ def fit(data: dict[str, list[list[dict]]]) -> dict[str, float]:
     return dict(g0=g0, s=s, u0=u0, u=u, c=c)
 
 
-def step_time(st: dict, k: dict, *, skip: bool, rho: float | None = None) -> float:
-    s = k["s"] if rho is None else rho * k["u"]
+def after_sampling(st: dict, k: dict, *, skip: bool) -> float:
+    """The step's update (u0 * U + u * F + c * S, with exact skipping's counts if ``skip``) plus its
+    rest o as measured: everything but sampling."""
     F, S = (st["F_skip"], st["S_skip"]) if skip else (st["F"], st["S"])
     rest = st["time/step"] - st["time/generate"] - st["time/update"]
-    return k["g0"] * st["C"] + s * st["R"] + k["u0"] * st["U"] + k["u"] * F + k["c"] * S + rest
+    return k["u0"] * st["U"] + k["u"] * F + k["c"] * S + rest
+
+
+def step_time(st: dict, k: dict, *, skip: bool, rho: float | None = None) -> float:
+    s = k["s"] if rho is None else rho * k["u"]
+    return k["g0"] * st["C"] + s * st["R"] + after_sampling(st, k, skip=skip)
 
 
 def gpu_step_time(st: dict, k: dict, *, call: float, parallel: float) -> float:
     """The step with exact skipping and a GPU-like sampler (module docstring): sampling is C calls
     of ``call`` update-token units per wave of ``parallel`` rollouts."""
     waves = max(1, math.ceil(st["R"] / st["C"] / parallel))  # a call of any size takes one wave at least
-    rest = st["time/step"] - st["time/generate"] - st["time/update"]
-    return st["C"] * call * k["u"] * waves + k["u0"] * st["U"] + k["u"] * st["F_skip"] + k["c"] * st["S_skip"] + rest
+    return st["C"] * call * k["u"] * waves + after_sampling(st, k, skip=True)
 
 
 def time_to(runs: list[list[dict]], step: int, k: dict | None, *, gpu: tuple[float, float] | None = None, **kw) -> float:
