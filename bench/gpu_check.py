@@ -1,6 +1,7 @@
-"""`make gpu-check`: podsrl's GPU paths in one command, for the day a GPU is lent (issue 36).
+"""`make gpu-check`: podsrl's GPU paths in one command, for the short while a GPU is lent (issues 36, 45).
 
-    python bench/gpu_check.py                    # on a GPU machine: every check below, at most 25 minutes
+    python bench/gpu_check.py                    # on a GPU machine: every check below, within 8 minutes
+    python bench/gpu_check.py --budget 5         # a shorter window: the checks run in order until it is spent
     python bench/gpu_check.py --only update-cost # some checks (names below)
     python bench/gpu_check.py --gloo             # without a GPU: also the torchrun checks, on gloo
     python bench/gpu_check.py --require-gpu      # without a GPU: fail instead of skipping the GPU parts
@@ -13,20 +14,17 @@ dependencies first and names any that is missing, builds its models from configs
 and its tokenizer on the spot (tests/offline_tokenizer.py: a byte-level BPE with SmolLM2's chat
 template), and sets HF_HUB_OFFLINE.
 
-The checks, in order (each passes, fails or is skipped, with its time and what it saw):
+A GPU is lent for about 15 minutes in all, its start included, so the checks run in the order of what
+only a GPU can show, and ``--budget`` (minutes, default 8) bounds them all: a check that would start
+with too little of it left is not run, one that runs into its end is stopped, and both are reported
+as skipped with the reason ("budget"); the report is rewritten after every check, so even a run
+killed from outside leaves one. The checks, in order (each passes, fails or is skipped, with its
+time and what it saw):
 
 - ``environment``: Python, torch and CUDA, the GPU, the libraries; podsrl's required packages.
-- ``gpu-tests``: ``pytest -m gpu`` on the test files that hold GPU-marked tests (the update on the
-  GPU equals the CPU's; a run trains, resumes and evaluates on the GPU; every Dist collective under
-  NCCL from either device; one NCCL process steps like one process without a group, D3S with every
-  row skipped and FSDP in bf16 included).
-- ``torchrun-ddp``, ``torchrun-fsdp``: ``torchrun --nproc-per-node=1 -m podsrl train`` with
-  ``distributed.backend = "nccl"`` for 3 steps, zero-advantage rows skipped (a reward silent on half
-  the problems) and D3S token selection on (``d3s_intra``, K = 0.5), a checkpoint, the evaluations;
-  then ``podsrl eval --run``. A CPU tensor sent to NCCL fails here. Without a GPU: skipped, or with
-  ``--gloo`` the same on gloo and the CPU.
-- ``lora-bf16``, ``full-fp32``: one process trains (LoRA over a bfloat16 base; full fine-tuning in
-  float32), then ``podsrl eval --run`` and ``podsrl export``, and the export loads with transformers.
+- ``nccl``: ``pytest -m gpu tests/test_distributed.py``: every Dist collective under a real NCCL group
+  from either device, and one NCCL process steps like one process without a group (D3S with every
+  row skipped, LoRA over bf16, FSDP in bf16 included). A CPU tensor sent to NCCL fails here.
 - ``update-cost``: podsrl's update (``run_update``: forward, loss, backward, clip, AdamW) on synthetic
   rollouts with SmolLM2-135M's architecture (random weights, float32, full fine-tuning): peak GPU
   memory and time of PODS (n = 64, m = 16: max-variance selection, then the 16 kept rows per prompt)
@@ -34,6 +32,19 @@ The checks, in order (each passes, fails or is skipped, with its time and what i
   the rows trained on: the papers' claim) and in podsrl's micro-batches of 16 (memory capped, time
   follows the rows). Fails if PODS's update takes more than 1.25 x GRPO(16)'s memory (the same rows:
   it should be equal). On the CPU: a tiny model, time only.
+- ``sampling-scaling``: the transformers engine's time for one call of R = 1 ... 256 rollouts of 64
+  tokens (SmolLM2-135M's architecture, random weights, float32 then bfloat16), and each call's cost
+  in update-token units (the update-cost check's seconds per completion token): the W and K that
+  bench/cost_model.py's GPU-like prediction needs. On the CPU: a tiny model, R = 1, 2, 4.
+- ``lora-bf16``: one process trains LoRA over a bfloat16 base, then ``podsrl eval --run`` and
+  ``podsrl export``, and the export loads with transformers in bfloat16.
+- ``torchrun-ddp``, ``torchrun-fsdp``: ``torchrun --nproc-per-node=1 -m podsrl train`` with
+  ``distributed.backend = "nccl"`` for 3 steps, zero-advantage rows skipped (a reward silent on half
+  the problems) and D3S token selection on (``d3s_intra``, K = 0.5), a checkpoint, the evaluations;
+  then ``podsrl eval --run``. Without a GPU: skipped, or with ``--gloo`` the same on gloo and the CPU.
+- ``gpu-tests``: ``pytest -m gpu`` on the other test files that hold GPU-marked tests (the update on
+  the GPU equals the CPU's; a run trains, resumes and evaluates on the GPU).
+- ``full-fp32``: as lora-bf16, full fine-tuning in float32.
 
 It writes one report, ``results/gpu-check/<date>-<device>.md`` and ``.json`` (``--out``), and exits 1
 when any check failed (0 when every one passed or was skipped). Without a GPU the GPU parts are
@@ -107,12 +118,20 @@ class Skip(Exception):
     pass
 
 
+class BudgetSpent(Skip):
+    """The check was not started, or was stopped, because ``--budget`` ran out: reported as skipped."""
+
+
+MIN_START_SECONDS = 20.0  # a check that would start with less of the budget left is not run
+
+
 @dataclass
 class Context:
     work: Path
     gpu: bool
     gloo: bool
     deadline: float  # time.monotonic() by which every check must be done
+    budget_minutes: float
     env: dict[str, str]
     fixtures: dict = field(default_factory=dict)
 
@@ -128,10 +147,12 @@ def _run(ctx: Context, cmd: list[str], *, limit: float, cwd: Path = ROOT, log_na
     a non-zero exit or a timeout raises CheckFailed with the output's tail."""
     timeout = min(limit, ctx.remaining())
     if timeout < 5:
-        raise CheckFailed("not run: the time budget is spent")
+        raise BudgetSpent(f"stopped: the budget ({ctx.budget_minutes:g} min) was spent")
     try:
         done = subprocess.run(cmd, env=ctx.env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
+        if timeout < limit:  # the budget's end, not the command's own limit
+            raise BudgetSpent(f"stopped after {timeout:.0f} s: the budget ({ctx.budget_minutes:g} min) ran out") from None
         out = (err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
         raise CheckFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd[:6])} ...", log=out[-4000:]) from None
     if log_name:
@@ -257,15 +278,26 @@ def check_fixtures(ctx: Context) -> dict:
     return {"tokenizer": f"byte-level BPE built on the spot (tests/offline_tokenizer.py), {len(tokenizer)} tokens", "model": sizes}
 
 
-def check_gpu_tests(ctx: Context) -> dict:
+NCCL_TESTS = "tests/test_distributed.py"  # the NCCL tests; the other GPU-marked files are gpu-tests
+
+
+def _pytest_gpu(ctx: Context, name: str, files: list[str]) -> dict:
     if not ctx.gpu:
         raise Skip("no GPU: torch sees none (these tests are marked gpu and skip without one)")
-    files = sorted(str(p.relative_to(ROOT)) for p in TESTS.glob("test_*.py") if re.search(r"pytest\.mark\.gpu\b", p.read_text()))
-    done = _run(ctx, [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs", *files], limit=900, log_name="gpu-tests")
+    done = _run(ctx, [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs", *files], limit=600, log_name=name)
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", done.stdout.splitlines()[-1])}
     if not counts.get("passed"):
         raise CheckFailed(f"no GPU test passed: {done.stdout.splitlines()[-1]}", log=done.stdout[-3000:])
     return {"files": files, **counts}
+
+
+def check_nccl(ctx: Context) -> dict:
+    return _pytest_gpu(ctx, "nccl", [NCCL_TESTS])
+
+
+def check_gpu_tests(ctx: Context) -> dict:
+    files = sorted(str(p.relative_to(ROOT)) for p in TESTS.glob("test_*.py") if re.search(r"pytest\.mark\.gpu\b", p.read_text()))
+    return _pytest_gpu(ctx, "gpu-tests", [f for f in files if f != NCCL_TESTS])
 
 
 def _torchrun_check(parallel: str) -> Callable[[Context], dict]:
@@ -319,6 +351,7 @@ def check_update_cost(ctx: Context) -> dict:
     spec.write_text(json.dumps({"device": "cuda" if ctx.gpu else "cpu", "seed": 0, **sizes}))
     _run(ctx, [sys.executable, str(Path(__file__).resolve()), "--update-worker", str(spec), str(result)], limit=900, log_name="update-cost")
     out = json.loads(result.read_text())
+    ctx.fixtures["update_cost"] = out
     whole = {r["label"]: r for r in out["rows"] if r["micro_batch"] == "whole"}
     pods, grpo16 = whole["PODS(n=64,m=16)"], whole["GRPO(n=16)"]
     if ctx.gpu and pods["peak_mib"] is not None and grpo16["peak_mib"] is not None:
@@ -330,15 +363,42 @@ def check_update_cost(ctx: Context) -> dict:
     return out
 
 
-CHECKS: list[tuple[str, Callable[[Context], dict]]] = [
+SAMPLING_GPU = dict(arch="smollm2-135m", counts=[1, 2, 4, 8, 16, 32, 64, 128, 256], prompt_len=40, new_tokens=64, repeats=2,
+                    dtypes=["float32", "bfloat16"])  # fmt: skip
+SAMPLING_CPU = dict(arch="tiny", counts=[1, 2, 4], prompt_len=8, new_tokens=4, repeats=1, dtypes=["float32"])
+
+
+def check_sampling_scaling(ctx: Context) -> dict:
+    spec, result = ctx.work / "sampling-spec.json", ctx.work / "sampling-result.json"
+    spec.write_text(json.dumps({"device": "cuda" if ctx.gpu else "cpu", "seed": 0, **(SAMPLING_GPU if ctx.gpu else SAMPLING_CPU)}))
+    try:
+        _run(ctx, [sys.executable, str(Path(__file__).resolve()), "--sampling-worker", str(spec), str(result)], limit=240, log_name="sampling")
+    except BudgetSpent as why:  # the worker writes its rows as it goes: report what it measured
+        if not result.is_file():
+            raise
+        out = json.loads(result.read_text())
+        out["stopped"] = str(why)
+    else:
+        out = json.loads(result.read_text())
+    update = ctx.fixtures.get("update_cost")  # seconds per completion token of the update, to express a call in its units
+    if update:
+        row = next(r for r in update["rows"] if r["micro_batch"] == 16 and r["label"] == "GRPO(n=16)")
+        if row["seconds"]:
+            out["update_seconds_per_token"] = row["seconds"] / row["tokens"]
+    return out
+
+
+CHECKS: list[tuple[str, Callable[[Context], dict]]] = [  # the order of what only a GPU can show (module docstring)
     ("environment", check_environment),
     ("fixtures", check_fixtures),
-    ("gpu-tests", check_gpu_tests),
+    ("nccl", check_nccl),
+    ("update-cost", check_update_cost),
+    ("sampling-scaling", check_sampling_scaling),
+    ("lora-bf16", _single_check(lora=True)),
     ("torchrun-ddp", _torchrun_check("ddp")),
     ("torchrun-fsdp", _torchrun_check("fsdp")),
-    ("lora-bf16", _single_check(lora=True)),
+    ("gpu-tests", check_gpu_tests),
     ("full-fp32", _single_check(lora=False)),
-    ("update-cost", check_update_cost),
 ]
 NEEDS_FIXTURES = {"torchrun-ddp", "torchrun-fsdp", "lora-bf16", "full-fp32"}
 
@@ -424,6 +484,93 @@ def update_worker(spec_path: str, result_path: str) -> None:
     Path(result_path).write_text(json.dumps(out, indent=1))
 
 
+# ---------------------------------------------------------------------------------------- sampling's cost
+
+
+class _StubTokenizer:
+    """What TransformersEngine asks of a tokenizer, for a model with random weights (nothing to decode)."""
+
+    def __init__(self, pad: int, eos: int):
+        self.pad_token_id, self.eos_token_id = pad, eos
+
+    def batch_decode(self, ids, skip_special_tokens=True):
+        return [""] * len(ids)
+
+
+def sampling_worker(spec_path: str, result_path: str) -> None:
+    """Time podsrl's transformers engine for one call of each R rollouts of one prompt, in this (fresh)
+    process; ``result_path`` is rewritten after every measurement, so a stopped run still reports."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from podsrl.engines.base import Sampling
+    from podsrl.engines.hf import TransformersEngine
+
+    spec = json.loads(Path(spec_path).read_text())
+    device = torch.device(spec["device"])
+    cuda = device.type == "cuda"
+    if not cuda:
+        torch.set_num_threads(1)
+    arch = SMOLLM2_135M if spec["arch"] == "smollm2-135m" else TINY
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    gen = torch.Generator().manual_seed(spec["seed"])
+    prompt = torch.randint(3, arch["vocab_size"], (spec["prompt_len"],), generator=gen).tolist()
+    # EOS is the last id: random weights rarely sample it, and a call runs until its last row stops anyway.
+    tokenizer = _StubTokenizer(pad=0, eos=arch["vocab_size"] - 1)
+    out = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "model": spec["arch"], "prompt_len": spec["prompt_len"],
+           "new_tokens": spec["new_tokens"], "repeats": spec["repeats"], "engine": "transformers generate, one call per R", "rows": []}  # fmt: skip
+    for dtype in spec["dtypes"]:
+        torch.manual_seed(spec["seed"])
+        with torch.device(device):
+            model = LlamaForCausalLM(LlamaConfig(**arch)).to(getattr(torch, dtype))
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        engine = TransformersEngine(model, tokenizer, batch_size=max(spec["counts"]))
+
+        def call(r: int) -> tuple[float, int]:
+            sync()
+            start = time.perf_counter()
+            rollouts = engine.generate([prompt], Sampling(n=r, temperature=1.0, top_p=1.0, max_new_tokens=spec["new_tokens"], seed=spec["seed"]))
+            sync()
+            return time.perf_counter() - start, sum(map(len, rollouts.completion_ids))
+
+        call(1), call(max(spec["counts"]))  # warm-up: kernels, allocator, generate's set-up
+        for r in spec["counts"]:
+            timed = [call(r) for _ in range(spec["repeats"])]
+            seconds = statistics.median(t for t, _ in timed)
+            out["rows"].append({"dtype": dtype, "rollouts": r, "seconds": seconds, "tokens": timed[-1][1],
+                                "rollouts_per_second": r / seconds})  # fmt: skip
+            _write_atomic(Path(result_path), json.dumps(out, indent=1))
+        del engine, model
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+def _sampling_table(data: dict) -> list[str]:
+    u = data.get("update_seconds_per_token")
+    lines = [f"podsrl's transformers engine (`generate`, one call of R rollouts of one {data['prompt_len']}-token prompt, "
+             f"up to {data['new_tokens']} new tokens, temperature 1) on {data['device']}: "
+             + ("SmolLM2-135M's architecture, random weights" if data["model"] == "smollm2-135m" else "a tiny stand-in (the machinery only)")
+             + f"; median of {data['repeats']} calls after a warm-up. " + (
+                 f"W: the call's time in units of updating one completion token (update-cost's GRPO(n=16) in micro-batches of 16: "
+                 f"{u * 1e3:.3f} ms a token, float32)." if u else "W: not computed (update-cost did not run)."), "",
+             "| dtype | rollouts R | tokens | seconds | rollouts / s | time / time(R=1) | W |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    first = {}
+    for r in data["rows"]:
+        first.setdefault(r["dtype"], r["seconds"])
+        w = f"{r['seconds'] / u:.0f}" if u else "-"
+        lines.append(f"| {r['dtype']} | {r['rollouts']} | {r['tokens']} | {r['seconds']:.3f} | {r['rollouts_per_second']:.1f} | "
+                     f"{r['seconds'] / first[r['dtype']]:.2f} | {w} |")  # fmt: skip
+    if data.get("stopped"):
+        lines += ["", f"Stopped before the end: {data['stopped']}."]
+    return lines
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 # ---------------------------------------------------------------------------------------- the report
 
 
@@ -466,7 +613,8 @@ def _update_table(data: dict) -> list[str]:
     return [*lines, "", *ratios]
 
 
-def write_report(out_dir: Path, results: list[Result], started: datetime.datetime, argv: list[str], env: dict) -> tuple[Path, Path]:
+def write_report(out_dir: Path, results: list[Result], started: datetime.datetime, argv: list[str], env: dict,
+                 budget: float | None = None) -> tuple[Path, Path]:
     failed = [r for r in results if r.status == "fail"]
     counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
     gpu = env.get("gpu")
@@ -478,11 +626,12 @@ def write_report(out_dir: Path, results: list[Result], started: datetime.datetim
             "commit": _commit(), "device": gpu or "cpu (torch sees no GPU: the GPU parts were skipped)",
             "verdict": "FAIL" if failed else "PASS", "counts": counts, "minutes": round(minutes, 2),
             "environment": env, "checks": [asdict(r) for r in results]}  # fmt: skip
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str))
+    _write_atomic(stem.with_suffix(".json"), json.dumps(data, indent=1, default=str))
     lines = [
         f"# podsrl GPU check: {data['device']}, {started:%Y-%m-%d}",
         "",
-        f"**{data['verdict']}**: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped, in {minutes:.1f} min.",
+        f"**{data['verdict']}**: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped, in {minutes:.1f} min"
+        + (f" (budget {budget:g} min)." if budget else "."),
         f"Command: `{data['command']}`; working tree at {data['commit']}; written by bench/gpu_check.py.",
         "",
         f"Python {env.get('python')}, torch {env.get('torch')} (CUDA {env.get('cuda_build')}), "
@@ -497,9 +646,12 @@ def write_report(out_dir: Path, results: list[Result], started: datetime.datetim
     cost = next((r.details for r in results if r.name == "update-cost" and r.details.get("rows")), None)
     if cost:
         lines += ["", "## The update's cost: PODS(n=64, m=16) against GRPO(n=64) and GRPO(n=16)", "", *_update_table(cost)]
+    sampling = next((r.details for r in results if r.name == "sampling-scaling" and r.details.get("rows")), None)
+    if sampling:
+        lines += ["", "## Sampling's cost: one call of R rollouts", "", *_sampling_table(sampling)]
     for r in failed:
         lines += ["", f"## {r.name}: failed", "", r.summary, "", "```", r.log.strip()[-3000:] or "(no output)", "```"]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    _write_atomic(stem.with_suffix(".md"), "\n".join(lines) + "\n")
     return stem.with_suffix(".md"), stem.with_suffix(".json")
 
 
@@ -508,7 +660,7 @@ def _summary(name: str, details: dict) -> str:
         return f"{details.get('gpu') or 'no GPU'}; torch {details['torch']}, CUDA {details['cuda_build']}, NCCL {details['nccl']}"
     if name == "fixtures":
         return details["tokenizer"]
-    if name == "gpu-tests":
+    if name in ("gpu-tests", "nccl"):
         return f"{details.get('passed', 0)} passed, {details.get('skipped', 0)} skipped in {', '.join(details['files'])}"
     if name.startswith("torchrun"):
         return (f"{details['backend']}: {details['steps']} steps, rows run {details['rows_run']} of {details['rows_kept']} kept "
@@ -524,6 +676,9 @@ def _summary(name: str, details: dict) -> str:
                 memory = "" if r["peak_mib"] is None else f"{r['peak_mib']:.0f} MiB, "
                 parts.append(f"{r['label']}: " + ("OOM" if r["oom"] else f"{memory}{r['seconds']:.3f} s"))
         return "whole update: " + "; ".join(parts)
+    if name == "sampling-scaling":
+        parts = [f"{r['dtype']} R={r['rollouts']}: {r['seconds']:.2f} s" for r in details["rows"] if r["rollouts"] in (1, 16, 64, 256)]
+        return "one call: " + "; ".join(parts) + (" (stopped at the budget)" if details.get("stopped") else "")
     return ""
 
 
@@ -534,12 +689,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help=f"comma-separated checks, of: {', '.join(n for n, _ in CHECKS)}")
     parser.add_argument("--gloo", action="store_true", help="without a GPU, run the torchrun checks on gloo and the CPU")
     parser.add_argument("--require-gpu", action="store_true", help="fail, instead of skipping the GPU parts, where torch sees no GPU")
-    parser.add_argument("--budget-minutes", type=float, default=25.0, help="all checks together (default 25)")
+    parser.add_argument("--budget", "--budget-minutes", dest="budget", type=float, default=8.0,
+                        help="minutes for all checks together (default 8): what is left undone when it runs out is reported as skipped")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (runs, logs) and print its path")
     parser.add_argument("--update-worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--sampling-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.update_worker:
         update_worker(*args.update_worker)
+        return 0
+    if args.sampling_worker:
+        sampling_worker(*args.sampling_worker)
         return 0
     wanted = [n for n, _ in CHECKS] if not args.only else [n.strip() for n in args.only.split(",")]
     unknown = sorted(set(wanted) - {n for n, _ in CHECKS})
@@ -559,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PODSRL_CACHE=str(work / "cache"))  # fmt: skip
-    ctx = Context(work=work, gpu=gpu, gloo=args.gloo, deadline=time.monotonic() + 60 * args.budget_minutes, env=env)
+    ctx = Context(work=work, gpu=gpu, gloo=args.gloo, deadline=time.monotonic() + 60 * args.budget, budget_minutes=args.budget, env=env)
     if gpu:
         seen = f"GPU: {gpu_name}"
     elif importlib.util.find_spec("torch") is None:
@@ -575,6 +735,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         start = time.monotonic()
         try:
+            if name not in ("environment", "fixtures") and ctx.remaining() < MIN_START_SECONDS:
+                raise BudgetSpent(f"not run: the budget ({args.budget:g} min) was spent")
             details = check(ctx)
             result = Result(name, "pass", details=details, summary=_summary(name, details))
         except Skip as why:
@@ -587,10 +749,11 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         if name == "environment":
             env_details = result.details
-        print(f"  {name:<14} {result.status.upper():<5} {result.seconds:6.0f} s  {result.summary}", flush=True)
+        print(f"  {name:<16} {result.status.upper():<5} {result.seconds:6.0f} s  {result.summary}", flush=True)
         if result.status == "fail" and name in ("environment", "fixtures"):
             stop = True  # nothing else can run
-    md, js = write_report(args.out, results, started, argv, env_details)
+        write_report(args.out, results, started, argv, env_details, args.budget)  # after every check: a killed run still leaves one
+    md, js = write_report(args.out, results, started, argv, env_details, args.budget)
     failed = [r.name for r in results if r.status == "fail"]
     print(f"podsrl gpu-check: {'FAIL (' + ', '.join(failed) + ')' if failed else 'PASS'}; report {md} and {js.name}", flush=True)
     if args.keep:
