@@ -66,11 +66,12 @@ def test_the_update_on_the_gpu_equals_the_update_on_the_cpu(tiny_model_dir, extr
     torch.manual_seed(0)
     policy = load_policy(ModelConfig(name=str(tiny_model_dir), device="cpu"))
     g = torch.Generator().manual_seed(0)
+    vocab = policy.model.get_input_embeddings().num_embeddings  # the tiny model's (a few hundred ids)
     prompts = [policy.tokenizer(f"What is {i} + {i * 7}?")["input_ids"] for i in range(3)]
     rows = [0, 0, 1, 1, 2, 2]  # rollouts sharing prompts: the shared-prompt forward runs too
     batch = UpdateBatch(
         prompt_ids=[prompts[r] for r in rows],
-        completion_ids=[torch.randint(100, 5000, (2 + i % 4,), generator=g).tolist() for i in range(len(rows))],
+        completion_ids=[torch.randint(3, vocab, (2 + i % 4,), generator=g).tolist() for i in range(len(rows))],
         advantages=torch.randn(len(rows), generator=g),
     )
     grads, stats = {}, {}
