@@ -149,25 +149,103 @@ def test_eval_of_a_run_unpickles_nothing(run_copy, tmp_path, monkeypatch):
     assert not marker.exists() and loads == []
 
 
+# What loads code or pickles, by qualified name: any use of these (a call, a base class, a callback).
+UNSAFE_NAMES = (
+    "pickle.load", "pickle.loads", "pickle.Unpickler", "_pickle.load", "_pickle.loads", "_pickle.Unpickler", "cloudpickle", "dill",
+    "joblib", "shelve", "marshal.load", "marshal.loads", "yaml.load", "yaml.unsafe_load", "yaml.full_load", "yaml.UnsafeLoader",
+    "builtins.eval", "builtins.exec",
+)  # fmt: skip
+WEIGHTS_ONLY_LOADERS = ("torch.load", "torch.serialization.load")  # safe only called with weights_only=True
+UNSAFE_KEYWORDS = {"trust_remote_code": True, "weights_only": False, "allow_pickle": True}
+
+
+def unsafe_loads(source: str) -> list[str]:
+    """The lines of ``source`` (Python) that could unpickle or run code from data: a use of a name in
+    :data:`UNSAFE_NAMES`, a torch loader (:data:`WEIGHTS_ONLY_LOADERS`) not called with
+    ``weights_only=True``, a call with one of :data:`UNSAFE_KEYWORDS`. Names are resolved through
+    the module's imports, aliases included (``from torch import load as L``, ``import pickle as p``,
+    ``from torch import serialization``); the builtins ``eval`` and ``exec`` by name, a method of that
+    name (``model.eval()``) is not one."""
+    tree = ast.parse(source)
+    bound: dict[str, str] = {}  # local name -> what it names
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    for name in ("eval", "exec"):
+        bound.setdefault(name, f"builtins.{name}")
+
+    def qualified(node: ast.AST) -> str | None:
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name) or node.id not in bound:
+            return None
+        return ".".join([bound[node.id], *reversed(parts)])
+
+    def unsafe(name: str) -> bool:
+        return any(name == u or name.startswith(u + ".") for u in UNSAFE_NAMES)
+
+    called_safely = set()  # the loader nodes called with weights_only=True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            given = {k.arg: k.value.value for k in node.keywords if k.arg and isinstance(k.value, ast.Constant)}
+            if given.get("weights_only") is True:
+                called_safely.add(id(node.func))
+            for key, bad in UNSAFE_KEYWORDS.items():
+                if key in given and given[key] is bad:
+                    found.append(f"{node.lineno}: {key}={bad}")
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [f"{node.lineno}: import {node.module}.{a.name}" for a in node.names if unsafe(f"{node.module}.{a.name}")]
+        elif isinstance(node, ast.Import):
+            found += [f"{node.lineno}: import {a.name}" for a in node.names if unsafe(a.name)]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
+            name = qualified(node)
+            if name is None:
+                continue
+            if name in WEIGHTS_ONLY_LOADERS and id(node) not in called_safely:
+                found.append(f"{node.lineno}: {name} without weights_only=True")
+            elif unsafe(name) and not (isinstance(node, ast.Attribute) and unsafe(qualified(node.value) or "")):
+                found.append(f"{node.lineno}: {name}")  # (once per chain: pickle.Unpickler(f).load is one use)
+    return found
+
+
+@pytest.mark.parametrize(
+    "source,want",
+    [
+        ("from torch import load\nload(f)\n", ["2: torch.load without weights_only=True"]),
+        ("import torch\ntorch.serialization.load(f, map_location='cpu')\n", ["2: torch.serialization.load without weights_only=True"]),
+        ("from torch import serialization as s\ns.load(f)\n", ["2: torch.serialization.load without weights_only=True"]),
+        ("import pickle\nclass Mine(pickle.Unpickler):\n    pass\n", ["2: pickle.Unpickler"]),
+        ("from pickle import Unpickler as U\nU(f).load()\n", ["1: import pickle.Unpickler", "2: pickle.Unpickler"]),
+        ("import pickle as p\nx = p.loads(b)\n", ["2: pickle.loads"]),
+        ("import torch as T\nloader = T.load\n", ["2: torch.load without weights_only=True"]),
+        ("import torch\ntorch.load(f, weights_only=False)\n", ["2: weights_only=False", "2: torch.load without weights_only=True"]),
+        ("import numpy as np\nnp.load(f, allow_pickle=True)\n", ["2: allow_pickle=True"]),
+        ("exec(text)\n", ["1: builtins.exec"]),
+        # safe: a weights-only load under any name, pickling out, methods named eval or load
+        ("import torch, pickle\nfrom torch import load as L\nL(f, weights_only=True)\ntorch.load(f, weights_only=True, mmap=True)\n"
+         "pickle.dumps(x)\nmodel.eval()\nstate.load(f)\nexcept_ = pickle.UnpicklingError\n", []),
+    ],
+)  # fmt: skip
+def test_the_unsafe_loader_check_reads_imports_and_aliases(source, want):
+    assert unsafe_loads(source) == want
+
+
 def test_no_unsafe_loader_in_the_source():
-    """Every torch.load in podsrl, bench/ and examples/ says weights_only=True; no pickle.load(s),
-    joblib, numpy allow_pickle, yaml.load, eval/exec of text, or trust_remote_code=True."""
-    unsafe = re.compile(
-        r"pickle\.loads?\(|joblib|allow_pickle\s*=\s*True|yaml\.(unsafe_)?load\(|(?<![\w.])(eval|exec)\(|trust_remote_code\s*=\s*True"
-        r"|weights_only\s*=\s*False|marshal\.loads?\(|shelve\.|dill\."
-    )
+    """No module of podsrl, bench/ or examples/ loads code or pickles from data (:func:`unsafe_loads`:
+    every torch loader called with weights_only=True; no pickle.load(s) or Unpickler, joblib, dill,
+    shelve, marshal, numpy allow_pickle, yaml.load, eval/exec, or trust_remote_code=True)."""
     found = []
     for folder in ("podsrl", "bench", "examples"):
         for file in sorted((ROOT / folder).rglob("*.py")):
-            text = file.read_text()
-            for n, line in enumerate(text.splitlines(), 1):
-                code = line.split("#", 1)[0]
-                if unsafe.search(code):
-                    found.append(f"{file.relative_to(ROOT)}:{n}: {line.strip()}")
-            for call in re.finditer(r"torch\.load\(", text):
-                args = text[call.end() : text.find(")", call.end())]
-                if "weights_only=True" not in args:
-                    found.append(f"{file.relative_to(ROOT)}: torch.load({args})")
+            found += [f"{file.relative_to(ROOT)}:{line}" for line in unsafe_loads(file.read_text())]
     assert found == []
 
 
