@@ -122,6 +122,9 @@ def _say_reward_code(cfg, source: Path) -> None:
     specs = user_rewards(cfg.reward.names)
     if specs and int(os.environ.get("RANK", "0")) == 0:
         print(f"podsrl: {source} names reward code, which is imported and run (reward.names): {', '.join(specs)}")
+    grader = cfg.task.grader
+    if grader is not None and ":" in grader and int(os.environ.get("RANK", "0")) == 0:  # a user grader, run by eval too
+        print(f"podsrl: {source} names grader code, which is imported and run (task.grader): {grader}")
 
 
 def _print_summary(run_dir: Path) -> None:
@@ -169,10 +172,12 @@ def cmd_eval(args, overrides: list[str]) -> int:
         cfg = config_mod.load(args.config, overrides)
     if args.json:  # before the evaluation, not after it
         _check_output_file(Path(args.json), "--json")
-    # Accuracy is the built-in correctness check, whatever the run trained on: the run's own reward
+    # Accuracy is the task's grader, whatever the run trained on: the run's own reward
     # functions are never called, so they are not imported (a reward file need not be at hand).
     cfg = dataclasses.replace(cfg, reward=config_mod.RewardConfig())
     s = setup(cfg)
+    if s.grading_note is not None:
+        print(f"podsrl: warning: {s.grading_note}")
     if args.run:
         last, _ = ckpt.load_newest(Path(args.run), s.policy.model)
         s.engine.sync_weights(s.policy.model)
@@ -260,7 +265,7 @@ def cmd_compare(args, overrides: list[str]) -> int:
 # What `podsrl eval`'s accuracy (and every run's eval.jsonl) measures.
 ACCURACY_MEANS = (
     "accuracy: the share of sampled completions whose final answer equals the problem's reference answer "
-    "(podsrl's built-in correctness check; reward.names is what training optimises, not what this measures)"
+    "(the task's grader, task.grader; reward.names is what training optimises, not what this measures)"
 )
 
 SETTINGS_HELP = (

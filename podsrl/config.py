@@ -81,18 +81,22 @@ DEFAULT_TASK_OPTIONS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = "arithmetic"  # arithmetic | gsm8k | jsonl | math (podsrl.tasks)
+    name: str = "arithmetic"  # arithmetic | gsm8k | jsonl | math | reasoning_gym (podsrl.tasks)
     # Passed to the task's loader (see podsrl.tasks); unknown names are rejected there.
     options: dict[str, Any] = field(default_factory=dict)  # the task loader's options, over DEFAULT_TASK_OPTIONS[name]
     # Each task's own prompt and instruction agree (arithmetic asks for the number alone; gsm8k, jsonl
     # and math ask to think step by step): a default here would contradict some task's instruction.
     system_prompt: str | None = None  # replaces the task's system prompt; None: the task's own (arithmetic: "Answer with only the final number."; the others: none)
     instruction: str | None = None  # None: the task's own, appended to each question (arithmetic: "Give only the final number."; jsonl: "Think step by step, ...")
+    grader: str | None = None  # how held-out accuracy and the correctness reward judge answers: auto (numbers as numbers, words as text, LaTeX by math-verify) | numeric | text | math | reasoning_gym | reasoning_gym_binary | module:function (podsrl/grading/graders.py); None: the task's own (reasoning_gym: its dataset's checker; the others: auto)
 
     def __post_init__(self) -> None:
+        from podsrl.grading.graders import check_grader
         from podsrl.tasks import TASKS, absolute_paths, canonical_options
 
         _one_of(self.name, TASKS, "task.name")
+        if self.grader is not None:
+            check_grader(self.grader)
         options = canonical_options(self.name, {**DEFAULT_TASK_OPTIONS.get(self.name, {}), **self.options})
         object.__setattr__(self, "options", absolute_paths(options))  # the saved config.toml works from anywhere
 

@@ -8,6 +8,7 @@ import io
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -208,6 +209,38 @@ def test_resume_through_the_cli(cli_run, tmp_path):
     assert (copy / "checkpoints" / "latest").read_text().strip() == "step-000003"
     # The evaluation at step 2 (the first run's end) stays; the resumed run adds its own at the end.
     assert [e["step"] for e in read_jsonl(copy / "eval.jsonl")] == [0, 2, 3]
+
+
+def _set_in_section(config: Path, section: str, line: str, new: str) -> None:
+    """Replace ``line`` under ``[section]`` of a saved config.toml (as text: the file a run of an
+    older podsrl wrote, which today's validation may refuse)."""
+    text = config.read_text()
+    head, _, rest = text.partition(f"[{section}]\n")
+    assert rest.count(line + "\n") >= 1, (section, line)
+    config.write_text(head + f"[{section}]\n" + rest.replace(line + "\n", new + "\n", 1))
+
+
+def test_a_run_trained_with_m_1_evaluates_and_exports_but_does_not_train(cli_run, tmp_path):
+    """select.m = 1 over the kept subset learns nothing and is refused where training starts; a run
+    directory trained with it before the check existed still loads for eval and export (the check
+    ran when any config was read: "ConfigError: select.m = 1 ..." for every command)."""
+    run, _, _ = cli_run
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    _set_in_section(old / "config.toml", "select", "m = 2", "m = 1")
+    assert load(old / "config.toml").rollout.n == 4
+    code, out, err = run_cli(["eval", "--run", str(old), "--eval.max_problems=2"])
+    assert code == 0, err
+    assert "accuracy: " in out
+    code, out, err = run_cli(["export", str(old), "--out", str(tmp_path / "model")])
+    assert code == 0, err
+    assert (tmp_path / "model" / "config.json").is_file()
+    refusal = "select.m = 1 keeps one rollout per prompt, and its advantage over the kept subset is always 0"
+    code, _, err = run_cli(["train", "--resume", str(old), "--train.max_steps=3", "--no-plot"])
+    assert_user_error(code, err, refusal)
+    code, _, err = run_cli(["train", str(old / "config.toml"), "--out", str(tmp_path / "new"), "--no-plot"])
+    assert_user_error(code, err, refusal)
+    assert not (tmp_path / "new").exists()
 
 
 def test_resume_of_a_run_without_checkpoint(tmp_path):

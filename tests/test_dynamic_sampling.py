@@ -266,7 +266,7 @@ def test_the_progress_bar_shows_what_was_sampled(make_config, tmp_path):
     "overrides,field,needle",
     [
         ({"select.filter_zero_variance": True}, "select.filter_zero_variance", "would change nothing"),
-        # m = 1 over the kept subset: refused for every run (select.check_signal), dynamic sampling or not
+        # m = 1 over the kept subset: refused for every run that trains (select.check_signal), dynamic sampling or not
         ({"select.m": 1}, "select.m", "nothing would be learned"),
         ({"select.m": 4, "select.m_final": 1, "select.m_schedule": "linear"}, "select.m_final", "nothing would be learned"),
         ({"rollout.max_gen_batches": 0}, "rollout.max_gen_batches", ">= 1"),
@@ -274,15 +274,16 @@ def test_the_progress_bar_shows_what_was_sampled(make_config, tmp_path):
 )
 def test_nonsense_is_refused(make_config, reward_spec, overrides, field, needle):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as err:
-        _dynamic(make_config, reward_spec, **overrides)
+        trainer.check_trainable(_dynamic(make_config, reward_spec, **overrides))
     assert needle in str(err.value)
 
 
 def test_m_of_one_is_fine_with_advantages_over_the_group(make_config, reward_spec):
     cfg = _dynamic(make_config, reward_spec, **{"select.m": 1, "select.advantage_over": "group"})
     assert cfg.rollout.dynamic_sampling and cfg.select.m == 1
+    trainer.check_trainable(cfg)
     with pytest.raises(ConfigError, match=r"select\.m = 1"):  # over the kept subset: refused, dynamic sampling or not
-        make_config(**{"select.m": 1})
+        trainer.check_trainable(make_config(**{"select.m": 1}))
 
 
 # ------------------------------------------------------------------------- torchrun, 2 gloo ranks

@@ -410,6 +410,19 @@ def test_eval_of_the_export_equals_eval_of_the_run(full_run, lora_run, tmp_path,
         assert a[key] == b[key], key
 
 
+def test_eval_of_a_bf16_export_of_a_lora_run(lora_run, tmp_path):
+    """A LoRA run exported with ``--dtype bf16`` is a merged bfloat16 model (its config says lora =
+    true, the directory holds no adapter to train): evaluating it updates nothing, so the training
+    dtype check ("bfloat16 with full fine-tuning: AdamW would update bfloat16 weights") must not
+    refuse it."""
+    out = tmp_path / "bf16"
+    assert run_cli(["export", str(lora_run), "--out", str(out), "--dtype", "bf16"])[0] == 0
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    code, stdout, err = run_cli(["eval", "--model", str(out), "--eval.max_problems=2"])
+    assert code == 0, err
+    assert f"evaluating {out}" in stdout and "accuracy: " in stdout
+
+
 @pytest.mark.parametrize("which", ["full", "lora"])
 def test_the_export_decodes_the_runs_prompts_as_its_checkpoint(full_run, lora_run, which):
     """What `podsrl eval --model` sets up decodes the run's held-out prompts token for token as

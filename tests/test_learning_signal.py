@@ -11,6 +11,7 @@ from podsrl.config import load
 from podsrl.core.downsample import DownsampleSpec
 from podsrl.errors import ConfigError
 from podsrl.run.watch import SILENT_STEPS, RunWatch, truncation_note
+from podsrl.train.loop import check_trainable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,8 +38,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
          "zero-weights", "one-value", "one-value-twice"],  # fmt: skip
 )
 def test_settings_that_can_never_learn_are_refused(overrides, fragments):
+    """By the config itself, or where training starts (``check_trainable``: m and n, which a saved
+    run's config.toml may hold from before the check, issue 45)."""
     with pytest.raises(ConfigError) as err:
-        load(None, overrides)
+        check_trainable(load(None, overrides))
     for fragment in fragments:
         assert fragment in str(err.value), str(err.value)
     assert ": =" not in str(err.value)  # no stray colon between a field and its value
@@ -56,7 +59,7 @@ def test_settings_that_can_never_learn_are_refused(overrides, fragments):
     ],
 )
 def test_settings_with_a_signal_are_accepted(overrides):
-    load(None, overrides)
+    check_trainable(load(None, overrides))
 
 
 @pytest.mark.parametrize("n, m", [(2, 2), (3, 2), (4, 2), (7, 2), (8, 2), (12, 3), (16, 4), (64, 16)])

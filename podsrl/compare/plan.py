@@ -149,14 +149,16 @@ def load_plan(
 
 def check_setup(plan: Plan) -> None:
     """Every method to run, set up as far as it goes without a model
-    (:func:`podsrl.train.loop.preflight`: the training dtype, the reward functions loaded, early
+    (:func:`podsrl.train.loop.check_trainable`: the training dtype, settings under which nothing
+    could be learned; :func:`podsrl.train.loop.preflight`: the reward functions loaded, early
     stopping against their declared values), so that one refused method stops the comparison before
     the first run trains rather than after the others. ``load_plan`` checked the configs already;
     this needs the reward functions (user code), which ``--report-only`` does not."""
-    from podsrl.train.loop import preflight
+    from podsrl.train.loop import check_trainable, preflight
 
     for method in plan.methods:
         try:
+            check_trainable(plan.config(method.name, 0))
             preflight(plan.config(method.name, 0))
         except ConfigError as err:
             raise ConfigError(f"compare.methods.{method.name}: {err}") from None

@@ -98,11 +98,17 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
 
     base = entries.get(plan.baseline)
     base_peak = base["peak_accuracy"] if base else None
-    target = plan.target_fraction * base_peak if base_peak is not None else None
+    target = plan.target_fraction * base_peak if base_peak else None  # a peak of 0%: no target (below)
     base_at = {axis: first_reach(curves[plan.baseline][axis], target) if target is not None else None for axis in AXES}
     notes = []
     if base_peak is None:
         notes.append(f"no finished run of the baseline {plan.baseline!r}: no target, no steps, times or speedups")
+    elif base_peak == 0:  # every evaluation 0%: a target of 0 is "met" at step 0, which says nothing
+        notes.append(
+            f"the baseline {plan.baseline!r} never answered a held-out problem right (peak accuracy 0%): no target, no "
+            "speedup is measurable; if its completions look right, the task's grader may not read its answers "
+            "(task.grader: 'text' for words; the run's start-up lines warn when it cannot)"
+        )
     elif base_at["step"] == 0 or base_at["train_seconds"] == 0:
         notes.append("the untrained model already meets the target (step 0, time 0): no speedup is measurable")
     for name, entry in entries.items():

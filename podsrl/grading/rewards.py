@@ -6,15 +6,19 @@ completions against their aligned examples with a weighted sum of reward functio
 
 Answers are extracted and matched by :mod:`podsrl.grading.answers`.
 
-`correctness` (`is_correct`) decides with one of three comparisons, by what the two answers are:
-  - numeric (the above, exact, no sympy): the reference is a plain number and so is the
-    completion's answer ("12", "#### 1,234", "\\boxed{3/4}", "\\frac{3}{4}");
-  - text (the above): the reference is words ("Paris", "New York");
+`correctness` is the completion's grade by the example's grader (`Example.grader`, chosen by the task:
+:mod:`podsrl.grading.graders`), 0.0 or 1.0 for the built-in graders, partial credit where a task's
+grader gives it (reasoning_gym). Held-out accuracy uses the same grader. The default grader,
+``auto``, decides by what the two answers are:
+  - numeric (exact, no sympy): the reference is a plain number and so is the completion's answer
+    ("12", "#### 1,234", "\\boxed{3/4}", "\\frac{3}{4}");
+  - text: the reference is words ("Paris", "New York"), compared after normalising case,
+    whitespace, quotes, surrounding punctuation and LaTeX `\\text{}`;
   - symbolic, with math-verify (`podsrl.grading.equivalence`): everything else, i.e. a LaTeX or symbolic
-    reference ("\\sqrt{2}", "(-\\infty, 3]", "x^2+1"), or a plain-number reference answered in a
-    box that holds more than a number ("\\boxed{\\frac12}", "\\boxed{2^{10}}",
-    "\\boxed{5\\text{ cm}}"). A reference math-verify cannot parse, or a missing math-verify,
-    falls back to text.
+    reference ("\\sqrt{2}", "(-\\infty, 3]", "x^2+1") that the answer does not already spell exactly, or a
+    plain-number reference answered in a box that holds more than a number ("\\boxed{\\frac12}",
+    "\\boxed{2^{10}}", "\\boxed{5\\text{ cm}}"). A reference math-verify cannot parse, or a missing
+    math-verify, falls back to text.
 Where they differ: numeric equality is exact ("0.333333" is not 1/3) while math-verify rounds to
 6 places; math-verify reads LaTeX the numeric path misreads ("\\boxed{\\frac12}" is 1/2, not 12)
 and compares intervals, sets, roots and expressions by value.
@@ -29,45 +33,29 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
 
 from podsrl.errors import ConfigError, RewardError
-from podsrl.grading import equivalence
-from podsrl.grading.answers import answers_match, ends_with_number, extract_answer, last_boxed, parse_number
+from podsrl.grading import graders
+from podsrl.grading.answers import ends_with_number, last_boxed
 from podsrl.grading.user import RewardFn, load_user_reward
-from podsrl.tasks.types import Example
+from podsrl.tasks.types import Example, Task
 
-# A reference of words, compared as text: math-verify would read "Paris" as the product of the
-# symbols p*a*r*i*s (which "Pairs" equals).
-_WORDS = re.compile(r"[^\W\d_]{2,}(?:[\s'-]+[^\W\d_]+)*\.?")
 
 def correctness(completion: str, example: Example) -> float:
-    """1.0 if the completion's final answer equals the reference (`is_correct`), else 0.0."""
-    return 1.0 if is_correct(completion, example.answer) else 0.0
+    """The completion's grade by the example's grader (`Example.grader`; module docstring): 1.0
+    right, 0.0 wrong, partial credit in between where the grader gives it."""
+    return graders.grade(completion, example)
 
 
 def is_correct(completion: str, reference: str) -> bool:
-    """Whether the completion's final answer equals `reference`: numerically when both are plain
-    numbers, as text when the reference is words, else with math-verify (module docstring)."""
-    if not _numeric_decides(completion, reference) and not _WORDS.fullmatch(reference.strip()):
-        verdict = equivalence.matches(completion, reference)
-        if verdict is not None:  # None: math-verify cannot parse the reference, or is missing
-            return verdict
-    return answers_match(extract_answer(completion), reference)
-
-
-def _numeric_decides(completion: str, reference: str) -> bool:
-    """The reference is a plain number and the completion's answer is not a box of LaTeX."""
-    if parse_number(reference) is None:
-        return False
-    if "####" in completion and completion.rsplit("####", 1)[1].strip():
-        return True  # GSM8K's marker outranks any box (`extract_answer`)
-    boxed = last_boxed(completion)
-    return boxed is None or parse_number(boxed) is not None
+    """Whether the completion's final answer equals `reference` by the ``auto`` grader: numerically
+    when both are plain numbers, as text when the reference is words, else with math-verify
+    (module docstring)."""
+    return graders.auto(completion, Example("", "", reference)) >= 1.0
 
 
 def format_reward(completion: str, example: Example) -> float:
@@ -97,8 +85,19 @@ _REL_TOL = 1e-6  # declared values vs rewards that went through float32, as pods
 
 # The values a reward function can return, declared for exact early stopping
 # (podsrl.core.early_stop); a user function may declare its own as ``fn.reward_values = (0.0, 1.0)``.
+# correctness's are its grader's (`task_values`); (0, 1), those of every built-in grader but
+# reasoning_gym's, where no task says otherwise.
 correctness.reward_values = (0.0, 1.0)
 format_reward.reward_values = (0.0, 1.0)
+
+# Values declared for a reward function by the task rather than by the function: {name: values or None}.
+Declared = dict[str, tuple[float, ...] | None]
+
+
+def task_values(task: Task) -> Declared:
+    """What the task declares: the values of `correctness` are the grades its grader gives on its
+    training problems (:func:`podsrl.grading.graders.grade_values`; None: undeclared)."""
+    return {"correctness": graders.grade_values(task.grader, task.train)}
 
 
 @lru_cache(maxsize=None)  # a user file is imported once, not once per training step
@@ -211,25 +210,31 @@ def compute_rewards(
     return RewardResult(total=total, per_reward=per_reward, timeouts=timeouts, timed_out=timed_out)
 
 
-def declared_values(specs: Sequence[RewardSpec], *, extra: dict[str, float] | None = None, limit: int = 4096) -> tuple[float, ...] | None:
+def declared_values(
+    specs: Sequence[RewardSpec], *, extra: dict[str, float] | None = None, declared: Declared | None = None, limit: int = 4096
+) -> tuple[float, ...] | None:
     """Every value the weighted total of ``specs`` can take, from each function's ``reward_values``
-    (plus ``extra[name]``, e.g. the score of a call that timed out); None when a function declares
-    none, or when there would be more than ``limit`` combinations."""
+    (``declared[name]`` instead where the task declares it: :func:`task_values`), plus
+    ``extra[name]`` (e.g. the score of a call that timed out); None when a function declares none,
+    or when there would be more than ``limit`` combinations."""
     sets = []
     for spec in specs:
-        values = function_values(spec.name)
+        values = function_values(spec.name, declared)
         if values is None:
             return None
         sets.append(sorted(set(values) | ({float(extra[spec.name])} if extra and spec.name in extra else set())))
     return _totals(specs, sets, limit)
 
 
-def function_values(name: str) -> tuple[float, ...] | None:
-    """The values reward function ``name`` declares it can return (its ``reward_values``), sorted;
-    None when it declares none. A declaration that is not a non-empty collection of finite numbers
+def function_values(name: str, declared: Declared | None = None) -> tuple[float, ...] | None:
+    """The values reward function ``name`` declares it can return (its ``reward_values``, or
+    ``declared[name]`` when the task declares them: :func:`task_values`), sorted; None when it
+    declares none. A declaration that is not a non-empty collection of finite numbers
     is a ConfigError naming the function: ``reward_values = 1.0`` is refused rather than read as "always
     1.0", which is far more often a slip for ``(0.0, 1.0)`` (a function that only ever returns 1.0
     declares ``(1.0,)``)."""
+    if declared is not None and name in declared:
+        return declared[name]
     declared = getattr(get_reward(name), "reward_values", None)
     if declared is None:
         return None
@@ -254,16 +259,17 @@ def timeout_values(specs: Sequence[RewardSpec], reward) -> dict[str, float]:
     return {spec.name: float(reward.timeout_score) for spec in specs if ":" in spec.name}
 
 
-def total_values(specs: Sequence[RewardSpec], reward, *, timeouts: bool = True) -> tuple[float, ...] | None:
+def total_values(specs: Sequence[RewardSpec], reward, *, timeouts: bool = True, declared: Declared | None = None) -> tuple[float, ...] | None:
     """Every value the run's total reward can take: ``reward.values`` when given, else the weighted
-    sums of the functions' declared values (:func:`declared_values`), a timed-out call scoring
-    ``reward.timeout_score`` (``timeouts``); None when undeclared."""
+    sums of the functions' declared values (:func:`declared_values`; ``declared``: the task's,
+    :func:`task_values`), a timed-out call scoring ``reward.timeout_score`` (``timeouts``); None when
+    undeclared."""
     if reward.values is not None:
         return tuple(sorted({float(v) for v in reward.values}))
-    return declared_values(specs, extra=timeout_values(specs, reward) if timeouts else None)
+    return declared_values(specs, extra=timeout_values(specs, reward) if timeouts else None, declared=declared)
 
 
-def timeout_totals_undeclared(specs: Sequence[RewardSpec], reward) -> list[float]:
+def timeout_totals_undeclared(specs: Sequence[RewardSpec], reward, declared: Declared | None = None) -> list[float]:
     """The totals a timed-out call (scored ``reward.timeout_score``) can give that ``reward.values``
     leaves out, where they can be known: every function declares its values, or a single function's
     are ``reward.values`` / its weight. Empty without ``reward.values``, without timeouts, or when
@@ -271,7 +277,7 @@ def timeout_totals_undeclared(specs: Sequence[RewardSpec], reward) -> list[float
     extra = timeout_values(specs, reward)
     if reward.values is None or not extra:
         return []
-    sets = [function_values(spec.name) for spec in specs]
+    sets = [function_values(spec.name, declared) for spec in specs]
     if len(specs) == 1 and sets[0] is None and specs[0].weight != 0:
         sets = [tuple(v / specs[0].weight for v in reward.values)]
     if any(values is None for values in sets):
@@ -281,10 +287,11 @@ def timeout_totals_undeclared(specs: Sequence[RewardSpec], reward) -> list[float
     return [t for t in with_timeouts or () if not _listed(t, reward.values) and not _listed(t, without)]
 
 
-def explain_undeclared(specs: Sequence[RewardSpec], values: Sequence[Sequence[float]], reward) -> str:
+def explain_undeclared(specs: Sequence[RewardSpec], values: Sequence[Sequence[float]], reward, declared: Declared | None = None) -> str:
     """Who broke the declaration, and the fix, for the RewardError of
     :func:`podsrl.core.early_stop.check_values`: ``values`` [S][F] are each function's value (in
-    ``specs`` order) on the S rollouts whose total was undeclared; ``reward`` the run's RewardConfig."""
+    ``specs`` order) on the S rollouts whose total was undeclared; ``reward`` the run's RewardConfig,
+    ``declared`` the task's declarations (:func:`task_values`)."""
     names = [spec.name for spec in specs]
     then = (
         "or go on without early stopping (--rollout.early_stop=off); the declaration and rollout.early_stop may "
@@ -296,12 +303,13 @@ def explain_undeclared(specs: Sequence[RewardSpec], values: Sequence[Sequence[fl
     extra = timeout_values(specs, reward)
     blamed = []
     for spec, column in zip(specs, zip(*values)):
-        declared = function_values(spec.name) or ()
-        allowed = (*declared, extra[spec.name]) if spec.name in extra else declared
+        listed = function_values(spec.name, declared) or ()
+        allowed = (*listed, extra[spec.name]) if spec.name in extra else listed
         stray = [v for v in column if not _listed(v, allowed)]
         if stray:
             timeout = f" or reward.timeout_score {extra[spec.name]:g}" if spec.name in extra else ""
-            blamed.append(f"reward function {spec.name!r} returned {_listing(stray)}, not in its `reward_values` {list(declared)}{timeout}")
+            source = " (its task's grader's values)" if declared is not None and spec.name in declared else ""
+            blamed.append(f"reward function {spec.name!r} returned {_listing(stray)}, not in its `reward_values` {list(listed)}{source}{timeout}")
     if not blamed:  # float rounding of a weighted sum: name the functions at least
         blamed = [f"the reward functions {', '.join(map(repr, names))} (each one's `reward_values`)"]
     return f"{'; '.join(blamed)}. Add every value a function can return to its `reward_values`, {then}"

@@ -1,5 +1,7 @@
 """Held-out accuracy with a 95% confidence interval, and pass@k.
 
+A sample is correct when the problem's grader (`Example.grader`, chosen by the task:
+:mod:`podsrl.grading.graders`) gives it full marks, 1.0; partial credit counts as wrong.
 Accuracy is the mean over problems of the fraction of a problem's samples that are correct (one
 greedy sample by default; with ``samples`` > 1 at a temperature it is the mean per-sample accuracy,
 i.e. pass@1, with less noise than one sample). With one sample per problem the interval is Wilson's
@@ -24,7 +26,7 @@ import torch
 
 from podsrl.train.distributed import Dist
 from podsrl.engines import Engine, Sampling
-from podsrl.grading.rewards import correctness
+from podsrl.grading.graders import is_right
 from podsrl.intervals import normal_interval, wilson_interval
 from podsrl.tasks import Example
 
@@ -78,7 +80,7 @@ def evaluate(
         texts = rollouts.texts[j * samples : (j + 1) * samples]
         ids = rollouts.completion_ids[j * samples : (j + 1) * samples]
         rows.append([
-            sum(int(correctness(t, examples[i]) > 0) for t in texts),
+            sum(int(is_right(t, examples[i])) for t in texts),
             sum(len(c) for c in ids),
             sum(rollouts.truncated[j * samples : (j + 1) * samples]),
         ])  # fmt: skip

@@ -47,7 +47,8 @@ from podsrl.core.schedules import training_progress
 from podsrl.engines import Engine, make_engine, resolve_engine
 from podsrl.errors import ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.grading.pool import RewardPool
-from podsrl.grading.rewards import RewardSpec, resolve_specs, timeout_totals_undeclared, total_values
+from podsrl.grading.graders import get_grader, ungraded_note
+from podsrl.grading.rewards import Declared, RewardSpec, resolve_specs, task_values, timeout_totals_undeclared, total_values
 from podsrl.models import Policy, check_training_dtype, load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import export, preemption, rundir
@@ -77,6 +78,8 @@ class Setup:
     dist: Dist = field(default_factory=Dist)  # this process's rank and world (world 1: alone)
     reward_pool: RewardPool | None = None  # user rewards in worker processes (reward.timeout_seconds)
     reward_values: tuple[float, ...] | None = None  # every value the total reward can take; None: undeclared
+    declared: Declared | None = None  # the values the task declares for reward functions (correctness: its grader's)
+    grading_note: str | None = None  # held-out answers the task's grader cannot grade right (warned at start-up)
 
     def close(self) -> None:
         self.engine.close()
@@ -95,6 +98,9 @@ def build_task(cfg: Config) -> Task:
         task = dataclasses.replace(task, instruction=cfg.task.instruction)
     if cfg.task.system_prompt is not None:
         task = dataclasses.replace(task, system_prompt=cfg.task.system_prompt)
+    if cfg.task.grader is not None:
+        task = dataclasses.replace(task, grader=cfg.task.grader)
+    get_grader(task.grader)  # a user grader is loaded now: a bad one fails before the model loads
     return task
 
 
@@ -125,7 +131,7 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     dist = dist or Dist()
     torch.manual_seed(cfg.train.seed)
     task = build_task(cfg)
-    rewards, reward_values = preflight(cfg)
+    rewards, reward_values = preflight(cfg, task)
     policy = load_policy(cfg.model, device=rank_device(cfg.model.device, dist.local_rank, dist.world) if dist.active else None)
     if dist.active:
         if dist.sharded:
@@ -156,38 +162,42 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
         dist=dist,
         reward_pool=RewardPool.from_config(cfg.reward, cfg.reward.names),
         reward_values=reward_values,
+        declared=task_values(task),
+        grading_note=ungraded_note(eval_examples),
     )
 
 
-def preflight(cfg: Config) -> tuple[list[RewardSpec], tuple[float, ...] | None]:
+def preflight(cfg: Config, task: Task | None = None) -> tuple[list[RewardSpec], tuple[float, ...] | None]:
     """The set-up decisions that need no model, each refusal a ConfigError: the training dtype, the
-    reward functions (loaded) and the values their total can take, checked against early stopping
-    (``_reward_values``). ``setup`` starts with it; ``podsrl compare`` runs it for every method
-    before the first run trains (:func:`podsrl.compare.plan.check_setup`)."""
+    task (``task``, else built here) and its grader, the reward functions (loaded) and the values
+    their total can take, checked against early stopping (``_reward_values``). ``setup`` starts with
+    it; ``podsrl compare`` runs it for every method before the first run trains
+    (:func:`podsrl.compare.plan.check_setup`)."""
     check_training_dtype(cfg)
+    task = task if task is not None else build_task(cfg)
     rewards = resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights)))
-    return rewards, _reward_values(cfg, rewards)
+    return rewards, _reward_values(cfg, rewards, task_values(task))
 
 
-def _reward_values(cfg: Config, rewards: list[RewardSpec]) -> tuple[float, ...] | None:
-    """The declared values of the total reward (reward.values, else the functions' declarations; a
-    user function's timed-out call scores reward.timeout_score: ``total_values``); with
+def _reward_values(cfg: Config, rewards: list[RewardSpec], declared: Declared | None = None) -> tuple[float, ...] | None:
+    """The declared values of the total reward (reward.values, else the functions' declarations, and
+    the task's: ``declared``; a user function's timed-out call scores reward.timeout_score: ``total_values``); with
     rollout.early_stop = "exact", a ConfigError when the run's rule and rewards have no exact
     stopping criterion, naming reward.timeout_score when a timed-out call's score is what breaks it."""
-    values = total_values(rewards, cfg.reward)
+    values = total_values(rewards, cfg.reward, declared=declared)
     if cfg.rollout.early_stop != "exact":
         return values
     sel, score = cfg.select, f"reward.timeout_score = {cfg.reward.timeout_score:g}"
     why = lambda v: why_not_exact(sel.rule, values=v, advantages_over_group=sel.advantages_over_group, filter_zero_variance=sel.filter_zero_variance,  # noqa: E731
                                  dynamic_sampling=cfg.rollout.dynamic_sampling)
-    if stray := timeout_totals_undeclared(rewards, cfg.reward):
+    if stray := timeout_totals_undeclared(rewards, cfg.reward, declared):
         raise ConfigError(
             f"{score}: a reward call that times out (reward.timeout_seconds) scores it, which gives the total rewards "
             f"{stray} that reward.values {list(values)} leaves out, and rollout.early_stop = 'exact' relies on reward.values; "
             "set reward.timeout_score to a value the reward can take, or add those totals to reward.values"
         )
     reason = why(values)
-    if reason is not None and why(total_values(rewards, cfg.reward, timeouts=False)) is None:
+    if reason is not None and why(total_values(rewards, cfg.reward, timeouts=False, declared=declared)) is None:
         raise ConfigError(
             f"{score}: a reward call that times out (reward.timeout_seconds) scores it, which adds it to the reward's "
             f"values, and rollout.early_stop = 'exact' then fails: {reason}; set reward.timeout_score to one of the "
@@ -410,6 +420,8 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
     if dist.is_main:
         claim.write_config(cfg, step=state.step, log=log)  # atomic; on resume, records what changed
     log(_describe(s, model))
+    if s.grading_note is not None:
+        log(f"podsrl: warning: {s.grading_note}")
     logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()
     save = lambda on_failure="stop": ckpt.save(  # noqa: E731
         run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints, dist=dist, on_failure=on_failure, log=log

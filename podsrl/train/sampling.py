@@ -294,7 +294,7 @@ def _sample_batch(s, step: int, j: int, m: int, timer) -> Groups:
 def _explain(s, groups: Groups, stray: Tensor) -> str:
     """Who gave the rewards outside the declared values (``stray`` [G, n] bool), and the fix."""
     values = torch.stack([groups.per_reward[spec.name] for spec in s.rewards], dim=-1)[stray]  # [S, F] each function's value
-    return explain_undeclared(s.rewards, values.tolist(), s.cfg.reward)
+    return explain_undeclared(s.rewards, values.tolist(), s.cfg.reward, s.declared)
 
 
 def sample_metrics(sample: StepSample, reward_names: list[str]) -> dict:

@@ -1,0 +1,190 @@
+"""Graders (podsrl/grading/graders.py): a task chooses how its answers are judged, and held-out
+accuracy and the `correctness` reward both use that choice (issue 45: word answers scored 0% at
+every evaluation while training rewarded them, and `podsrl compare` said the untrained model
+already met the target)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from podsrl.engines import Rollouts, Sampling
+from podsrl.errors import ConfigError
+from podsrl.grading import graders
+from podsrl.grading.rewards import correctness, task_values
+from podsrl.integrations.rewards import as_trl_reward
+from podsrl.tasks import Example, load_task
+from podsrl.train.evaluate import evaluate
+
+WORDS = ["Paris", "Cat", "Blue", "Oslo", "Tiger", "Seven", "Apple", "Rome"]
+
+
+def test_as_trl_reward_grades_text_answers():
+    """Only numbers and \\boxed{} scored: ("CAT", "CAT") was 0.0."""
+    reward = as_trl_reward("correctness")
+    completions = ["CAT", "Paris", "x+1", "dog", "Lyon", "x+2"]
+    answers = ["CAT", "Paris", "x+1", "CAT", "Paris", "x+1"]
+    assert reward(["q"] * 6, completions, answer=answers) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "completion, reference, right",
+    [
+        ("cat", "CAT", True),  # case
+        ("  Paris \n", "Paris", True),  # surrounding whitespace
+        ("Paris.", "Paris", True),  # a trailing period
+        ("**Paris**", "Paris", True),  # markdown emphasis
+        ('"Paris"', "Paris", True),  # quotes
+        ("\u201cParis\u201d", "Paris", True),
+        ("\\text{Paris}", "Paris", True),  # LaTeX \text{}
+        ("$\\text{New  York}$", "new york", True),  # runs of whitespace, $
+        ("The answer is Paris.", "Paris", True),  # a marked answer on the last line
+        ("I think so.\nFinal answer: Paris", "Paris", True),
+        ("#### Paris", "Paris", True),
+        ("\\boxed{Paris}", "Paris", True),
+        ("<answer>Paris</answer>", "Paris", True),
+        ("The capital of France is Paris.", "Paris", False),  # not marked: the whole line is the answer
+        ("Pairs", "Paris", False),  # math-verify would call p*a*i*r*s = p*a*r*i*s
+        ("Paris, or Lyon", "Paris", False),
+        ("1,000", "1000", True),  # numbers stay numeric
+        ("The answer is 12.0", "12", True),
+        ("twelve", "12", False),
+        ("x+1", "x+1", True),
+        ("(C)", "\\text{(C)}", True),
+        ("C", "\\text{(C)}", False),
+    ],
+)
+def test_text_grader(completion, reference, right):
+    assert graders.text(completion, Example("1", "q", reference)) == (1.0 if right else 0.0)
+
+
+@pytest.mark.parametrize(
+    "completion, reference, right",
+    [
+        ("CAT", "CAT", True),
+        ("Paris", "Paris", True),
+        ("x+1", "x+1", True),  # spelt as the reference: no parser needed
+        ("The answer is Paris.", "Paris", True),
+        ("\\boxed{1+x}", "x+1", True),  # math-verify
+        ("\\boxed{\\frac12}", "0.5", True),
+        ("#### 1,234", "1234", True),
+        ("12 apples", "13", False),
+        ("Pairs", "Paris", False),
+    ],
+)
+def test_auto_grader_reads_numbers_words_and_mathematics(completion, reference, right):
+    example = Example("1", "q", reference)
+    assert graders.auto(completion, example) == (1.0 if right else 0.0)
+    assert correctness(completion, example) == (1.0 if right else 0.0)  # "auto" is an Example's default grader
+
+
+def test_numeric_grader_never_matches_words_and_the_start_up_check_says_so():
+    examples = [Example(str(i), "q", word, grader="numeric") for i, word in enumerate(WORDS)]
+    assert all(graders.grade(ex.answer, ex) == 0.0 for ex in examples)
+    note = graders.ungraded_note(examples + [Example("n", "q", "12", grader="numeric")])
+    assert note is not None
+    assert f"{len(WORDS)} of {len(WORDS) + 1} held-out answers" in note and "'numeric'" in note and "'text'" in note
+    assert graders.ungraded_note([dataclasses.replace(ex, grader="auto") for ex in examples]) is None
+    assert graders.ungraded_note([Example("n", "q", "12", grader="numeric")]) is None
+
+
+def _word_task(tmp_path, **options):
+    path = tmp_path / "words.jsonl"
+    path.write_text("".join(json.dumps({"question": f"Which word is number {i}?", "answer": w}) + "\n" for i, w in enumerate(WORDS * 2)))
+    return load_task("jsonl", path=str(path), num_eval=8, **options)
+
+
+class _Answering:
+    """A stand-in engine: the completion of prompt i is ``answers[i]``."""
+
+    def __init__(self, answers: list[str]):
+        self.answers = answers
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling) -> Rollouts:
+        texts = [self.answers[p[0]] for p in prompt_ids for _ in range(sampling.n)]
+        return Rollouts(prompt_ids=prompt_ids, completion_ids=[[1, 2]] * len(texts), texts=texts, truncated=[False] * len(texts))
+
+
+def test_held_out_accuracy_of_a_jsonl_task_with_word_answers(tmp_path):
+    task = _word_task(tmp_path)
+    assert task.grader == "auto" and {ex.grader for ex in task.eval} == {"auto"}
+    prompts = [[i] for i in range(len(task.eval))]  # the stand-in reads the problem's index
+    right = [f"{ex.answer.upper()}." for ex in task.eval]  # case and a period: still right
+    assert evaluate(_Answering(right), prompts, task.eval).accuracy == 1.0
+    half = [ex.answer if i % 2 else "no idea" for i, ex in enumerate(task.eval)]
+    assert evaluate(_Answering(half), prompts, task.eval).accuracy == 0.5
+    # The numeric grader cannot read them: what the issue saw, 0% however right the model is.
+    numeric = dataclasses.replace(task, grader="numeric")
+    assert {ex.grader for ex in numeric.eval} == {"numeric"}
+    assert evaluate(_Answering(right), prompts, numeric.eval).accuracy == 0.0
+
+
+def test_partial_credit_is_not_a_right_answer_for_held_out_accuracy(write_module):
+    module = write_module("half_grader", "def half(completion, example):\n    return 0.5 if completion else 0.0\n")
+    example = Example("1", "q", "x", grader=f"{module}:half")
+    assert correctness("x", example) == 0.5  # the reward is the grade
+    assert evaluate(_Answering(["x"]), [[0]], [example]).accuracy == 0.0  # accuracy counts only full marks
+    assert graders.grade_values(example.grader, [example]) is None  # undeclared
+
+
+def test_task_grader_from_the_config(tmp_path, write_module):
+    from podsrl.config import load
+    from podsrl.train.loop import build_task
+
+    path = tmp_path / "words.jsonl"
+    path.write_text("".join(json.dumps({"question": "q", "answer": w}) + "\n" for w in WORDS))
+    base = ["task.name=jsonl", f"task.options.path={path}", "task.options.num_eval=2"]
+    assert build_task(load(None, base)).grader == "auto"
+    task = build_task(load(None, [*base, "task.grader=text"]))
+    assert task.grader == "text" and {ex.grader for ex in task.train + task.eval} == {"text"}
+    module = write_module("my_grader", "def exact(completion, example):\n    return float(completion == example.answer)\n"
+                                       "exact.reward_values = (0.0, 1.0)\n")  # fmt: skip
+    task = build_task(load(None, [*base, f"task.grader={module}:exact"]))
+    assert task_values(task) == {"correctness": (0.0, 1.0)}
+    assert correctness(task.eval[0].answer, task.eval[0]) == 1.0
+    with pytest.raises(ConfigError, match=r"task.grader = 'exakt' is not a grader; valid graders: auto, numeric, text, math"):
+        load(None, [*base, "task.grader=exakt"])
+    with pytest.raises(ConfigError, match=r"task.grader = '.*:missing': reward .*has no attribute 'missing'"):
+        build_task(load(None, [*base, f"task.grader={module}:missing"]))
+
+
+def test_the_start_up_warning_is_logged_once(make_config, tmp_path, monkeypatch):
+    """A run whose grader cannot read its held-out answers says so before training, once."""
+    from podsrl.train import loop as trainer
+
+    path = tmp_path / "words.jsonl"
+    path.write_text("".join(json.dumps({"question": "Name it.", "answer": w}) + "\n" for w in WORDS))
+    settings = {"task.name": "jsonl", "task.options": {"path": str(path), "num_eval": 4}, "train.max_steps": 1}
+    logs: list[str] = []
+    trainer.train(make_config(**settings, **{"task.grader": "numeric"}), run_dir=tmp_path / "run", log=logs.append)
+    warnings = [line for line in logs if "held-out answers" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("podsrl: warning: 4 of 4 held-out answers"), logs
+    # (Under the default grader, "auto", nothing to warn about: test_numeric_grader_never_matches_words...)
+
+
+def test_compare_does_not_say_the_untrained_model_meets_a_target_of_zero(tmp_path):
+    from tests.test_compare import _plan, _write_run
+    from podsrl import compare
+
+    plan = _plan(tmp_path, seeds=1)
+    out = tmp_path / "out"
+    _write_run(out, plan, "grpo", 0, [(0, 0.0), (100, 0.0), (200, 0.0)])
+    _write_run(out, plan, "pods", 0, [(0, 0.0), (100, 0.0), (200, 0.0)])
+    report = compare.build_report(plan, out)
+    assert not any("already meets the target" in n for n in report["notes"])
+    assert any("never answered a held-out problem right" in n and "task.grader" in n for n in report["notes"])
+    assert report["methods"]["pods"]["steps_to_target"] is None
+
+
+def test_a_config_that_names_grader_code_says_so(tmp_path, write_module, capsys):
+    """A user grader is code that evaluation imports and runs (SECURITY.md)."""
+    from podsrl.cli import _say_reward_code
+    from podsrl.config import load
+
+    module = write_module("said_grader", "def exact(completion, example):\n    return float(completion == example.answer)\n")
+    _say_reward_code(load(None, ["task.grader=auto"]), tmp_path / "config.toml")
+    assert capsys.readouterr().out == ""
+    _say_reward_code(load(None, [f"task.grader={module}:exact"]), tmp_path / "config.toml")
+    assert capsys.readouterr().out == f"podsrl: {tmp_path / 'config.toml'} names grader code, which is imported and run (task.grader): {module}:exact\n"
