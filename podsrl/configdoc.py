@@ -110,4 +110,10 @@ def _task_options_comment(task: str) -> str:
     )
     module = TASKS[task].__module__.replace(".", "/")
     text = f"options of task {task!r} (see {module}.py; another task takes its own): {options}"
-    return textwrap.fill(text, width=100, initial_indent="# ", subsequent_indent="#   ")
+    lines = [textwrap.fill(text, width=100, initial_indent="# ", subsequent_indent="#   ")]
+    # A task module may describe its options, one line each (`OPTION_HELP`, e.g. podsrl/tasks/reasoning_gym.py).
+    described = getattr(inspect.getmodule(TASKS[task]), "OPTION_HELP", {})
+    for p in parameters:
+        if p.name in described:
+            lines.append(textwrap.fill(f"{p.name}: {described[p.name]}", width=100, initial_indent="#   ", subsequent_indent="#       "))
+    return "\n".join(lines)

@@ -20,7 +20,7 @@ GSM8K_DIR = Path("/work/shared/data/gsm8k")
 def test_unknown_task_lists_valid_names():
     with pytest.raises(ConfigError, match="unknown task 'gsm9k'.*arithmetic, gsm8k, jsonl"):
         load_task("gsm9k")
-    assert set(TASKS) == {"arithmetic", "gsm8k", "jsonl", "math"}
+    assert set(TASKS) == {"arithmetic", "gsm8k", "jsonl", "math", "reasoning_gym"}
 
 
 def test_unknown_option_is_named_with_the_valid_ones():

@@ -12,6 +12,12 @@ Built-in tasks (each module's docstring gives its options):
 - `jsonl`: any JSON-lines file with a question field and an answer field.
 - `math`: MATH-style problems with LaTeX answers (a JSON-lines file, a directory or a `datasets`
   dataset), graded with math-verify.
+- `reasoning_gym`: any of reasoning-gym's procedural datasets, or a weighted mix, graded by the
+  dataset's own checker (the optional extra ``podsrl[reasoning-gym]``).
+
+A `Task` also names its grader (`Task.grader`, :mod:`podsrl.grading.graders`): how held-out
+accuracy and the `correctness` reward judge its answers ("auto" unless the task says otherwise;
+`task.grader` in a config overrides it).
 
 A `Task` carries a default `instruction` appended to every question (`format_user_message`); the
 chat template is applied elsewhere. To change the wording, `dataclasses.replace(task,
@@ -30,7 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from podsrl.errors import ConfigError
-from podsrl.tasks import arithmetic, competition_math, gsm8k, jsonl
+from podsrl.tasks import arithmetic, competition_math, gsm8k, jsonl, reasoning_gym
 from podsrl.tasks.types import Example, Task
 
 TaskLoader = Callable[..., Task]
@@ -40,6 +46,7 @@ TASKS: dict[str, TaskLoader] = {
     "gsm8k": gsm8k.load,
     "jsonl": jsonl.load,
     "math": competition_math.load,
+    "reasoning_gym": reasoning_gym.load,
 }
 
 
