@@ -10,8 +10,9 @@ writes ``out/<name>-w<world>.safetensors`` (the trainable weights after the step
 ``python tests/dist_worker.py -m podsrl ARGS...`` runs ``python -m podsrl ARGS...`` instead (what
 tests/test_distributed.py's ``_torchrun`` launches for ``-m podsrl``). Either way the process runs in
 strict mode (:func:`hold_collectives_to_placement`): every tensor podsrl hands to a torch.distributed
-tensor collective must be one that ``Dist.place`` put on ``Dist.device``, which is what an NCCL group
-requires (CUDA tensors only) and what this CPU's gloo would otherwise never check.
+tensor collective must be on ``Dist.device``, which is what an NCCL group requires (CUDA tensors
+only) and what this CPU's gloo would otherwise never check; under gloo strict mode makes
+``Dist.device`` a stand-in device that no caller's tensor is on, as no CPU tensor is on a GPU.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import weakref
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -79,54 +81,97 @@ TENSOR_COLLECTIVES = (
     "gather", "scatter", "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv",
 )  # fmt: skip
 
+# Strict mode's collectives device under gloo: a device this process has none of (torch's slot for an
+# out-of-tree backend), so no tensor of a caller is on it, as no CPU tensor is on an NCCL rank's GPU.
+STAND_IN = torch.device("privateuseone", 0)
+
 
 class PlacementError(AssertionError):
     pass
 
 
-def hold_collectives_to_placement(patch=setattr) -> None:
-    """Strict mode. An NCCL group carries CUDA tensors only, so under NCCL a collective fails (or, with
-    a mixed group, a CPU tensor on one rank and a CUDA tensor on another pick different backends and
-    hang). On this CPU every tensor is on the CPU and gloo takes anything, so a device check would
-    catch nothing; instead every torch.distributed tensor collective called from outside torch must
-    get tensors that ``Dist.place`` returned (a registry of them), and ``Dist.place`` must return
-    them on ``Dist.device`` (cuda:LOCAL_RANK under NCCL): a caller in this repository that bypasses
-    Dist, or a Dist method that skips placement, raises :class:`PlacementError`. Callers in installed
-    libraries are exempt, since they place their tensors themselves: torch's (FSDP's all-gathers and
-    reduce-scatters, ``torch.distributed.checkpoint``, the object collectives: the group's device),
-    transformers' (``synced_gpus``' flag: the model's device). ``patch`` sets the wrappers
-    (pytest's ``monkeypatch.setattr`` undoes them after an in-process test)."""
-    placed: dict[int, weakref.ref] = {}
-    original = getattr(distributed.Dist, "place", None)
-    if original is not None:
+class StandInDevice(TorchFunctionMode):
+    """Tensors "on" :data:`STAND_IN`, stored on the CPU. A tensor is on it when it was made there
+    (a factory called with ``device=STAND_IN``) or moved there (``Tensor.to(STAND_IN)``, which copies
+    a tensor that is not on it yet, as a move from the CPU to a GPU does, and returns one that is
+    already there as it is); nothing else is, whatever its ``.device`` says (``cpu``). A weak registry
+    of those tensors stands for the device."""
 
-        @functools.wraps(original)
-        def place(self, t, *args, **kwargs):
-            out = original(self, t, *args, **kwargs)
-            if out.device != self.device:
-                raise PlacementError(f"Dist.place returned a tensor on {out.device}, not on the collectives' device {self.device}")
-            key = id(out)
-            placed[key] = weakref.ref(out, lambda ref, key=key: placed.pop(key) if placed.get(key) is ref else None)
-            return out
+    def __init__(self):
+        super().__init__()
+        self.on: dict[int, weakref.ref] = {}
 
-        patch(distributed.Dist, "place", place)
+    def holds(self, t: torch.Tensor) -> bool:
+        ref = self.on.get(id(t))
+        return ref is not None and ref() is t
+
+    def _add(self, t: torch.Tensor) -> None:
+        key = id(t)
+        self.on[key] = weakref.ref(t, lambda ref, key=key: self.on.pop(key) if self.on.get(key) is ref else None)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not any(isinstance(v, torch.device) and v == STAND_IN for v in (*args, *kwargs.values())):
+            return func(*args, **kwargs)
+        cpu = torch.device("cpu")
+        args = tuple(cpu if isinstance(v, torch.device) and v == STAND_IN else v for v in args)
+        kwargs = {k: cpu if isinstance(v, torch.device) and v == STAND_IN else v for k, v in kwargs.items()}
+        out = func(*args, **kwargs)
+        if func is torch.Tensor.to and out is args[0] and not self.holds(out):
+            out = out.clone()  # a move to another device is a copy
+        for t in _tensors([out]):
+            self._add(t)
+        return out
+
+
+def hold_collectives_to_placement(patch=setattr) -> StandInDevice:
+    """Strict mode, for the rest of this process (an in-process test undoes ``patch`` with pytest's
+    ``monkeypatch.setattr`` and leaves the returned mode with ``__exit__``). An NCCL group carries
+    CUDA tensors only, so under NCCL a collective fails on a CPU tensor (or, with a mixed group, a
+    CPU tensor on one rank and a CUDA tensor on another pick different backends and hang). On this
+    CPU every tensor is on the CPU and gloo takes anything, so a check against gloo's device (the CPU)
+    would catch nothing. Strict mode therefore declares another collectives device: under gloo
+    ``distributed.collective_device`` answers :data:`STAND_IN`, which no caller's tensor is on (the
+    :class:`StandInDevice` mode keeps its tensors on the CPU), and every torch.distributed tensor
+    collective called from this repository's code (podsrl's, a test's) must get tensors on the
+    collectives' device, or raises :class:`PlacementError`: a Dist method that skips ``Dist.place``
+    (or a ``place`` that does not move), or a caller that bypasses Dist. Under NCCL (on a GPU) the
+    collectives' device is the real one (cuda:LOCAL_RANK) and the check is ``t.device`` against it.
+    Callers in installed libraries are exempt, since they place their tensors themselves: torch's
+    (FSDP's all-gathers and reduce-scatters, ``torch.distributed.checkpoint``, the object
+    collectives: the group's device), transformers' (``synced_gpus``' flag: the model's device)."""
+    mode = StandInDevice()
+    group = {"device": STAND_IN}
+    original = distributed.collective_device
+
+    @functools.wraps(original)
+    def collective_device(backend: str, device: torch.device) -> torch.device:
+        real = original(backend, device)
+        group["device"] = STAND_IN if real.type == "cpu" else real
+        return group["device"]
+
+    patch(distributed, "collective_device", collective_device)
     for name in TENSOR_COLLECTIVES:
         if hasattr(torch.distributed, name):
-            patch(torch.distributed, name, _strict(name, getattr(torch.distributed, name), placed))
+            patch(torch.distributed, name, _strict(name, getattr(torch.distributed, name), mode, group))
+    mode.__enter__()
+    return mode
 
 
-def _strict(name: str, collective, placed: dict[int, weakref.ref]):
+def _strict(name: str, collective, mode: StandInDevice, group: dict):
     @functools.wraps(collective)
     def call(*args, **kwargs):
         caller = sys._getframe(1)
         if any(Path(caller.f_code.co_filename).resolve().is_relative_to(d) for d in OURS):  # podsrl's or a test's call
+            device = group["device"]
             for t in _tensors([*args, *kwargs.values()]):
-                ref = placed.get(id(t))
-                if ref is None or ref() is not t:
+                if not (mode.holds(t) if device == STAND_IN else t.device == device):
+                    where = "the caller's CPU" if device == STAND_IN else t.device
                     raise PlacementError(
                         f"strict collectives: torch.distributed.{name} called at {caller.f_code.co_filename}:{caller.f_lineno} "
-                        f"({caller.f_code.co_name}) with a tensor on {t.device} that Dist.place did not put on the "
-                        "collectives' device; an NCCL group would refuse a CPU tensor there (issue 36)"
+                        f"({caller.f_code.co_name}) with a tensor on {where}, not on the collectives' device {device} "
+                        "(Dist.device; strict mode's stand-in for the GPU under gloo): pass it through Dist.place; an NCCL "
+                        "group would refuse a CPU tensor there (issue 36)"
                     )
         return collective(*args, **kwargs)
 
@@ -177,7 +222,11 @@ def run_module(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    hold_collectives_to_placement()
+    # Strict mode from the module ``dist_worker``, not from ``__main__``, which ``run_module`` replaces:
+    # torch.compile (vLLM's) traces the mode's code and looks up its globals by module name.
+    import dist_worker
+
+    dist_worker.hold_collectives_to_placement()
     if sys.argv[1] == "-m":
         run_module(sys.argv[2:])
     else:

@@ -8,8 +8,9 @@
 - Bad launches are configuration errors that name the field.
 - Every process launched here runs in strict mode (tests/dist_worker.py,
   ``hold_collectives_to_placement``): each tensor podsrl hands to a torch.distributed collective must
-  have been put on ``Dist.device`` by ``Dist.place``, as an NCCL group requires; and no module but
-  podsrl/train/distributed.py calls a torch.distributed tensor collective itself.
+  be on ``Dist.device`` (under gloo a stand-in device that the callers' CPU tensors are not on), as an
+  NCCL group requires; and no module but podsrl/train/distributed.py calls a torch.distributed tensor
+  collective itself.
 """
 
 from __future__ import annotations
@@ -374,13 +375,25 @@ def gloo_alone():
     torch.distributed.destroy_process_group()
 
 
-def test_strict_mode_admits_only_tensors_that_dist_placed(gloo_alone, monkeypatch):
-    """tests/dist_worker.py's strict mode, which every multi-process test here runs under: each
-    tensor collective of Dist passes it; a tensor that did not go through ``Dist.place`` fails."""
-    from dist_worker import PlacementError, hold_collectives_to_placement
+@pytest.fixture
+def strict(gloo_alone, monkeypatch):
+    """tests/dist_worker.py's strict mode in this process, and a one-rank gloo Dist under it (whose
+    collectives device is strict mode's stand-in, not the CPU the callers' tensors are on)."""
+    from dist_worker import STAND_IN, hold_collectives_to_placement
 
-    hold_collectives_to_placement(monkeypatch.setattr)
-    d = distributed.Dist(rank=0, world=1, backend="gloo")
+    mode = hold_collectives_to_placement(monkeypatch.setattr)
+    d = distributed.Dist(rank=0, world=1, backend="gloo", device=distributed.collective_device("gloo", torch.device("cpu")))
+    assert d.device == STAND_IN
+    yield d
+    mode.__exit__(None, None, None)
+
+
+def test_strict_mode_admits_only_tensors_on_the_collectives_device(strict):
+    """tests/dist_worker.py's strict mode, which every multi-process test here runs under: each
+    tensor collective of Dist passes it; a tensor that was not moved to ``Dist.device`` fails."""
+    from dist_worker import PlacementError
+
+    d = strict
     t = torch.arange(6.0).view(3, 2)
     assert torch.equal(d.sum(t), t) and torch.equal(d.gather_rows(t), t) and torch.equal(d.gather_ragged(t), t)
     assert d.gather_ragged(t[:0]).shape == (0, 2) and d.max_int(5) == 5
@@ -390,8 +403,40 @@ def test_strict_mode_admits_only_tensors_that_dist_placed(gloo_alone, monkeypatc
     d.broadcast_params(model)
     assert d.broadcast_object({"a": 1}) == {"a": 1} and d.gather_objects(3) == [3]
     d.barrier()
-    with pytest.raises(PlacementError, match=r"torch.distributed.all_reduce called at .* Dist.place did not put"):
+    with pytest.raises(PlacementError, match=r"torch.distributed.all_reduce called at .* not on the collectives' device"):
         torch.distributed.all_reduce(torch.ones(1))  # a caller that bypasses Dist
+    torch.distributed.all_reduce(torch.ones(1).to(d.device))  # one that moved its tensor there
+
+
+@pytest.mark.parametrize("method", ["sum", "gather_rows", "max_int", "gather_ragged"])
+def test_strict_mode_fails_a_dist_that_does_not_move_tensors(strict, monkeypatch, method):
+    """On this CPU every tensor is on gloo's device; strict mode's stand-in is not, so a ``place``
+    that does not move (here a no-op) sends the caller's tensor to the collective and fails."""
+    from dist_worker import PlacementError
+
+    monkeypatch.setattr(distributed.Dist, "place", lambda self, t, copy=False: t)
+    arg = 3 if method == "max_int" else torch.arange(6.0).view(3, 2)
+    with pytest.raises(PlacementError, match="not on the collectives' device"):
+        getattr(strict, method)(arg)
+
+
+def test_sum_leaves_a_tensor_already_on_the_collectives_device_alone(strict, monkeypatch):
+    """``Dist.sum`` returns a new tensor: a caller's tensor already on the collectives' device (a GPU
+    tensor under NCCL) must not be reduced in place. The one-rank all-reduce doubles here, as two
+    ranks holding the same values would; a ``place`` that drops ``copy`` fails."""
+    all_reduce = torch.distributed.all_reduce
+
+    def doubled(t, *args, **kwargs):
+        out = all_reduce(t, *args, **kwargs)
+        t.mul_(2)
+        return out
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", doubled)
+    t = torch.ones(3).to(strict.device)
+    assert torch.equal(strict.sum(t), torch.full((3,), 2.0)) and torch.equal(t, torch.ones(3))
+    monkeypatch.setattr(distributed.Dist, "place", lambda self, t, copy=False: t.to(self.device))
+    strict.sum(t)
+    assert not torch.equal(t, torch.ones(3))  # what the check above catches
 
 
 def test_only_the_distributed_module_calls_tensor_collectives():
