@@ -324,20 +324,56 @@ def test_two_ranks_fill_the_step_as_one_process(tmp_path, tiny_model_dir, reward
         assert m2["zero_variance_groups"] == 0.5  # of the first batch: a fixed-n run's figure
 
 
+# Runs ``podsrl train`` in strict mode (tests/dist_worker.py), each rank writing what its sample_step
+# returned, one line per step, to DIR/rank<r>.jsonl.
+RECORD_RANKS = """\
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from dist_worker import hold_collectives_to_placement, run_module
+hold_collectives_to_placement()
+from podsrl.train import loop
+sample_step = loop.sample_step
+def recorded(s, step, progress, timer):
+    out = sample_step(s, step, progress, timer)
+    with open(os.path.join({out!r}, f"rank{{s.dist.rank}}.jsonl"), "a") as f:
+        f.write(json.dumps({{"step": step, "gen_batches": out.gen_batches, "groups": len(out.groups), "surplus": out.surplus,
+                            "rollouts": out.rollouts}}) + "\\n")
+    return out
+loop.sample_step = recorded
+run_module(["podsrl", *sys.argv[1:]])
+"""
+
+
 def test_torchrun_train_with_dynamic_sampling_and_early_stopping(tmp_path, tiny_model_dir, reward_file):
     """``podsrl train`` on 2 ranks: each rank stops its own groups early, every rank runs the same
-    generation batches (decided on the gathered batch), and the run finishes."""
+    generation batches (decided on the gathered batch), and the run finishes. Half the prompts are
+    silent (an even answer scores 0 on every rollout), so steps sample several batches; each step
+    stops at the first batch that brings B groups with a signal, or at the cap with fewer, and
+    both ranks record the same decision."""
     reward = tmp_path / "parity.py"
-    reward.write_text("def parity(completion, example):\n    return float(len(completion) % 2)\n\n\nparity.reward_values = (0.0, 1.0)\n")
+    reward.write_text("def parity(completion, example):\n    return 0.0 if int(example.answer) % 2 == 0 else float(len(completion) % 2)\n\n\n"
+                      "parity.reward_values = (0.0, 1.0)\n")  # fmt: skip
+    B, cap = 4, 3
     overrides = {**DIST_BASE, "reward.names": [f"{reward}:parity"], "rollout.n": 8, "rollout.early_stop": "exact", "rollout.round_size": 2,
-                 "eval.at_start": False, "eval.at_end": False, "train.max_steps": 2}  # fmt: skip
+                 "rollout.max_gen_batches": cap, "eval.at_start": False, "eval.at_end": False, "train.max_steps": 3}  # fmt: skip
     config = tmp_path / "run.toml"
     config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
-    done = _torchrun("-m", "podsrl", "train", str(config), "--out", str(tmp_path / "run"), "--no-plot")
+    script, ranks = tmp_path / "record_ranks.py", tmp_path / "ranks"
+    ranks.mkdir()
+    script.write_text(RECORD_RANKS.format(tests=str(Path(__file__).parent), out=str(ranks)))
+    done = _torchrun(str(script), "train", str(config), "--out", str(tmp_path / "run"), "--no-plot")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
-        assert r["world_size"] == 2 and r["prompts_sampled"] == 4 * r["gen_batches"]
-        assert r["groups_with_signal"] == 4 or r["gen_batches"] == 4
-        assert r["rollouts_generated"] <= 8 * r["prompts_sampled"]
+    rank0, rank1 = read_jsonl(ranks / "rank0.jsonl"), read_jsonl(ranks / "rank1.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3] and rank0 == rank1  # the ranks took the same decisions
+    for r, mine in zip(rows, rank0):
+        found = mine["groups"] + mine["surplus"]  # groups with a signal, every batch
+        assert r["world_size"] == 2 and r["gen_batches"] == mine["gen_batches"] and 1 <= mine["gen_batches"] <= cap
+        assert r["prompts_sampled"] == B * mine["gen_batches"] and r["rollouts_generated"] == mine["rollouts"] <= 8 * r["prompts_sampled"]
+        assert r["groups_surplus"] == mine["surplus"] and r["groups_with_signal"] == mine["groups"]  # max_variance: each trains with its signal
+        if found >= B:  # trains on B; it stopped at the batch that brought the B-th, so at most B - 1 more
+            assert mine["groups"] == B and mine["surplus"] < B
+        else:  # fewer than B: only at the cap, training on every one
+            assert mine["gen_batches"] == cap and mine["surplus"] == 0
+    assert any(r["gen_batches"] > 1 for r in rows), [r["gen_batches"] for r in rows]  # a step sampled several batches
+    assert sum(r["rollouts_generated"] for r in rows) < sum(8 * r["prompts_sampled"] for r in rows)  # groups stopped early
