@@ -642,7 +642,9 @@ def test_tiny_comparison_in_parallel(tmp_path, tiny_model_dir, reward_file):
     for name in ("grpo", "pods_max_variance"):
         entry = report["methods"][name]
         assert entry["steps"] == [2] and entry["runs"][0]["step"] == [0, 1, 2]
-        assert entry["curves"]["step"]["x"] == [0, 1, 2] and entry["steps_to_target"] is not None
+        assert entry["curves"]["step"]["x"] == [0, 1, 2]
+        # A target exists only where the baseline scored (the tiny random model may not: a peak of 0%).
+        assert (entry["steps_to_target"] is not None) == (report["baseline_peak_accuracy"] > 0)
         assert (out / "runs" / name / "seed0" / "train.log").stat().st_size > 0
 
 
