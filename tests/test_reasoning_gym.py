@@ -230,3 +230,11 @@ def test_the_trl_example_builds_a_dataset_and_a_reward_that_grades_its_rows():
     scores = reward(rows["prompt"], completions, answer=rows["answer"], id=[rows["id"][0]] * 3)
     assert scores[:2] == [1.0, 0.0] and scores[2] == pytest.approx(1 / 3)
     assert reward.__name__ == "correctness"
+
+
+def test_a_dataset_without_a_reference_answer_raises_no_false_warning():
+    """graph_color accepts many colourings, so its entries have no answer: the start-up check (a
+    reference written as the completion must get full marks) has nothing to check there."""
+    task = _task("graph_color", num_train=3, num_eval=2)
+    assert task.eval[0].answer == "" and ungraded_note(task.eval) is None
+    assert correctness("<answer>not a colouring</answer>", task.eval[0]) == 0.0

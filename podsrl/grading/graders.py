@@ -193,9 +193,12 @@ def grade_values(name: str, examples: Sequence[Example]) -> tuple[float, ...] | 
 def ungraded(examples: Sequence[Example]) -> list[Example]:
     """The examples whose reference answer, written as the whole completion, does not grade 1.0 by
     their grader (so no completion of that answer can count as right); a grader that raises on it
-    counts it too."""
+    counts it too. An example without a reference answer (a reasoning-gym dataset whose checker
+    accepts many answers, e.g. graph_color) is not checked."""
     out = []
     for example in examples:
+        if not example.answer.strip():
+            continue
         try:
             right = is_right(example.answer, example)
         except Exception:  # noqa: BLE001 - a grader that cannot grade its own reference
