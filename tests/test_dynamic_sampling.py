@@ -325,21 +325,29 @@ def test_two_ranks_fill_the_step_as_one_process(tmp_path, tiny_model_dir, reward
 
 
 # Runs ``podsrl train`` in strict mode (tests/dist_worker.py), each rank writing what its sample_step
-# returned, one line per step, to DIR/rank<r>.jsonl.
+# returned, one line per step, to DIR/rank<r>.jsonl, with the groups with a signal in each generation
+# batch it sampled (every rank's, gathered: for max_variance with a binary reward, the groups whose
+# sampled rewards vary).
 RECORD_RANKS = """\
 import json, os, sys
 sys.path.insert(0, {tests!r})
 from dist_worker import hold_collectives_to_placement, run_module
 hold_collectives_to_placement()
-from podsrl.train import loop
-sample_step = loop.sample_step
+from podsrl.train import loop, sampling
+sample_batch, sample_step, batches = sampling._sample_batch, loop.sample_step, []
+def counted(*args, **kwargs):
+    out = sample_batch(*args, **kwargs)
+    r = out.reward
+    batches.append(int((r.nan_to_num(-1.0).amax(1) > r.nan_to_num(2.0).amin(1)).sum()))
+    return out
 def recorded(s, step, progress, timer):
     out = sample_step(s, step, progress, timer)
     with open(os.path.join({out!r}, f"rank{{s.dist.rank}}.jsonl"), "a") as f:
         f.write(json.dumps({{"step": step, "gen_batches": out.gen_batches, "groups": len(out.groups), "surplus": out.surplus,
-                            "rollouts": out.rollouts}}) + "\\n")
+                            "rollouts": out.rollouts, "signal_per_batch": batches}}) + "\\n")
+    batches.clear()
     return out
-loop.sample_step = recorded
+sampling._sample_batch, loop.sample_step = counted, recorded
 run_module(["podsrl", *sys.argv[1:]])
 """
 
@@ -348,8 +356,8 @@ def test_torchrun_train_with_dynamic_sampling_and_early_stopping(tmp_path, tiny_
     """``podsrl train`` on 2 ranks: each rank stops its own groups early, every rank runs the same
     generation batches (decided on the gathered batch), and the run finishes. Half the prompts are
     silent (an even answer scores 0 on every rollout), so steps sample several batches; each step
-    stops at the first batch that brings B groups with a signal, or at the cap with fewer, and
-    both ranks record the same decision."""
+    stops at the first batch that brings B groups with a signal, or at the cap with fewer, trains on
+    B of them (all of them at the cap), and both ranks record the same decisions."""
     reward = tmp_path / "parity.py"
     reward.write_text("def parity(completion, example):\n    return 0.0 if int(example.answer) % 2 == 0 else float(len(completion) % 2)\n\n\n"
                       "parity.reward_values = (0.0, 1.0)\n")  # fmt: skip
@@ -367,13 +375,13 @@ def test_torchrun_train_with_dynamic_sampling_and_early_stopping(tmp_path, tiny_
     rank0, rank1 = read_jsonl(ranks / "rank0.jsonl"), read_jsonl(ranks / "rank1.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3] and rank0 == rank1  # the ranks took the same decisions
     for r, mine in zip(rows, rank0):
-        found = mine["groups"] + mine["surplus"]  # groups with a signal, every batch
-        assert r["world_size"] == 2 and r["gen_batches"] == mine["gen_batches"] and 1 <= mine["gen_batches"] <= cap
-        assert r["prompts_sampled"] == B * mine["gen_batches"] and r["rollouts_generated"] == mine["rollouts"] <= 8 * r["prompts_sampled"]
-        assert r["groups_surplus"] == mine["surplus"] and r["groups_with_signal"] == mine["groups"]  # max_variance: each trains with its signal
-        if found >= B:  # trains on B; it stopped at the batch that brought the B-th, so at most B - 1 more
-            assert mine["groups"] == B and mine["surplus"] < B
-        else:  # fewer than B: only at the cap, training on every one
-            assert mine["gen_batches"] == cap and mine["surplus"] == 0
+        per_batch = mine["signal_per_batch"]  # [gen_batches]
+        found = sum(per_batch)
+        assert len(per_batch) == mine["gen_batches"] == r["gen_batches"] and 1 <= r["gen_batches"] <= cap
+        assert sum(per_batch[:-1]) < B, per_batch  # no batch sampled after the one that brought the B-th group
+        assert found >= B or r["gen_batches"] == cap, per_batch  # fewer than B only at the cap
+        assert mine["groups"] == min(found, B) == r["groups_with_signal"] and r["groups_surplus"] == mine["surplus"] == max(0, found - B)
+        assert r["world_size"] == 2 and r["prompts_sampled"] == B * r["gen_batches"]
+        assert r["rollouts_generated"] == mine["rollouts"] <= 8 * r["prompts_sampled"]
     assert any(r["gen_batches"] > 1 for r in rows), [r["gen_batches"] for r in rows]  # a step sampled several batches
     assert sum(r["rollouts_generated"] for r in rows) < sum(8 * r["prompts_sampled"] for r in rows)  # groups stopped early
