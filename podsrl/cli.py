@@ -7,7 +7,8 @@
     podsrl eval --model runs/.../model            # an exported model directory (the run's task and settings)
     podsrl export runs/... --out my-model         # a checkpoint as a Hugging Face model directory
     podsrl eval --model.name=HuggingFaceTB/SmolLM2-135M-Instruct --task.name=gsm8k \\
-                --task.options.path=../shared/data/gsm8k --eval.max_new_tokens=512 --eval.samples=8 --eval.temperature=1
+                --task.options.path=../shared/data/gsm8k --eval.max_new_tokens=512 --eval.samples=8 --eval.temperature=1 \\
+                --eval.max_problems=100                       # 100 of 1,319 problems: 512 tokens are slow on a CPU
     podsrl plot runs/a runs/b -o curves.png
     podsrl compare configs/compare.toml           # methods x seeds (configs/compare.toml explains each setting)
     podsrl config [SECTION]                       # every setting, its default and what it does (TOML)
@@ -152,7 +153,7 @@ def cmd_eval(args, overrides: list[str]) -> int:
     from podsrl.run import checkpoint as ckpt
     from podsrl import config as config_mod
     from podsrl.run.watch import eval_token_setting, truncation_note
-    from podsrl.train.loop import run_eval, setup
+    from podsrl.train.loop import describe_eval, run_eval, setup
 
     if args.run and args.model:
         raise ConfigError("--run evaluates a run's checkpoint and --model a model directory; give one of them")
@@ -184,7 +185,9 @@ def cmd_eval(args, overrides: list[str]) -> int:
         print(f"podsrl: evaluating {last}")
     elif args.model:
         print(f"podsrl: evaluating {cfg.model.name}")
-    result = run_eval(s, ckpt.TrainState())
+    for line in describe_eval(s):  # before the wait, which on a CPU can be long (flushed: stdout may be a pipe)
+        print(line, flush=True)
+    result = run_eval(s, ckpt.TrainState(), progress=cfg.train.progress)
     s.engine.close()
     print(f"accuracy: {result.summary()}")
     print(f"  ({ACCURACY_MEANS})")

@@ -317,7 +317,7 @@ class TrainConfig:
     out_dir: str = "runs/{time}-{rule}"  # {time}, {rule} and {seed} are filled in
     checkpoint_every: int = 20  # steps; 0: only at the end
     keep_checkpoints: int = 1  # how many of the latest checkpoints to keep on disk
-    progress: bool = True  # show a progress bar
+    progress: bool = True  # show progress bars: the training steps, and `podsrl eval`'s problems
     tensorboard: bool = False  # also log metrics to TensorBoard (when installed)
     wandb: bool = False  # also log metrics to Weights & Biases (when installed)
     wandb_project: str = "podsrl"  # the Weights & Biases project

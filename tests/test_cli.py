@@ -318,6 +318,61 @@ def test_restarting_a_run_without_checkpoint_keeps_its_own_config(make_config, t
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
 
 
+def test_eval_says_what_it_will_do_and_shows_its_progress(make_config, tmp_path):
+    """`podsrl eval` of GSM8K with 512 tokens printed nothing for minutes (issue 45): now the device and
+    engine, problems x samples and the token limit come first, a bar moves over the problems (stderr),
+    and on a CPU a long limit gets a caution."""
+    cfg = make_config(**{"task.options": {"ops": ["+"], "min_digits": 1, "max_digits": 1, "num_train": 50, "num_eval": 30},
+                         "eval.max_problems": None, "train.progress": True})  # fmt: skip
+    config = tmp_path / "tiny.toml"
+    config.write_text(to_toml(cfg))
+    code, out, err = run_cli(["eval", str(config), "--eval.temperature=1", "--eval.samples=4"])
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("podsrl: model on cpu") and "rollout engine transformers" in first, out
+    assert first.endswith("; 30 problems x 4 samples of up to 4 new tokens (temperature 1)"), out
+    assert "note: on a CPU" not in out
+    # tqdm's bar over the 30 problems, moved by each engine call: 64 completions at least on a CPU, 16 problems.
+    assert "eval:" in err and "problem" in err and "16/30" in err and "30/30" in err, err
+    code, out, err = run_cli(["eval", str(config), "--eval.max_problems=2", "--eval.max_new_tokens=256",
+                              "--eval.temperature=1", "--eval.samples=2", "--train.progress=false"])  # fmt: skip
+    assert code == 0, err
+    assert "2 problems x 2 samples of up to 256 new tokens (temperature 1)" in out
+    assert "note: on a CPU, completions of up to 256 tokens are slow" in out and "its first call of 2 problems is done" in out
+    assert "--eval.max_problems=N" in out
+    assert "eval:" not in err  # train.progress = false: no bar
+
+
+class _Echo:
+    """A stand-in engine that answers every problem right (prompt i is [i]) and records its calls."""
+
+    def __init__(self, examples):
+        self.examples, self.calls = examples, []
+
+    def generate(self, prompt_ids, sampling):
+        from podsrl.engines import Rollouts
+
+        self.calls.append((len(prompt_ids), sampling.seed))
+        texts = [self.examples[p[0]].answer for p in prompt_ids for _ in range(sampling.n)]
+        return Rollouts(prompt_ids=prompt_ids, completion_ids=[[1]] * len(texts), texts=texts, truncated=[False] * len(texts))
+
+
+def test_evaluation_calls_the_engine_in_parts_with_a_seed_each():
+    from podsrl.tasks import Example
+    from podsrl.train.evaluate import CALL_SEED_OFFSET, CALLS, calls, evaluate
+
+    assert calls(5) == [range(i, i + 1) for i in range(5)]  # fewer problems than CALLS: one each
+    assert [len(r) for r in calls(45)] == [3] * 15 and calls(45)[-1].stop == 45
+    assert len(calls(1319)) == CALLS and sum(len(r) for r in calls(1319)) == 1319
+    assert calls(20, samples=1, min_call=64) == [range(20)]  # a call has a cost of its own: not 20 calls of 1
+    assert [len(r) for r in calls(200, samples=4, min_call=64)] == [16] * 12 + [8]
+    examples = [Example(str(i), f"q{i}", str(i)) for i in range(45)]
+    engine = _Echo(examples)
+    result = evaluate(engine, [[i] for i in range(45)], examples, temperature=1.0, samples=2, seed=7)
+    assert result.accuracy == 1.0 and result.problems == 45  # the parts' completions line up with their problems
+    assert engine.calls == [(3, 7 + CALL_SEED_OFFSET * c) for c in range(15)]  # the first call: the seed as before
+
+
 def test_a_run_with_relative_paths_is_evaluated_from_another_directory(tiny_model_dir, reward_file, tmp_path, monkeypatch):
     """`podsrl train` in a directory holding mytask.jsonl and my_rewards.py, then `podsrl eval --run`
     and `--model` from elsewhere: the saved config.toml holds absolute paths (it held them as given,

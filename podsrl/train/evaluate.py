@@ -14,6 +14,16 @@ Under torchrun the problems are split over the ranks in contiguous blocks (the l
 that every rank makes the same engine calls), each rank scores its block, and the per-problem
 counts are gathered, so every rank returns the one-process result; greedy evaluation gives the same
 numbers at any world size (sampled evaluation draws other samples, with the same distribution).
+
+The problems are generated in up to :data:`CALLS` engine calls of equal size, so that ``podsrl
+eval`` can show its progress over problems and an estimate of the time left (a GSM8K evaluation of
+512 tokens is long on a CPU): call c draws with seed ``seed + 100 x rank + CALL_SEED_OFFSET x c``,
+so a single call draws what the one call of before did, and the calls are the same on every rank (a
+sharded model needs every rank in every call). A call holds at least ``min_call`` completions,
+since a call has a cost of its own: on a GPU one costs nearly the same for 1 and 256 rollouts
+(results/gpu-check/README.md), on this project's CPU 0.44 s plus 13.6 ms a rollout of 16 tokens
+(docs/results.md, the cost model); :func:`podsrl.train.loop.run_eval` asks for 256 on a GPU, 64 on
+a CPU.
 """
 
 from __future__ import annotations
@@ -23,9 +33,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from podsrl.train.distributed import Dist
-from podsrl.engines import Engine, Sampling
+from podsrl.engines import Engine, Rollouts, Sampling
 from podsrl.grading.graders import is_right
 from podsrl.intervals import normal_interval, wilson_interval
 from podsrl.tasks import Example
@@ -49,6 +60,41 @@ class EvalResult:
         return f"{100 * self.accuracy:.1f}% [95% CI {100 * self.ci_low:.1f}-{100 * self.ci_high:.1f}] on {self.problems} problems"
 
 
+CALLS = 20  # engine calls of an evaluation, at most: its progress bar moves by 5% of the problems or more
+CALL_SEED_OFFSET = 1_000_000  # between the sampling seeds of an evaluation's calls (above every rank's 100)
+
+
+def calls(problems: int, samples: int = 1, min_call: int = 1) -> list[range]:
+    """A rank's ``problems`` (its shard) in at most :data:`CALLS` consecutive ranges of equal size
+    (the last one shorter), each of at least ``min_call`` completions (``samples`` a problem): one
+    engine call each. A function of the counts alone, so every rank, holding the same padded count,
+    makes the same calls."""
+    size = max(1, math.ceil(problems / CALLS), math.ceil(min_call / samples))
+    return [range(first, min(first + size, problems)) for first in range(0, problems, size)]
+
+
+def _generate(engine: Engine, prompts: list[list[int]], samples: int, temperature: float, max_new_tokens: int, seed: int,
+              dist: Dist, min_call: int, bar) -> Rollouts:  # fmt: skip
+    """This rank's rollouts of ``prompts``, ``samples`` each, in :func:`calls`, the bar advancing by
+    the problems every rank scored in a call (the real ones, not the padding)."""
+    parts = []
+    done = 0
+    with bar:
+        for c, part in enumerate(calls(len(prompts), samples, min_call)):
+            sampling = Sampling(n=samples, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
+                                seed=seed + 100 * dist.rank + CALL_SEED_OFFSET * c)  # fmt: skip
+            parts.append(engine.generate([prompts[i] for i in part], sampling))
+            scored = min(bar.total, part.stop * dist.world)
+            bar.update(scored - done)
+            done = scored
+    return Rollouts(
+        prompt_ids=prompts,
+        completion_ids=[ids for r in parts for ids in r.completion_ids],
+        texts=[text for r in parts for text in r.texts],
+        truncated=[t for r in parts for t in r.truncated],
+    )
+
+
 def pass_at_k(samples: int, correct: int, k: int) -> float:
     if samples - correct < k:
         return 1.0
@@ -65,16 +111,19 @@ def evaluate(
     max_new_tokens: int = 64,
     seed: int = 0,
     dist: Dist | None = None,
+    progress: bool = False,
+    min_call: int = 1,
 ) -> EvalResult:
-    """Generate ``samples`` completions per problem with ``engine`` and score them."""
+    """Generate ``samples`` completions per problem with ``engine`` and score them; ``progress``:
+    a progress bar over the problems on rank 0 (stderr), one update per engine call of at least
+    ``min_call`` completions (:func:`calls`)."""
     start = time.perf_counter()
     dist = dist or Dist()
     order = list(range(len(examples)))
     mine, real = dist.pad_shard(order) if dist.active else (order, len(order))
-    rollouts = engine.generate(
-        [prompt_ids[i] for i in mine],
-        Sampling(n=samples, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, seed=seed + 100 * dist.rank),
-    )
+    rollouts = _generate(engine, [prompt_ids[i] for i in mine], samples, temperature, max_new_tokens, seed, dist, min_call,
+                         bar=tqdm(total=len(examples), desc="eval", unit="problem", disable=not (progress and dist.is_main),
+                                  dynamic_ncols=True))  # fmt: skip
     rows = []  # [problem][correct samples, summed length, truncated samples]
     for j, i in enumerate(mine[:real]):
         texts = rollouts.texts[j * samples : (j + 1) * samples]

@@ -56,7 +56,7 @@ from podsrl.tasks import Example, Task, format_user_message, load_task
 from podsrl.run.metrics import NullLogger, RunLogger
 from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
-from podsrl.train.evaluate import EvalResult, evaluate
+from podsrl.train.evaluate import EvalResult, calls, evaluate
 from podsrl.train.heartbeat import Heartbeat
 from podsrl.train.sampling import Groups, StepSample, sample_metrics, sample_step
 from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
@@ -316,9 +316,10 @@ def _step_metrics(s: Setup, state: ckpt.TrainState, lr: float, sample: StepSampl
     return metrics
 
 
-def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str | None = None) -> EvalResult:
+def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str | None = None, *, progress: bool = False) -> EvalResult:
     """Score the held-out set with the current weights. Inside a run (``logger``): the result goes
-    to eval.jsonl and the loggers, its time is kept off the training clock, and ``log`` gets a line."""
+    to eval.jsonl and the loggers, its time is kept off the training clock, and ``log`` gets a line.
+    ``progress``: a progress bar over the problems (``podsrl eval``; a run has its own bar)."""
     cfg = s.cfg
     result = evaluate(
         s.engine,
@@ -371,6 +372,8 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, ove
         dist.close(barrier=finished)
 
 
+        progress=progress,
+        min_call=_min_call(s),
 def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overwrite: bool, log) -> Path:
     check_training_dtype(cfg)  # before the model loads
     if cfg.train.resume == "auto" and not (resume or overwrite):  # the same command starts and restarts
@@ -381,6 +384,39 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
     model = s.policy.model
     model.train()
     optimizer, scheduler = make_optimizer(cfg, model)
+LONG_ON_CPU = 256  # new tokens from which an evaluation on a CPU gets a caution
+
+
+def _min_call(s: Setup) -> int:
+    """The fewest completions an evaluation's engine call holds (:func:`podsrl.train.evaluate.calls`):
+    256 on a GPU, where a call costs about the same for 1 and 256 rollouts; 64 on a CPU, where a
+    call's own cost is about that of 32 rollouts of 16 tokens (podsrl.train.evaluate's docstring)."""
+    return 256 if next(s.policy.model.parameters()).device.type == "cuda" else 64
+
+
+def describe_eval(s: Setup) -> list[str]:
+    """What ``podsrl eval`` is about to do, said before it starts: where the model runs and with
+    which engine, how many problems x samples of how many tokens, and on a CPU with long completions
+    a caution (the progress bar then estimates the time left)."""
+    cfg = s.cfg
+    problems, samples = len(s.eval_examples), cfg.eval.samples
+    tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    how = "greedy" if cfg.eval.temperature == 0 else f"temperature {cfg.eval.temperature:g}"
+    lines = [
+        f"{_device_line(s, s.policy.model)}; {problems} problems x {samples} sample{'s' if samples > 1 else ''} "
+        f"of up to {tokens} new tokens ({how})"
+    ]  # fmt: skip
+    if next(s.policy.model.parameters()).device.type == "cpu" and tokens >= LONG_ON_CPU:
+        shard = -(-problems // s.dist.world)
+        first = min(problems, len(calls(shard, samples, _min_call(s))[0]) * s.dist.world) if problems else 0  # every rank's first call
+        lines.append(
+            f"podsrl: note: on a CPU, completions of up to {tokens} tokens are slow: the progress bar estimates the time "
+            f"left once its first call of {first} problem{'s' if first != 1 else ''} is done; --eval.max_problems=N "
+            "scores the first N problems only"
+        )
+    return lines
+
+
     state = ckpt.TrainState(world_size=dist.world)
     try:
         return _run(s, claim, model, optimizer, scheduler, state, resume=resume, log=log)
@@ -488,7 +524,8 @@ def _resume(s: Setup, run_dir: Path, model, optimizer, scheduler, log) -> ckpt.T
     return state
 
 
-def _describe(s: Setup, model) -> str:
+def _device_line(s: Setup, model) -> str:
+    """Where the model runs, with which rollout engine, on how many processes."""
     cfg, dist = s.cfg, s.dist
     device = next(model.parameters()).device
     return (
@@ -520,3 +557,10 @@ class _Timer:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
+    )  # fmt: skip
+
+
+def _describe(s: Setup, model) -> str:
+    cfg = s.cfg
+    return (
+        _device_line(s, model)
