@@ -186,6 +186,13 @@ class RolloutConfig:
     enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
     sampler_dtype: str = "auto"  # vLLM's weights: "auto" (model.dtype) | "bfloat16" | "float16" | "float32"; bfloat16: 128 rollouts in 0.65x the time on a CPU with AVX512-BF16, slightly off-policy (docs/vllm.md)
     max_model_len: int = 1024  # vLLM: longest prompt + completion, in tokens
+    # Importance correction of the sampler's gap (podsrl/core/importance.py, docs/vllm.md): TRL's
+    # vllm_importance_sampling_* (verl: rollout_is, rollout_rs), applied where the engine returns its
+    # log-probs (vLLM); the transformers engine samples with the trainer itself and needs none.
+    importance_sampling_correction: bool = True  # weight each token's loss by pi_trainer / pi_sampler (at the weights that sampled), truncated or masked; false: no correction (the gap is still logged)
+    importance_sampling_mode: str = "sequence_mask"  # "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask": a ratio per token or one per sequence (the product), clipped into [clip_min, clip_max] or weight 0 outside
+    importance_sampling_clip_max: float = 3.0  # the ratio's upper bound C_max (>= 1)
+    importance_sampling_clip_min: float | None = None  # the ratio's lower bound C_min (<= 1); none: no lower bound
     # Exact early stopping (podsrl/core/early_stop.py): a group stops once more rollouts could not
     # change the law of what it trains on; rules or rewards without such a criterion are refused.
     early_stop: str = "off"  # "off": n rollouts per prompt | "exact": sample in rounds, stop each group as soon as it is exact
@@ -210,6 +217,19 @@ class RolloutConfig:
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
         _check(self.kv_cache_gib is None or self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0 (or none)")
         _one_of(self.sampler_dtype, ("auto", "bfloat16", "float16", "float32"), "rollout.sampler_dtype")
+        from podsrl.core.importance import MODES
+
+        _one_of(self.importance_sampling_mode, MODES, "rollout.importance_sampling_mode")
+        _check(
+            self.importance_sampling_clip_max >= 1,
+            "rollout.importance_sampling_clip_max",
+            f"must be >= 1 (a token the sampler and the trainer agree on, ratio 1, is never corrected), got {self.importance_sampling_clip_max!r}",
+        )
+        _check(
+            self.importance_sampling_clip_min is None or 0 <= self.importance_sampling_clip_min <= 1,
+            "rollout.importance_sampling_clip_min",
+            f"must be in [0, 1] (a ratio of 1 is never corrected) or none (no lower bound), got {self.importance_sampling_clip_min!r}",
+        )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ the real code.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import subprocess
 import sys
@@ -362,6 +363,96 @@ def test_token_selection_is_over_the_rows_with_a_signal(tiny_model_dir, tmp_path
     signal, tokens = output["advantages"] != 0, output["completion_mask"].bool()
     assert int(signal.sum()) == 4 and not mask[~signal].any()
     assert abs(int(mask[signal].sum()) - 0.5 * int(tokens[signal].sum())) <= 1
+
+
+def fake_vllm_generation(trainer, seed: int = 0) -> list[tuple[list[list[int]], list[list[float]]]]:
+    """:func:`fake_generation` with vLLM's sampling log-prob of every completion token (a random
+    gap to the tiny model's, about -log(vocabulary)); returns the calls' (completions, log-probs)."""
+    calls = fake_generation(trainer, seed)
+    generate, out = trainer._generate_single_turn, []
+
+    def with_logprobs(*args, **kwargs):
+        completions, _ = generate(*args, **kwargs)
+        g = torch.Generator().manual_seed(seed + len(out))
+        base = -math.log(len(trainer.processing_class))
+        logprobs = [(base + 0.3 * torch.randn(len(c), generator=g)).tolist() for c in completions]
+        out.append((completions, logprobs))
+        return completions, logprobs
+
+    trainer._generate_single_turn = with_logprobs
+    trainer.use_vllm = True  # TRL's vLLM paths after generation (its importance correction); generation is faked
+    assert calls is not None
+    return out
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_trl_importance_correction_follows_the_kept_rows(tiny_model_dir, tmp_path, mode):
+    """Issue 46: vLLM gives a sampling log-prob for every one of the n rollouts, PODS keeps m. TRL's
+    correction (``vllm_importance_sampling_correction``, on by default) must see the kept rows' own
+    log-probs, and its weights must be those of podsrl's core
+    (:func:`podsrl.core.importance.importance_weights`, the function ``podsrl train`` calls) on them;
+    skipping the rows of advantage 0 takes their weights out with them, and the loss changes nothing."""
+    from podsrl.core.importance import ImportanceSettings, importance_weights
+
+    n, m = 8, 2
+    bounds = dict(vllm_importance_sampling_clip_max=1.5, vllm_importance_sampling_clip_min=0.6)
+    args = PODSConfig(**common_args(tmp_path, n, beta=0.0), pods_rule="max_variance", pods_m=m, vllm_importance_sampling_mode=mode, **bounds)
+    assert args.vllm_importance_sampling_correction  # TRL's default
+    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[one_constant_group], args=args, train_dataset=dataset())
+    calls = fake_vllm_generation(trainer)
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(generation_batch(n))
+    ((completions, logprobs),) = calls
+    kept = trainer.last_selection.keep.flatten().nonzero().squeeze(1).tolist()
+    assert len(kept) == N_PROMPTS * m and output["completion_ids"].shape[0] == len(kept)
+    mask = output["completion_mask"].bool()
+    for row, g in enumerate(kept):  # the kept rows' own sampling log-probs, in order
+        assert output["completion_ids"][row][: len(completions[g])].tolist() == completions[g]
+        assert output["sampling_per_token_logps"][row][: len(logprobs[g])].tolist() == torch.tensor(logprobs[g]).tolist()
+    settings = ImportanceSettings(mode=mode, clip_max=1.5, clip_min=0.6)
+    ours, _ = importance_weights(output["old_per_token_logps"], output["sampling_per_token_logps"], mask, settings)
+    theirs = output["importance_sampling_ratio"].expand_as(ours)  # [K, T] (sequence level: [K, 1])
+    torch.testing.assert_close(theirs[mask], ours[mask], rtol=1e-6, atol=1e-7)
+    assert ((ours[mask] - 1).abs() > 1e-3).any()  # a real correction
+    # The loss's micro-batch without the rows of advantage 0 keeps the other rows' weights.
+    signal = output["advantages"] != 0
+    assert 0 < int(signal.sum()) < len(kept)
+    subset = trainer._pods_loss_rows(dict(output), skip=True)
+    torch.testing.assert_close(subset["importance_sampling_ratio"], output["importance_sampling_ratio"][signal], rtol=0, atol=0)
+    torch.testing.assert_close(subset["sampling_per_token_logps"], output["sampling_per_token_logps"][signal], rtol=0, atol=0)
+
+    def loss_of(skip: bool, correction: bool = True) -> torch.Tensor:
+        trainer._pods_skip, trainer.vllm_importance_sampling_correction = skip, correction
+        try:
+            return trainer.compute_loss(trainer.model, output).detach()
+        finally:
+            trainer._pods_skip, trainer.vllm_importance_sampling_correction = True, True
+
+    trainer.current_gradient_accumulation_steps = 1
+    torch.testing.assert_close(loss_of(skip=True), loss_of(skip=False), rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(loss_of(skip=True), loss_of(skip=True, correction=False))  # TRL weighted the loss
+
+
+def test_trl_importance_metrics_leave_out_padding_rows(tiny_model_dir, tmp_path):
+    """K = 3 kept rows over steps_per_generation = 2 make one padding row, a copy of a kept row: TRL
+    logged the means of its correction with the copy counted twice; they are over the kept rows."""
+    n = 4
+    args = PODSConfig(**common_args(tmp_path, n, per_device_train_batch_size=4, gradient_accumulation_steps=2, beta=0.0),
+                      pods_rule="max_variance", pods_m=3, pods_filter_zero_variance=True,
+                      vllm_importance_sampling_mode="token_truncate")  # fmt: skip
+    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[one_constant_group], args=args, train_dataset=dataset())
+    fake_vllm_generation(trainer)
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(generation_batch(n))
+    mask = output["completion_mask"].bool()
+    real = mask.any(dim=1)
+    assert real.tolist().count(False) == 1 and trainer.last_selection.keep.sum() == 3
+    metrics = trainer._metrics["train"]
+    ratio = output["importance_sampling_ratio"]
+    delta = (output["old_per_token_logps"] - output["sampling_per_token_logps"]).abs()
+    assert metrics["sampling/importance_sampling_ratio/mean"][-1] == pytest.approx(float(ratio[mask].mean()), rel=1e-6)
+    assert metrics["sampling/sampling_logp_difference/mean"][-1] == pytest.approx(float(delta[mask].mean()), rel=1e-6)
+    assert metrics["sampling/importance_sampling_ratio/max"][-1] == pytest.approx(float(ratio[mask].max()), rel=1e-6)
 
 
 def test_config_validation(tmp_path):

@@ -9,7 +9,11 @@ per-token objective (maximised) is the PPO/GRPO clipped surrogate
 the completion tokens, plus beta times the k3 estimator of KL(pi_theta || pi_ref),
 exp(ref - logp) - (ref - logp) - 1, aggregated the same way. PODS (arXiv 2504.13818, Sec. 3)
 uses the GRPO objective over the m selected rollouts (1/m in front); D3S (arXiv 2509.22115)
-additionally selects tokens (``token_mask``, from :mod:`podsrl.core.token_selection`).
+additionally selects tokens (``token_mask``, from :mod:`podsrl.core.token_selection`). With a
+sampler whose probabilities differ from the trainer's (vLLM), token i,t's surrogate is also
+multiplied by its importance weight (``is_weights``, from :mod:`podsrl.core.importance`: truncated or
+masked pi_old / pi_sampler), as TRL's GRPOTrainer multiplies ``per_token_loss`` by its
+``importance_sampling_ratio``; like the token mask, it changes no normaliser and not the KL term.
 
 Aggregations (:data:`AGGREGATIONS`), over the completion tokens (``mask``):
 
@@ -117,7 +121,7 @@ def _check_like(name: str, tensor: Tensor, shape: torch.Size, *, bool_dtype: boo
         raise ValueError(f"{name} must be floating point, got {tensor.dtype}")
 
 
-def _check_inputs(logprobs, old_logprobs, advantages, mask, token_mask, ref_logprobs) -> None:
+def _check_inputs(logprobs, old_logprobs, advantages, mask, token_mask, ref_logprobs, is_weights=None) -> None:
     if not isinstance(logprobs, Tensor) or logprobs.dim() != 2 or not logprobs.is_floating_point():
         raise ValueError(f"logprobs must be a floating tensor [N, T], got {getattr(logprobs, 'shape', type(logprobs))}")
     N = logprobs.shape[0]
@@ -127,6 +131,8 @@ def _check_inputs(logprobs, old_logprobs, advantages, mask, token_mask, ref_logp
         _check_like("token_mask", token_mask, logprobs.shape, bool_dtype=True)
     if ref_logprobs is not None:
         _check_like("ref_logprobs", ref_logprobs, logprobs.shape)
+    if is_weights is not None:
+        _check_like("is_weights", is_weights, logprobs.shape)
     if not isinstance(advantages, Tensor) or advantages.shape != (N,) or not advantages.is_floating_point():
         raise ValueError(f"advantages must be a floating tensor [N={N}], got {getattr(advantages, 'shape', type(advantages))}")
 
@@ -195,6 +201,7 @@ def policy_loss(
     token_mask: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     batch: BatchCounts | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, LossMetrics]:
     """Clipped surrogate loss to minimise, and its metrics.
 
@@ -208,11 +215,14 @@ def policy_loss(
             all. The normalisers and the KL term stay over ``mask`` (module docstring).
         ref_logprobs: [N, T] log pi_ref for the k3 KL; beta > 0 requires it.
         batch: the whole batch's counts when this call is a micro-batch (default: this call's).
+        is_weights: [N, T] importance weight of each token's surrogate (sampler correction,
+            :func:`podsrl.core.importance.importance_weights`; treated as a constant); None: 1. The
+            normalisers, the KL term and the metrics stay as without it.
 
     Returns:
         (scalar loss tensor, :class:`LossMetrics`).
     """
-    _check_inputs(logprobs, old_logprobs, advantages, mask, token_mask, ref_logprobs)
+    _check_inputs(logprobs, old_logprobs, advantages, mask, token_mask, ref_logprobs, is_weights)
     N = logprobs.shape[0]
     eps_low, beta, max_completion_len = settings.eps_low, settings.beta, settings.max_completion_len
     eps_high = eps_low if settings.eps_high is None else settings.eps_high
@@ -234,6 +244,8 @@ def policy_loss(
     ratio = log_ratio.exp()  # [N, T], 1 outside the completion
     adv = advantages.to(dtype).detach()[:, None]  # [N, 1]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [N, T]
+    if is_weights is not None:  # the sampler correction: weights the surrogate only (module docstring)
+        surrogate = surrogate * is_weights.to(dtype).detach()  # [N, T]
     per_token = torch.where(in_pg, -surrogate, 0.0)  # [N, T]
     pg_loss = aggregate(per_token, mask, total_sequences, total_tokens, max_completion_len)
 

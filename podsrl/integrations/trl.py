@@ -135,6 +135,10 @@ Choices and limits:
   ``pods/kept_adv_var``), ``pods/padding_rows`` and ``pods/unscored``. TRL's ``reward``,
   ``reward_std``, ``frac_reward_zero_std`` and ``rewards/<name>/*`` stay over all n completions,
   computed as plain TRL computes them; the completions table shows the kept rows.
+- TRL's importance correction of vLLM's gap (``vllm_importance_sampling_correction``, on by default)
+  is TRL's own, on the kept rows: their vLLM log-probs travel with them, and TRL's weights equal
+  :func:`podsrl.core.importance.importance_weights` on them (tests/test_trl.py). With padding slots,
+  the two means TRL logs of it are recomputed over the kept rows (:meth:`PODSTrainer._pods_sampling_means`).
 - The D3S token mask has TRL's scope and threshold rule: per micro-batch (pooled over processes),
   a quantile threshold (ties kept), not ``podsrl train``'s exact ceil(K * tokens) over the whole
   batch; the budget is over the same tokens as there, those of the rows with a nonzero advantage.
@@ -658,6 +662,25 @@ class PODSTrainer(GRPOTrainer):
             state.logged[f"rewards/{name}/mean"] = torch.nanmean(column).item()
             state.logged[f"rewards/{name}/std"] = nanstd(column).item()
 
+    def _pods_sampling_means(self, output: dict[str, Any], mask: torch.Tensor, real: torch.Tensor) -> None:
+        """TRL's logged means of its vLLM importance correction (``sampling/importance_sampling_ratio/mean``,
+        ``sampling/sampling_logp_difference/mean``) over the kept rows only: TRL computed them before
+        the padding slots were masked, so a copy of a kept row counted twice there. As TRL: each
+        process's mean (over its loss tokens, or its rows' ratios at sequence level), then the mean
+        over the processes, leaving out a process without a kept row. The weights themselves need
+        no fix: a padding row has no loss token. (The minima and maxima are unchanged by copies.)
+        mask [K_local, T] bool (padding rows all False), real [K_local] bool."""
+        ratio = output["importance_sampling_ratio"]  # [K_local, T] (token level) or [K_local, 1] (sequence level)
+        values = ratio[real].flatten() if ratio.shape[1] == 1 else ratio[mask]
+        delta = (output["old_per_token_logps"] - output["sampling_per_token_logps"]).abs()[mask]
+        delta = delta[~delta.isnan()]  # as TRL: the tokens vLLM could not score are left out
+        local = torch.stack([x.float().mean() if x.numel() else torch.tensor(math.nan, device=ratio.device) for x in (values, delta)])
+        means = gather(local.unsqueeze(0)).view(-1, 2).nanmean(dim=0).tolist()  # [2]
+        metrics = self._metrics["train"]
+        for name, value in zip(("sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean"), means):
+            if metrics[name] and not math.isnan(value):  # NaN: no kept row anywhere; TRL's value stays
+                metrics[name][-1] = value
+
     def _pods_finish(self, output: dict[str, Any], state: _Round) -> dict[str, Any]:
         """Put podsrl's advantages in TRL's output, mask the padding slots, fix the logged values, and
         record the round's kept rows per micro-batch for :meth:`_compute_loss`."""
@@ -671,6 +694,8 @@ class PODSTrainer(GRPOTrainer):
             if "tool_mask" in output:
                 loss_mask = loss_mask * output["tool_mask"]
             output["num_items_in_batch"] = gather(loss_mask.sum()).sum()
+            if "importance_sampling_ratio" in output:  # TRL's vLLM correction: on every process alike
+                self._pods_sampling_means(output, loss_mask.bool(), ~padding)
             if self.loss_type == "bnpo" and not vars(self).get("_pods_warned_bnpo"):
                 self._pods_warned_bnpo = True
                 warnings.warn(

@@ -180,6 +180,15 @@ class Dist:
             torch.distributed.all_reduce(out)
         return out.to(values.device)
 
+    def max(self, values: Tensor) -> Tensor:
+        """Element-wise maximum over ranks (a new tensor on ``values``' device; the input is left alone)."""
+        if not self.active:
+            return values
+        out = self.place(values, copy=True)
+        with self._comm(out.numel() * out.element_size()):
+            torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.MAX)
+        return out.to(values.device)
+
     def max_int(self, value: int) -> int:
         """The largest of the ranks' ``value``s."""
         if not self.active:

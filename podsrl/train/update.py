@@ -40,6 +40,14 @@ How the rows that run are processed:
   the entropies are the current policy's, as the spec asks), or a KL term (reference log-probs).
 - The reference policy for the KL is the initial one: the base model with the LoRA adapter disabled,
   or a frozen copy for full fine-tuning.
+- **Importance correction of the sampler's gap** (``UpdateSettings.importance``, on by default;
+  :mod:`podsrl.core.importance`): when the engine returned its log-probs, each token's surrogate is
+  multiplied by the truncated or masked ratio pi_old / pi_sampler, where pi_old is the trainer at the
+  weights that sampled: the update's own forward (detached) with one policy iteration, the scoring
+  pass's pi_old with several. It is computed once per row, in the first iteration, and every later
+  iteration reuses it; a row's weight depends on that row alone, so micro-batching, skipped rows and
+  world size do not change it. No normaliser changes; the KL term is not weighted. Without the
+  engine's log-probs (the transformers engine samples with the trainer itself) nothing is weighted.
 - Several processes (``dist``, see :mod:`podsrl.train.distributed`): each rank passes its own kept rows.
   The sequence and token normalisers and D3S's top-fraction threshold are global (the threshold is
   taken on every rank over the gathered [K, T] scores in batch order, so the kept tokens, ties
@@ -54,7 +62,10 @@ forward pass, and ``clip_frac_low``, ``clip_frac_high``, ``ratio_mean`` and ``kl
 that ran the update (a skipped row would add a ratio of exactly 1 and no clipping), as do
 ``sampler_logp_diff`` and ``sampler_kl``: the gap between the engine's sampling log-probs (vLLM
 returns them; ``UpdateBatch.sampler_logprobs``) and the trainer's on the weights that sampled, the
-first iteration's forward.
+first iteration's forward. ``is_ratio_mean``, ``is_ratio_min``, ``is_ratio_max`` and ``is_clip_frac``
+(the importance correction's ratio pi_old / pi_sampler and the share of tokens it truncated or
+masked) cover the policy-gradient tokens of the rows that ran, over every rank (the minimum and
+maximum take one more collective, only when the correction ran).
 ``sequences`` and ``tokens_total`` count every kept row, run or not; ``tokens_kept`` counts the
 tokens in the policy-gradient term: every completion token without token selection, the selected
 ones (of rows with A_i != 0 only) with it.
@@ -64,6 +75,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +83,7 @@ import torch
 from torch import Tensor
 
 from podsrl.train.distributed import Dist
+from podsrl.core.importance import ImportanceMetrics, ImportanceSettings, importance_weights
 from podsrl.core.loss import BatchCounts, LossMetrics, LossSettings, policy_loss
 from podsrl.train.sequences import Packed, forward_logprobs, pack
 from podsrl.core.token_selection import select_tokens
@@ -98,6 +111,7 @@ class UpdateSettings:
     token_score: str = "adv_entropy"  # "adv_entropy" (|A| x H) | "entropy"
     share_prompts: bool = True  # forward each prompt once per micro-batch
     skip_zero_advantage: bool = True  # rows with advantage exactly 0 take no forward/backward when the loss has no KL term (exact)
+    importance: ImportanceSettings | None = None  # the sampler correction, applied where the batch has the engine's log-probs; None: off
 
     @property
     def skips_zero_advantage(self) -> bool:
@@ -125,6 +139,13 @@ class UpdateSettings:
             token_score=cfg.select.token_score,
             share_prompts=cfg.optim.share_prompts,
             skip_zero_advantage=cfg.optim.skip_zero_advantage,
+            importance=ImportanceSettings(
+                mode=cfg.rollout.importance_sampling_mode,
+                clip_max=cfg.rollout.importance_sampling_clip_max,
+                clip_min=cfg.rollout.importance_sampling_clip_min,
+            )
+            if cfg.rollout.importance_sampling_correction
+            else None,
         )
 
 
@@ -144,11 +165,16 @@ class UpdateStats:
     tokens_run: int  # their completion tokens
     sampler_logp_diff: float | None = None  # mean |log pi_trainer - log pi_sampler| per token of the rows that ran
     sampler_kl: float | None = None  # mean k3 estimate of KL(sampler || trainer) per token of the rows that ran
+    is_ratio_mean: float | None = None  # importance correction: mean pi_old / pi_sampler (before truncation) over the policy-gradient tokens of the rows that ran
+    is_ratio_min: float | None = None
+    is_ratio_max: float | None = None
+    is_clip_frac: float | None = None  # share of those tokens whose ratio was truncated or masked
 
     def metrics(self) -> dict[str, float]:
         """The step's update metrics as logged (``kl`` only with a KL term)."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "sequences"}
-        for key in ("kl", "sampler_logp_diff", "sampler_kl"):  # only with a KL term, only with the sampler's log-probs
+        # only with a KL term; only with the sampler's log-probs; only with the correction too
+        for key in ("kl", "sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac"):
             if out[key] is None:
                 del out[key]
         return out
@@ -164,6 +190,7 @@ class _Row:
     ref: Tensor | None = None  # log pi_ref (KL term)
     token_mask: Tensor | None = None  # bool, D3S / 80-20 (None: every token)
     sampler: Tensor | None = None  # the engine's sampling log-probs (vLLM; None: not given)
+    is_weight: Tensor | None = None  # the importance weight of each token (the sampler correction; None: not computed)
 
 
 @dataclass
@@ -209,6 +236,11 @@ class _Sums:
     gap: float = 0.0  # sampler / trainer gap, see add_sampler_gap
     gap_k3: float = 0.0
     gap_tokens: float = 0.0
+    is_ratio: float = 0.0  # importance ratio, see add_importance
+    is_tokens: float = 0.0
+    is_clipped: float = 0.0
+    is_ratio_min: float = math.inf  # reduced by a maximum, not a sum (reduced)
+    is_ratio_max: float = -math.inf
 
     def add_loss(self, loss: float, metrics: LossMetrics) -> None:
         self.loss += loss
@@ -230,9 +262,23 @@ class _Sums:
         self.gap_k3 += float((d.exp() - 1.0 - d).sum())
         self.gap_tokens += d.numel()
 
+    def add_importance(self, metrics: ImportanceMetrics) -> None:
+        self.is_ratio += metrics.ratio_sum
+        self.is_tokens += metrics.tokens
+        self.is_clipped += metrics.clipped
+        self.is_ratio_min = min(self.is_ratio_min, metrics.ratio_min)
+        self.is_ratio_max = max(self.is_ratio_max, metrics.ratio_max)
+
     def reduced(self, dist: Dist) -> _Sums:
-        """Every rank's sums added up (one collective of all the fields)."""
-        return _Sums(*dist.sum(torch.tensor(dataclasses.astuple(self), dtype=torch.float64)).tolist())
+        """Every rank's sums added up (one collective of all the fields), and the importance ratio's
+        extremes by a second one, only when some rank counted a ratio (every rank sees the same sum,
+        so all make it or none)."""
+        out = _Sums(*dist.sum(torch.tensor(dataclasses.astuple(self), dtype=torch.float64)).tolist())
+        out.is_ratio_min, out.is_ratio_max = self.is_ratio_min, self.is_ratio_max
+        if out.is_tokens and dist.active:
+            high, low = dist.max(torch.tensor([self.is_ratio_max, -self.is_ratio_min], dtype=torch.float64)).tolist()
+            out.is_ratio_min, out.is_ratio_max = -low, high
+        return out
 
 
 @dataclass
@@ -312,6 +358,10 @@ def run_update(
         tokens_run=tokens_run,
         sampler_logp_diff=sums.gap / sums.gap_tokens if sums.gap_tokens else None,
         sampler_kl=sums.gap_k3 / sums.gap_tokens if sums.gap_tokens else None,
+        is_ratio_mean=sums.is_ratio / sums.is_tokens if sums.is_tokens else None,
+        is_ratio_min=sums.is_ratio_min if sums.is_tokens else None,
+        is_ratio_max=sums.is_ratio_max if sums.is_tokens else None,
+        is_clip_frac=sums.is_clipped / sums.is_tokens if sums.is_tokens else None,
     )
 
 
@@ -373,10 +423,18 @@ def _policy_iteration(u: _Update, micro_batches: list[_MicroBatch], totals: Batc
             for row, e in zip(rows, mb.split(entropy)):
                 row.entropy = e
         old = mb.stack([row.old for row in rows])
+        old = logprobs.detach() if old is None else old  # pi_old: the weights that sampled
+        token_mask = mb.stack([row.token_mask for row in rows])
+        if first and s.importance is not None and rows[0].sampler is not None:  # once, at the weights that sampled
+            weights, is_metrics = importance_weights(old, mb.stack([row.sampler for row in rows]), mb.pack.completion_mask, s.importance,
+                                                     token_mask=token_mask)  # fmt: skip
+            for row, w in zip(rows, mb.split(weights)):
+                row.is_weight = w
+            sums.add_importance(is_metrics)
         advantages = u.batch.advantages[mb.rows].to(u.device)
-        loss, metrics = policy_loss(logprobs, logprobs.detach() if old is None else old, advantages, mb.pack.completion_mask, s.loss,
-                                    token_mask=mb.stack([row.token_mask for row in rows]), ref_logprobs=mb.stack([row.ref for row in rows]),
-                                    batch=totals)  # fmt: skip
+        loss, metrics = policy_loss(logprobs, old, advantages, mb.pack.completion_mask, s.loss, token_mask=token_mask,
+                                    ref_logprobs=mb.stack([row.ref for row in rows]), batch=totals,
+                                    is_weights=mb.stack([row.is_weight for row in rows]))  # fmt: skip
         loss.backward()
         if first and rows[0].sampler is not None:
             sums.add_sampler_gap(logprobs.detach(), mb.stack([row.sampler for row in rows]), mb.pack)

@@ -1,0 +1,224 @@
+"""Importance correction for the gap between the sampler and the trainer (truncated / masked IS).
+
+The rollouts are sampled by an engine (vLLM) whose probabilities differ slightly from the trainer's
+at the same weights: another dtype (a bfloat16 sampler beside a float32 trainer), other kernels,
+top-p renormalisation. The update's clipped surrogate takes pi_old to be the distribution that
+sampled; it was pi_sampler. Weighting each token's policy-gradient term by
+
+    w_{i,t} = pi_old(o_{i,t} | p, o_{i,<t}) / pi_sampler(o_{i,t} | p, o_{i,<t})
+
+(pi_old: the trainer at the weights that sampled) makes the expectation over the sampler's rollouts
+that of the trainer's own, and the ratio is truncated or masked so that a rare token the sampler
+over-sampled cannot blow up the variance: truncated importance sampling (TIS, Yao et al. 2025,
+"Your efficient RL framework secretly brings you off-policy RL training") and masked importance
+sampling (MIS, Liu, Li et al. 2025, "When speed kills stability"). The names and the formulas are
+TRL 1.16's ``GRPOTrainer`` (``vllm_importance_sampling_mode`` and its bounds; the weight is computed
+once per generation batch from TRL's ``old_per_token_logps``), which verl offers as ``rollout_is``
+(truncate) and ``rollout_rs`` (mask).
+
+Modes (:data:`MODES`, ``<level>_<constraint>``), with d_{i,t} = log pi_old - log pi_sampler on the
+completion tokens (``mask``):
+
+- level ``token``: one ratio per token, r_{i,t} = exp(d_{i,t});
+  level ``sequence``: one ratio per sequence, r_i = exp(sum_t d_{i,t}) (the ratio of the whole
+  completion's probabilities, the product of its token ratios, not their geometric mean), carried by
+  every token of the sequence.
+- constraint ``truncate``: w = clamp(r, clip_min, clip_max); constraint ``mask``: w = r inside
+  [clip_min, clip_max], 0 outside (the token, or the whole sequence, leaves the policy-gradient term).
+
+TRL's defaults: ``sequence_mask``, clip_max 3, no clip_min.
+
+What the weight multiplies, and what it does not (TRL's choices, followed here):
+
+- It multiplies the token's clipped surrogate, i.e. the per-token policy-gradient loss
+  (:func:`podsrl.core.loss.policy_loss`'s ``importance_weights``). **The normalisers do not change**:
+  a masked token still counts in |o_i| (``sequence``), in the batch's token count (``token``) and in
+  ``constant``'s N x L, as TRL multiplies ``per_token_loss`` by the ratio and then divides by the
+  same ``completion_mask`` sums as without it. (verl's ``rollout_rs`` instead drops rejected tokens
+  from the loss mask, so they leave the denominators too: a rejected half of a sequence doubles the
+  other half's weight there, and not here.) The KL term is not weighted (TRL adds ``beta * kl`` after
+  the multiplication).
+- It is detached (both log-probs are constants): the gradient is the weighted surrogate's.
+- A row whose advantage is 0 still adds 0 (w x 0), so rows skipped for a zero advantage stay
+  skipped; D3S's token selection is unaffected (the sequence ratio is over every completion token,
+  selected or not: it is the probability of the sequence that was sampled).
+
+Choices made where TRL is silent or differs:
+
+- **clip_min <= 1 <= clip_max is required**, so a token the sampler and the trainer agree on (r = 1)
+  is never corrected: a zero gap is then exactly a no-op (w = exp(0) = 1, and x * 1.0 is x), and no
+  setting scales the on-policy loss. TRL accepts clip_max = None (no upper bound); here clip_max is
+  a number, since an unbounded weight is the variance TIS exists to cut.
+- A token whose sampler log-prob is NaN gets d = 0 (no correction), as in TRL.
+- The weight is computed in the log-probs' dtype, at least float32; the metrics from the log-ratio
+  in float64 (a sequence ratio overflows float32 past 88 nats; the weight is then clip_max or 0).
+- Positions outside ``mask`` get weight 0 and never reach the exponential's input (d = 0 there), so
+  padding with garbage log-probs cannot produce NaN.
+
+Metrics (:class:`ImportanceMetrics`) are over the tokens of ``token_mask`` (default ``mask``): the
+caller passes the tokens of the policy-gradient term, those the weight acts on. They describe the
+ratio r before truncation or masking (TRL logs the weight after it: its minimum is 0 whenever a
+token is masked), and the share of tokens whose r fell outside [clip_min, clip_max], i.e. truncated
+or weighted 0; a sequence ratio counts once per token. They are sums, minima and maxima, so calls on
+micro-batches and ranks combine exactly (:meth:`ImportanceMetrics.combine`).
+
+Who calls it: ``podsrl train`` (:mod:`podsrl.train.update`) with the trainer's log-probs at the
+weights that sampled (the first policy iteration's forward, or the scoring pass's pi_old with
+several) and the engine's (``UpdateBatch.sampler_logprobs``). :class:`podsrl.integrations.trl.PODSTrainer`
+leaves TRL's own correction to TRL, on the kept rows only; tests/test_trl.py checks that TRL's weights
+equal this function's on them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["LEVELS", "CONSTRAINTS", "MODES", "ImportanceMetrics", "ImportanceSettings", "importance_weights"]
+
+
+def _token_level(diff: Tensor, mask: Tensor) -> Tensor:
+    """d [N, T] (0 outside mask) -> the log-ratio of each token [N, T]."""
+    return diff
+
+
+def _sequence_level(diff: Tensor, mask: Tensor) -> Tensor:
+    """d [N, T] (0 outside mask) -> each sequence's log-ratio sum_t d, carried by every token [N, T]."""
+    return diff.sum(dim=1, keepdim=True).expand_as(diff)
+
+
+def _truncate(ratio: Tensor, outside: Tensor, clip_min: float | None, clip_max: float) -> Tensor:
+    return ratio.clamp(min=clip_min, max=clip_max)
+
+
+def _mask(ratio: Tensor, outside: Tensor, clip_min: float | None, clip_max: float) -> Tensor:
+    return torch.where(outside, 0.0, ratio)
+
+
+# Each level maps (d [N, T], mask [N, T] bool) -> log-ratio [N, T]; each constraint maps (ratio [N, T],
+# outside [N, T] bool, clip_min, clip_max) -> weight [N, T]. A mode is "<level>_<constraint>".
+LEVELS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"token": _token_level, "sequence": _sequence_level}
+CONSTRAINTS: dict[str, Callable[[Tensor, Tensor, "float | None", float], Tensor]] = {"truncate": _truncate, "mask": _mask}
+MODES: tuple[str, ...] = tuple(f"{level}_{constraint}" for level in LEVELS for constraint in CONSTRAINTS)
+
+
+@dataclass(frozen=True)
+class ImportanceSettings:
+    """How the ratio is formed and bounded (TRL's ``vllm_importance_sampling_mode``,
+    ``vllm_importance_sampling_clip_max``, ``vllm_importance_sampling_clip_min``, with its defaults)."""
+
+    mode: str = "sequence_mask"  # a name in MODES
+    clip_max: float = 3.0  # upper bound C_max of the ratio, >= 1
+    clip_min: float | None = None  # lower bound C_min, in [0, 1]; None: none
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown importance sampling mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        if not isinstance(self.clip_max, (int, float)) or not 1.0 <= self.clip_max < math.inf:
+            raise ValueError(f"clip_max must be a finite number >= 1 (a ratio of 1 is never corrected), got {self.clip_max!r}")
+        if self.clip_min is not None and not 0.0 <= self.clip_min <= 1.0:
+            raise ValueError(f"clip_min must be in [0, 1] (a ratio of 1 is never corrected) or None, got {self.clip_min!r}")
+
+    @property
+    def level(self) -> str:
+        return self.mode.split("_")[0]
+
+    @property
+    def constraint(self) -> str:
+        return self.mode.split("_")[1]
+
+
+@dataclass
+class ImportanceMetrics:
+    """Python-number summary of the ratio over the counted tokens of one :func:`importance_weights`
+    call (or several, :meth:`combine`)."""
+
+    tokens: int  # tokens counted (token_mask & mask)
+    ratio_sum: float  # sum of the ratio r (before truncation / masking) over them
+    ratio_min: float  # smallest r (inf when no token)
+    ratio_max: float  # largest r (-inf when no token)
+    clipped: int  # tokens whose r fell outside [clip_min, clip_max]: truncated, or weighted 0
+
+    @property
+    def ratio_mean(self) -> float | None:
+        return self.ratio_sum / self.tokens if self.tokens else None
+
+    @property
+    def clip_frac(self) -> float | None:
+        return self.clipped / self.tokens if self.tokens else None
+
+    @classmethod
+    def combine(cls, parts: list[ImportanceMetrics]) -> ImportanceMetrics:
+        """The metrics of the union of the parts' tokens."""
+        return cls(
+            tokens=sum(p.tokens for p in parts),
+            ratio_sum=sum(p.ratio_sum for p in parts),
+            ratio_min=min((p.ratio_min for p in parts), default=math.inf),
+            ratio_max=max((p.ratio_max for p in parts), default=-math.inf),
+            clipped=sum(p.clipped for p in parts),
+        )
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def _check(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, token_mask: Tensor | None) -> None:
+    if not isinstance(trainer_logprobs, Tensor) or trainer_logprobs.dim() != 2 or not trainer_logprobs.is_floating_point():
+        raise ValueError(f"trainer_logprobs must be a floating tensor [N, T], got {getattr(trainer_logprobs, 'shape', type(trainer_logprobs))}")
+    shape = trainer_logprobs.shape
+    if not isinstance(sampler_logprobs, Tensor) or sampler_logprobs.shape != shape or not sampler_logprobs.is_floating_point():
+        raise ValueError(f"sampler_logprobs must be a floating tensor of shape {tuple(shape)}, got {getattr(sampler_logprobs, 'shape', type(sampler_logprobs))}")
+    for name, m in (("mask", mask), ("token_mask", token_mask)):
+        if m is not None and (not isinstance(m, Tensor) or m.shape != shape or m.dtype != torch.bool):
+            raise ValueError(f"{name} must be a bool tensor of shape {tuple(shape)}, got {getattr(m, 'dtype', type(m))} {tuple(getattr(m, 'shape', ()))}")
+
+
+@torch.no_grad()
+def importance_weights(
+    trainer_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    mask: Tensor,
+    settings: ImportanceSettings = ImportanceSettings(),
+    *,
+    token_mask: Tensor | None = None,
+) -> tuple[Tensor, ImportanceMetrics]:
+    """Each token's importance weight, truncated or masked, and the ratio's metrics.
+
+    Args:
+        trainer_logprobs: [N, T] log pi_old of the sampled tokens: the trainer at the weights that
+            sampled (treated as a constant).
+        sampler_logprobs: [N, T] the sampling engine's log-probs of the same tokens.
+        mask: [N, T] bool, the completion tokens (False on padding); a sequence ratio is over these.
+        settings: mode and bounds (:class:`ImportanceSettings`).
+        token_mask: [N, T] bool, the tokens the metrics count (the policy-gradient term's, e.g. after
+            D3S token selection); None: ``mask``. It does not change the weights.
+
+    Returns:
+        (weights [N, T] in the log-probs' dtype (at least float32), 0 outside ``mask``;
+        :class:`ImportanceMetrics` over ``mask & token_mask``).
+    """
+    _check(trainer_logprobs, sampler_logprobs, mask, token_mask)
+    dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
+    diff = trainer_logprobs.to(dtype) - sampler_logprobs.to(device=trainer_logprobs.device, dtype=dtype)  # [N, T]
+    diff = torch.where(mask & ~diff.isnan(), diff, 0.0)  # [N, T]: no correction outside the completion or where the sampler gave NaN
+    log_ratio = LEVELS[settings.level](diff, mask)  # [N, T]
+    ratio = log_ratio.exp()  # [N, T], inf past float range: then truncated to clip_max or masked
+    lower = -math.inf if settings.clip_min is None else settings.clip_min
+    outside = (ratio > settings.clip_max) | (ratio < lower)  # [N, T]
+    weights = CONSTRAINTS[settings.constraint](ratio, outside, settings.clip_min, settings.clip_max)  # [N, T]
+    weights = torch.where(mask, weights, 0.0)  # [N, T]
+
+    counted = mask if token_mask is None else mask & token_mask  # [N, T]
+    r = log_ratio[counted].double().exp()  # [tokens] float64: a sequence ratio may overflow float32
+    metrics = ImportanceMetrics(
+        tokens=int(r.numel()),
+        ratio_sum=float(r.sum()),
+        ratio_min=float(r.min()) if r.numel() else math.inf,
+        ratio_max=float(r.max()) if r.numel() else -math.inf,
+        clipped=int((outside & counted).sum()),
+    )
+    return weights, metrics

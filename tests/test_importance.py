@@ -1,0 +1,566 @@
+"""Importance correction of the sampler's gap (podsrl/core/importance.py) and the update that uses it.
+
+- The pure function: hand numbers for each mode, a per-token / per-row loop over random inputs
+  (brute force), the metrics (and that micro-batches combine to the whole), NaN and padding, bad
+  input.
+- ``policy_loss(is_weights=...)``: the weight multiplies the surrogate only, no normaliser, no KL.
+- The update (``run_update``) on the tiny model against a hand-weighted loss written from the
+  formula (-1/N sum_i 1/|o_i| sum_t w_{i,t} A_i log pi): every mode and aggregation, with rows of
+  advantage 0 skipped; a zero gap is a no-op, bit for bit; rows of advantage 0 with a huge gap change
+  nothing; two policy iterations compute the weight once, from pi_old; D3S token selection (the
+  sequence ratio over every token, the metrics over the selected ones); the metrics are global.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import update_settings
+from podsrl.core.importance import MODES, ImportanceMetrics, ImportanceSettings, importance_weights
+from podsrl.core.loss import LossSettings, policy_loss
+from podsrl.train import update as update_module
+from podsrl.train.update import UpdateBatch, run_update
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ------------------------------------------------------------------------------ the pure function
+
+
+def _hand_case():
+    """Two rows of 3 tokens, the second with 2 completion tokens; d = log pi_old - log pi_sampler."""
+    d = torch.tensor([[math.log(2.0), math.log(0.5), math.log(4.0)], [math.log(1.5), math.log(0.25), 0.0]])
+    trainer = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -3.0, 123.0]])  # 123: garbage on padding
+    sampler = trainer - d
+    sampler[1, 2] = float("nan")  # garbage on padding
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    return trainer, sampler, mask
+
+
+@pytest.mark.parametrize(
+    "mode, clip_min, expected, clipped",
+    [
+        # token: ratios 2, 0.5, 4 | 1.5, 0.25
+        ("token_truncate", None, [[2.0, 0.5, 3.0], [1.5, 0.25, 0.0]], 1),
+        ("token_truncate", 0.4, [[2.0, 0.5, 3.0], [1.5, 0.4, 0.0]], 2),
+        ("token_mask", None, [[2.0, 0.5, 0.0], [1.5, 0.25, 0.0]], 1),
+        ("token_mask", 0.4, [[2.0, 0.5, 0.0], [1.5, 0.0, 0.0]], 2),
+        # sequence: 2 x 0.5 x 4 = 4 | 1.5 x 0.25 = 0.375
+        ("sequence_truncate", None, [[3.0, 3.0, 3.0], [0.375, 0.375, 0.0]], 3),
+        ("sequence_truncate", 0.5, [[3.0, 3.0, 3.0], [0.5, 0.5, 0.0]], 5),
+        ("sequence_mask", None, [[0.0, 0.0, 0.0], [0.375, 0.375, 0.0]], 3),
+        ("sequence_mask", 0.3, [[0.0, 0.0, 0.0], [0.375, 0.375, 0.0]], 3),
+    ],
+)
+def test_hand_numbers(mode, clip_min, expected, clipped):
+    trainer, sampler, mask = _hand_case()
+    weights, metrics = importance_weights(trainer, sampler, mask, ImportanceSettings(mode=mode, clip_max=3.0, clip_min=clip_min))
+    torch.testing.assert_close(weights, torch.tensor(expected), rtol=1e-6, atol=1e-7)
+    ratios = [2.0, 0.5, 4.0, 1.5, 0.25] if mode.startswith("token") else [4.0, 4.0, 4.0, 0.375, 0.375]
+    assert metrics.tokens == 5 and metrics.clipped == clipped
+    assert metrics.ratio_mean == pytest.approx(sum(ratios) / 5, rel=1e-6)
+    assert metrics.ratio_min == pytest.approx(min(ratios), rel=1e-6) and metrics.ratio_max == pytest.approx(max(ratios), rel=1e-6)
+    assert metrics.clip_frac == clipped / 5
+
+
+def _brute_force(trainer, sampler, mask, settings: ImportanceSettings, token_mask):
+    """A loop over rows and tokens in float64, written from the formulas."""
+    N, T = trainer.shape
+    weights = torch.zeros(N, T, dtype=torch.float64)
+    ratios, clipped = [], 0
+    low = -math.inf if settings.clip_min is None else settings.clip_min
+    for i in range(N):
+        d = [float(trainer[i, t]) - float(sampler[i, t]) for t in range(T) if mask[i, t]]
+        d = [0.0 if math.isnan(x) else x for x in d]
+        seq = math.exp(sum(d))
+        for k, t in enumerate(t for t in range(T) if mask[i, t]):
+            r = math.exp(d[k]) if settings.level == "token" else seq
+            outside = r > settings.clip_max or r < low
+            if settings.constraint == "truncate":
+                w = min(max(r, low), settings.clip_max)
+            else:
+                w = 0.0 if outside else r
+            weights[i, t] = w
+            if token_mask[i, t]:
+                ratios.append(r)
+                clipped += outside
+    return weights, ratios, clipped
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", range(6))
+def test_brute_force(mode, seed):
+    g = torch.Generator().manual_seed(seed)
+    N, T = 7, 9
+    trainer = -torch.rand(N, T, generator=g) * 4
+    sampler = trainer - torch.randn(N, T, generator=g) * (0.1 if mode.startswith("sequence") else 0.6)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    token_mask = torch.rand(N, T, generator=g) < 0.7
+    sampler[0, 0] = float("nan")  # a token the sampler could not score: no correction
+    settings = ImportanceSettings(mode=mode, clip_max=1.0 + float(torch.rand(1, generator=g)) * 2, clip_min=[None, 0.8][seed % 2])
+    weights, metrics = importance_weights(trainer, sampler, mask, settings, token_mask=token_mask)
+    want, ratios, clipped = _brute_force(trainer, sampler, mask, settings, token_mask)
+    torch.testing.assert_close(weights.double(), want, rtol=1e-5, atol=1e-7)
+    assert metrics.tokens == len(ratios) and metrics.clipped == clipped
+    if ratios:
+        assert metrics.ratio_mean == pytest.approx(sum(ratios) / len(ratios), rel=1e-5)
+        assert metrics.ratio_min == pytest.approx(min(ratios), rel=1e-5) and metrics.ratio_max == pytest.approx(max(ratios), rel=1e-5)
+    # Rows are independent: any split into micro-batches gives the same weights and, combined, the same metrics.
+    parts = [importance_weights(trainer[s], sampler[s], mask[s], settings, token_mask=token_mask[s]) for s in (slice(0, 3), slice(3, N))]
+    torch.testing.assert_close(torch.cat([w for w, _ in parts]), weights, rtol=0, atol=0)
+    combined = ImportanceMetrics.combine([m for _, m in parts])
+    assert (combined.tokens, combined.clipped, combined.ratio_min, combined.ratio_max) == (metrics.tokens, metrics.clipped, metrics.ratio_min, metrics.ratio_max)
+    assert combined.ratio_sum == pytest.approx(metrics.ratio_sum, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zero_gap_is_exactly_one(mode):
+    g = torch.Generator().manual_seed(0)
+    trainer = -torch.rand(4, 6, generator=g) * 3
+    mask = torch.rand(4, 6, generator=g) < 0.8
+    weights, metrics = importance_weights(trainer, trainer.clone(), mask, ImportanceSettings(mode=mode, clip_max=1.0, clip_min=1.0))
+    assert torch.equal(weights, mask.float())  # 1 on every completion token (bounds at 1 included), 0 elsewhere
+    assert metrics.clipped == 0 and metrics.ratio_min == metrics.ratio_max == 1.0
+
+
+def test_padding_and_overflow_never_give_nan():
+    trainer = torch.tensor([[0.0, -1.0, float("nan")], [-1.0, -1.0, -1.0]])
+    sampler = torch.tensor([[-200.0, -1.0, float("inf")], [-1.0, -1.0, -1.0]])  # a 200-nat gap: exp overflows float32
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    for mode in MODES:
+        weights, metrics = importance_weights(trainer, sampler, mask, ImportanceSettings(mode=mode))
+        assert torch.isfinite(weights).all(), mode
+        assert float(weights[0, 0]) == (3.0 if mode.endswith("truncate") else 0.0), mode
+        assert weights[0, 2] == 0 and math.isfinite(metrics.ratio_max) and metrics.ratio_max == pytest.approx(math.exp(200), rel=1e-6)
+
+
+def test_no_token_counted():
+    trainer = torch.zeros(2, 3)
+    weights, metrics = importance_weights(trainer, trainer, torch.zeros(2, 3, dtype=torch.bool))
+    assert torch.equal(weights, torch.zeros(2, 3))
+    assert metrics.tokens == 0 and metrics.ratio_mean is None and metrics.clip_frac is None
+    assert ImportanceMetrics.combine([metrics, metrics]).tokens == 0
+
+
+def test_defaults_are_trls():
+    from trl import GRPOConfig
+
+    fields = GRPOConfig.__dataclass_fields__
+    s = ImportanceSettings()
+    assert (s.mode, s.clip_max, s.clip_min) == (
+        fields["vllm_importance_sampling_mode"].default,
+        fields["vllm_importance_sampling_clip_max"].default,
+        fields["vllm_importance_sampling_clip_min"].default,
+    )
+    assert fields["vllm_importance_sampling_correction"].default is True
+    from podsrl.config import RolloutConfig
+
+    r = RolloutConfig()
+    assert r.importance_sampling_correction is True
+    assert (r.importance_sampling_mode, r.importance_sampling_clip_max, r.importance_sampling_clip_min) == (s.mode, s.clip_max, s.clip_min)
+
+
+def test_bad_input():
+    x = torch.zeros(2, 3)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="sampler_logprobs must be a floating tensor of shape"):
+        importance_weights(x, torch.zeros(2, 4), mask)
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        importance_weights(x, x, mask.float())
+    with pytest.raises(ValueError, match="token_mask must be a bool tensor"):
+        importance_weights(x, x, mask, token_mask=mask[:, :2])
+    with pytest.raises(ValueError, match="unknown importance sampling mode 'token'; valid modes: token_truncate"):
+        ImportanceSettings(mode="token")
+    with pytest.raises(ValueError, match="clip_max must be a finite number >= 1"):
+        ImportanceSettings(clip_max=0.9)
+    with pytest.raises(ValueError, match="clip_min must be in"):
+        ImportanceSettings(clip_min=1.1)
+
+
+def test_config_fields_are_checked(make_config):
+    from podsrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout.importance_sampling_mode: unknown value 'sequence'"):
+        make_config(**{"rollout.importance_sampling_mode": "sequence"})
+    with pytest.raises(ConfigError, match="rollout.importance_sampling_clip_max: must be >= 1"):
+        make_config(**{"rollout.importance_sampling_clip_max": 0.5})
+    with pytest.raises(ConfigError, match="rollout.importance_sampling_clip_min: must be in"):
+        make_config(**{"rollout.importance_sampling_clip_min": 1.5})
+    from podsrl.train.update import UpdateSettings
+
+    cfg = make_config(**{"rollout.importance_sampling_mode": "token_truncate", "rollout.importance_sampling_clip_min": 0.5})
+    assert UpdateSettings.from_config(cfg, pad_id=0).importance == ImportanceSettings("token_truncate", 3.0, 0.5)
+    cfg = make_config(**{"rollout.importance_sampling_correction": False})
+    assert UpdateSettings.from_config(cfg, pad_id=0).importance is None
+
+
+# ------------------------------------------------------------------------------ the loss
+
+
+def test_the_weight_multiplies_the_surrogate_only():
+    g = torch.Generator().manual_seed(1)
+    N, T = 4, 5
+    logprobs = (-torch.rand(N, T, generator=g) * 3).requires_grad_()
+    old = logprobs.detach() + torch.randn(N, T, generator=g) * 0.3
+    ref = logprobs.detach() + torch.randn(N, T, generator=g) * 0.3
+    adv = torch.tensor([1.0, -0.5, 0.0, 2.0])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    token_mask = torch.rand(N, T, generator=g) < 0.7
+    w = torch.rand(N, T, generator=g) * 2
+    for aggregation in ("sequence", "token", "constant"):
+        settings = LossSettings(aggregation=aggregation, beta=0.1, max_completion_len=T)
+        loss, metrics = policy_loss(logprobs, old, adv, mask, settings, token_mask=token_mask, ref_logprobs=ref, is_weights=w)
+        rho = (logprobs - old).exp()
+        surrogate = torch.minimum(rho * adv[:, None], rho.clamp(0.8, 1.2) * adv[:, None])
+        pg = torch.where(mask & token_mask, -surrogate * w, 0.0)
+        k3 = torch.where(mask, (ref - logprobs).exp() - (ref - logprobs) - 1, 0.0)
+        norm = {
+            "sequence": lambda x: (x.sum(1) / mask.sum(1)).sum() / N,
+            "token": lambda x: x.sum() / mask.sum(),
+            "constant": lambda x: x.sum() / (N * T),
+        }[aggregation]
+        torch.testing.assert_close(loss, norm(pg) + 0.1 * norm(k3))
+        unweighted_loss, unweighted = policy_loss(logprobs, old, adv, mask, settings, token_mask=token_mask, ref_logprobs=ref)
+        assert (metrics.kl, metrics.ratio_mean, metrics.tokens) == (unweighted.kl, unweighted.ratio_mean, unweighted.tokens)
+        ones_loss, _ = policy_loss(logprobs, old, adv, mask, settings, token_mask=token_mask, ref_logprobs=ref, is_weights=torch.ones(N, T))
+        assert torch.equal(ones_loss, unweighted_loss)  # weight 1 changes nothing, bit for bit
+    with pytest.raises(ValueError, match="is_weights must have shape"):
+        policy_loss(logprobs, old, adv, mask, is_weights=torch.ones(N, T + 1))
+
+
+# ------------------------------------------------------------------------------ the update
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_model_dir, one_thread):
+    from podsrl.config import ModelConfig
+    from podsrl.models import load_policy
+
+    torch.manual_seed(0)
+    return load_policy(ModelConfig(name=str(tiny_model_dir)))
+
+
+ZEROS = [0, 2, 3, 5, 6, 8, 9]  # advantage 0: skipped by default
+TEMPERATURE = 0.7
+
+
+def _batch(tokenizer, zeros: list[int] = ZEROS) -> UpdateBatch:
+    """10 rollouts of 3 prompts (groups of 4, 3, 3) of different lengths (tests/test_zero_signal.py's)."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [tokenizer(f"What is {i} + {i * 7}?{' Please.' * i}")["input_ids"] for i in range(3)]
+    groups = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    advantages = torch.randn(len(groups), generator=g)
+    advantages[zeros] = 0.0
+    return UpdateBatch(
+        prompt_ids=[prompts[p] for p in groups],
+        completion_ids=[torch.randint(100, 600, (2 + (3 * i) % 7,), generator=g).tolist() for i in range(len(groups))],
+        advantages=advantages,
+    )
+
+
+def _own_logprobs(model, batch: UpdateBatch) -> list[torch.Tensor]:
+    """The trainer's log-probs of each row, one row per forward (as the update packs a micro-batch of one)."""
+    from podsrl.train.sequences import forward_logprobs, pack
+
+    with torch.no_grad():
+        return [forward_logprobs(model, pack([p], [c], 0), temperature=TEMPERATURE)[0][0, : len(c)] for p, c in zip(batch.prompt_ids, batch.completion_ids)]
+
+
+def _with_sampler(batch: UpdateBatch, sampler: list[torch.Tensor] | None) -> UpdateBatch:
+    return UpdateBatch(batch.prompt_ids, batch.completion_ids, batch.advantages, None if sampler is None else [s.tolist() for s in sampler])
+
+
+class _Recorder(torch.optim.AdamW):
+    """AdamW that keeps a copy of the gradients of every step."""
+
+    def step(self, closure=None):
+        self.recorded = getattr(self, "recorded", []) + [[p.grad.detach().clone() for group in self.param_groups for p in group["params"]]]
+        return super().step(closure)
+
+
+def _step(model, batch, **options):
+    """One update of a copy of ``model``: (weights after, gradients of each optimizer step, stats)."""
+    model = copy.deepcopy(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _Recorder(params, lr=1e-4, eps=1e-6)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    settings = dict(pad_id=0, temperature=TEMPERATURE, max_completion_len=16, grad_clip=0.0, micro_batch_size=3)
+    settings.update(options)
+    stats = run_update(model, optimizer, scheduler, batch, update_settings(**settings))
+    return [p.detach().clone() for p in params], optimizer.recorded, stats
+
+
+def _hand_weights(own: list[torch.Tensor], sampler: list[torch.Tensor], s: ImportanceSettings) -> list[torch.Tensor]:
+    """The weights from the formula, row by row (not through importance_weights)."""
+    out = []
+    low = -math.inf if s.clip_min is None else s.clip_min
+    for o, q in zip(own, sampler):
+        d = (o - q).double()
+        r = d.exp() if s.level == "token" else d.sum().exp().expand_as(d)
+        out.append(r.clamp(min=low, max=s.clip_max) if s.constraint == "truncate" else torch.where((r > s.clip_max) | (r < low), 0.0, r))
+    return out
+
+
+def _hand_gradient(model, batch, weights: list[torch.Tensor], aggregation: str, token_masks=None, max_len: int = 16) -> list[torch.Tensor]:
+    """The gradient of -(1/N) sum_i 1/|o_i| sum_t m_{i,t} w_{i,t} A_i log pi (aggregation "sequence"; the
+    others' normalisers likewise), the on-policy step's gradient, from one forward of every row."""
+    from podsrl.train.sequences import forward_logprobs, pack
+
+    model = copy.deepcopy(model)
+    logprobs, _ = forward_logprobs(model, pack(batch.prompt_ids, batch.completion_ids, 0), temperature=TEMPERATURE)
+    N, total = len(weights), sum(len(w) for w in weights)
+    loss = 0.0
+    for i, w in enumerate(weights):
+        n = len(w)
+        m = torch.ones(n) if token_masks is None else token_masks[i].float()
+        term = (m * w.float() * batch.advantages[i] * logprobs[i, :n]).sum()
+        loss = loss - {"sequence": term / (n * N), "token": term / total, "constant": term / (N * max_len)}[aggregation]
+    loss.backward()
+    return [p.grad.detach().clone() for p in model.parameters() if p.requires_grad]
+
+
+def _close(grads, want, what: str, tol: float = 1e-5) -> None:
+    for i, (x, y) in enumerate(zip(grads, want)):
+        err = float((x - y).norm() / y.norm().clamp(min=1e-12))
+        assert err < tol, f"{what}: gradient {i} relative difference {err:.1e}"
+
+
+def _gapped_sampler(own: list[torch.Tensor], scale: float, seed: int = 5) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [o - torch.randn(len(o), generator=g) * scale for o in own]
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
+@pytest.mark.parametrize("mode", MODES)
+def test_update_equals_the_hand_weighted_loss(tiny_policy, mode, aggregation):
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer)
+    own = _own_logprobs(model, batch)
+    sampler = _gapped_sampler(own, 0.25 if mode.startswith("sequence") else 0.5)
+    settings = ImportanceSettings(mode=mode, clip_max=1.5, clip_min=0.7)
+    weights = _hand_weights(own, sampler, settings)
+    ran = [i for i in range(10) if i not in ZEROS]
+    flat = torch.cat([weights[i] for i in ran])
+    assert (flat == 0).any() if mode.endswith("mask") else ((flat == 1.5).any() or (flat == 0.7).any())  # the bounds act
+    assert ((flat > 0.7) & (flat < 1.5)).any()  # and some ratios pass unchanged
+    _, grads, stats = _step(model, _with_sampler(batch, sampler), importance=settings, aggregation=aggregation)
+    _close(grads[0], _hand_gradient(model, batch, weights, aggregation), f"{mode}, {aggregation}")
+    # Without the correction, the gradient is another one.
+    _, plain, _ = _step(model, _with_sampler(batch, sampler), aggregation=aggregation)
+    with pytest.raises(AssertionError, match="relative difference"):
+        _close(plain[0], _hand_gradient(model, batch, weights, aggregation), "uncorrected")
+    # Metrics: over the tokens of the rows that ran (advantage != 0), from the formula.
+    ratios = torch.cat([((own[i] - sampler[i]).double().exp() if mode.startswith("token") else (own[i] - sampler[i]).double().sum().exp().expand(len(own[i]))) for i in ran])
+    assert stats.is_ratio_mean == pytest.approx(float(ratios.mean()), rel=1e-5)
+    assert stats.is_ratio_min == pytest.approx(float(ratios.min()), rel=1e-5)
+    assert stats.is_ratio_max == pytest.approx(float(ratios.max()), rel=1e-5)
+    assert stats.is_clip_frac == pytest.approx(float(((ratios > 1.5) | (ratios < 0.7)).double().mean()))
+    assert {"is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac"} <= stats.metrics().keys()
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 4])
+def test_a_zero_gap_is_a_no_op(tiny_policy, micro_batch_size):
+    """The sampler's log-probs equal to the trainer's: the same update, bit for bit where the update's
+    forward is the one the sampler's were computed with (one row per micro-batch); within float noise
+    (the update's forward packs several rows) otherwise. No log-probs (the transformers engine): no
+    correction, no metric."""
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer)
+    own = _own_logprobs(model, batch)
+    plain_w, plain_g, plain = _step(model, batch, micro_batch_size=micro_batch_size, importance=ImportanceSettings())
+    assert plain.is_ratio_mean is None and "is_ratio_mean" not in plain.metrics()
+    for mode in MODES:
+        w, g, stats = _step(model, _with_sampler(batch, own), micro_batch_size=micro_batch_size, importance=ImportanceSettings(mode=mode))
+        if micro_batch_size == 1:
+            assert all(torch.equal(a, b) for a, b in zip(w, plain_w)), mode
+            assert all(torch.equal(a, b) for a, b in zip(g[0], plain_g[0])), mode
+            assert stats.is_ratio_min == stats.is_ratio_max == 1.0 and stats.is_clip_frac == 0.0
+        else:
+            _close(g[0], plain_g[0], mode, tol=1e-6)
+            assert abs(stats.is_ratio_max - 1) < 1e-5 and abs(stats.is_ratio_min - 1) < 1e-5 and stats.is_clip_frac == 0.0
+
+
+def test_rows_of_advantage_zero_stay_neutral(tiny_policy):
+    """A huge gap on the rows of advantage 0 changes nothing, skipped or run (their surrogate is 0
+    whatever its weight), and skipping still gives the update of not skipping."""
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer)
+    own = _own_logprobs(model, batch)
+    sampler = _gapped_sampler(own, 0.3)
+    wild = [s - 100.0 if i in ZEROS else s for i, s in enumerate(sampler)]  # ratio e^100 (past float32) on the rows without signal
+    for mode in MODES:
+        settings = ImportanceSettings(mode=mode, clip_min=0.5)
+        _, calm, _ = _step(model, _with_sampler(batch, sampler), importance=settings)
+        _, skipped, stats_skip = _step(model, _with_sampler(batch, wild), importance=settings)
+        _, run, stats_run = _step(model, _with_sampler(batch, wild), importance=settings, skip_zero_advantage=False)
+        _close(skipped[0], calm[0], f"{mode}: skipped", tol=1e-6)
+        _close(run[0], calm[0], f"{mode}: run", tol=1e-5)
+        assert stats_skip.rows_run == 3 and stats_run.rows_run == 10
+        assert stats_skip.is_ratio_max < 1e10 < stats_run.is_ratio_max  # the metrics cover the rows that ran
+
+
+def test_two_policy_iterations_weight_with_pi_old_once(tiny_policy, monkeypatch):
+    """With two iterations the weight is computed once, in the first, from the scoring pass's pi_old
+    (the weights that sampled), and the second iteration reuses it although the policy has moved."""
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer)
+    own = _own_logprobs(model, batch)
+    sampler = _gapped_sampler(own, 0.4)
+    settings = ImportanceSettings(mode="token_truncate", clip_max=1.4, clip_min=0.8)
+    calls, weights_seen = [], []
+    real_weights, real_loss = update_module.importance_weights, update_module.policy_loss
+
+    def spy_weights(trainer_logprobs, *args, **kwargs):
+        calls.append(trainer_logprobs.clone())
+        return real_weights(trainer_logprobs, *args, **kwargs)
+
+    def spy_loss(*args, is_weights=None, **kwargs):
+        weights_seen.append(is_weights.clone())
+        return real_loss(*args, is_weights=is_weights, **kwargs)
+
+    monkeypatch.setattr(update_module, "importance_weights", spy_weights)
+    monkeypatch.setattr(update_module, "policy_loss", spy_loss)
+    _, grads, stats = _step(model, _with_sampler(batch, sampler), importance=settings, policy_iterations=2, micro_batch_size=16)
+    assert len(calls) == 1 and len(weights_seen) == 2 and len(grads) == 2  # one micro-batch of the 3 rows that ran
+    assert torch.equal(weights_seen[0], weights_seen[1])  # the second iteration reuses the first's weights
+    ran = [i for i in range(10) if i not in ZEROS]
+    want = _hand_weights(own, sampler, settings)
+    order = update_module.micro_batch_order([batch.prompt_ids[i] for i in ran], [batch.completion_ids[i] for i in ran])
+    for q, i in enumerate(ran[k] for k in order):  # the micro-batch's rows, in the update's order
+        torch.testing.assert_close(weights_seen[0][q, : len(own[i])].double(), want[i], rtol=1e-5, atol=1e-7)
+    _close(grads[0], _hand_gradient(model, batch, want, "sequence"), "first iteration")
+    assert stats.is_ratio_mean is not None
+
+
+def test_token_selection_keeps_the_sequence_ratio_whole(tiny_policy, monkeypatch):
+    """D3S: the sequence ratio is over every completion token (the probability of what was sampled),
+    the weight multiplies the selected tokens' surrogate, and the metrics count the selected tokens."""
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer)
+    own = _own_logprobs(model, batch)
+    sampler = _gapped_sampler(own, 0.3)
+    settings = ImportanceSettings(mode="sequence_truncate", clip_max=1.3, clip_min=0.8)
+    masks = []
+    real = update_module.select_tokens
+
+    def spy(*args, **kwargs):
+        masks.append(real(*args, **kwargs))
+        return masks[-1]
+
+    monkeypatch.setattr(update_module, "select_tokens", spy)
+    _, grads, stats = _step(model, _with_sampler(batch, sampler), importance=settings, token_fraction=0.4)
+    token_masks = [masks[0][i, : len(c)] for i, c in enumerate(batch.completion_ids)]
+    ran = [i for i in range(10) if i not in ZEROS]
+    assert 0 < sum(int(token_masks[i].sum()) for i in ran) < sum(len(own[i]) for i in ran)  # selection drops tokens
+    weights = _hand_weights(own, sampler, settings)
+    _close(grads[0], _hand_gradient(model, batch, weights, "sequence", token_masks=token_masks), "D3S")
+    ratios = torch.cat([(own[i] - sampler[i]).double().sum().exp().expand(len(own[i]))[token_masks[i]] for i in ran])
+    assert stats.is_ratio_mean == pytest.approx(float(ratios.mean()), rel=1e-5)
+    assert stats.is_clip_frac == pytest.approx(float(((ratios > 1.3) | (ratios < 0.8)).double().mean()))
+    assert stats.tokens_kept == len(ratios)
+
+
+def test_metrics_are_global_over_micro_batches_and_ranks(tiny_policy):
+    """The micro-batching changes no metric, and _Sums reduces the extremes by a maximum over ranks
+    (here a stand-in for two ranks: one with tokens, one without)."""
+    from podsrl.train.update import _Sums
+
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer)
+    sampler = _gapped_sampler(_own_logprobs(model, batch), 0.5)
+    settings = ImportanceSettings(mode="token_mask", clip_max=1.5)
+    results = [_step(model, _with_sampler(batch, sampler), importance=settings, micro_batch_size=m)[2] for m in (1, 2, 16)]
+    for stats in results[1:]:
+        for key in ("is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac"):
+            assert getattr(stats, key) == pytest.approx(getattr(results[0], key), rel=1e-6), key
+
+    class TwoRanks:
+        """Rank 0 holds ``mine``; the other rank ``theirs`` (sums added, maxima taken)."""
+
+        active = True
+
+        def __init__(self, theirs):
+            self.theirs = theirs
+
+        def sum(self, values):
+            return values + torch.tensor(list(vars(self.theirs).values()), dtype=torch.float64)
+
+        def max(self, values):
+            return torch.maximum(values, torch.tensor([self.theirs.is_ratio_max, -self.theirs.is_ratio_min], dtype=torch.float64))
+
+    mine, theirs, empty = _Sums(), _Sums(), _Sums()
+    mine.add_importance(ImportanceMetrics(tokens=3, ratio_sum=3.3, ratio_min=0.9, ratio_max=1.2, clipped=1))
+    theirs.add_importance(ImportanceMetrics(tokens=2, ratio_sum=1.5, ratio_min=0.5, ratio_max=1.0, clipped=0))
+    out = mine.reduced(TwoRanks(theirs))
+    assert (out.is_tokens, out.is_clipped, out.is_ratio, out.is_ratio_min, out.is_ratio_max) == (5, 1, pytest.approx(4.8), 0.5, 1.2)
+    out = empty.reduced(TwoRanks(theirs))  # a rank that ran no row joins with the identity elements
+    assert (out.is_tokens, out.is_ratio_min, out.is_ratio_max) == (2, 0.5, 1.0)
+
+
+# ------------------------------------------------------------------------------ torchrun
+
+# tests/dist_worker.py's one step per case, its engine returning a sampling log-prob for every token
+# (a function of the completion alone: the same at any world size), as vLLM's does.
+_DIST_WRAPPER = """
+import math, random, sys
+sys.path.insert(0, {tests!r})
+import dist_worker
+
+generate = dist_worker.FixedEngine.generate
+
+
+def with_logprobs(self, prompt_ids, sampling):
+    rollouts = generate(self, prompt_ids, sampling)
+    base = -math.log(len(self.tokenizer))
+    rollouts.logprobs = []
+    for ids in rollouts.completion_ids:
+        rng = random.Random(hash(tuple(ids)) % (2**31))
+        rollouts.logprobs.append([base + rng.gauss(0.0, 0.3) for _ in ids])
+    return rollouts
+
+
+dist_worker.FixedEngine.generate = with_logprobs
+dist_worker.hold_collectives_to_placement()
+dist_worker.main(sys.argv[1])
+dist_worker.exit_without_teardown()
+"""
+
+_DIST_CASES = {
+    "is_token_truncate": {"rollout.importance_sampling_mode": "token_truncate", "rollout.importance_sampling_clip_max": 1.2,
+                          "rollout.importance_sampling_clip_min": 0.8},
+    "is_sequence_mask_d3s": {"rollout.importance_sampling_clip_max": 1.5, "select.rule": "d3s_intra", "select.token_fraction": 0.5},
+    "fsdp_is_token_mask": {"distributed.parallel": "fsdp", "rollout.importance_sampling_mode": "token_mask", "rollout.importance_sampling_clip_max": 1.2},
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_ranks_correct_as_one(tmp_path, tiny_model_dir, reward_file):
+    """torchrun with 2 processes: the same weights after a corrected step as 1 process, and the
+    same correction metrics (the minimum and maximum reduced over ranks)."""
+    import json
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+    from test_distributed import BASE, _env, _torchrun, worker_spec
+
+    wrapper = tmp_path / "is_worker.py"
+    wrapper.write_text(_DIST_WRAPPER.format(tests=str(Path(__file__).parent)))
+    cases = {name: {"overrides": {**BASE, **overrides}} for name, overrides in _DIST_CASES.items()}
+    single = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
+    alone = subprocess.run([sys.executable, str(wrapper), str(worker_spec(tmp_path / "s1.json", tiny_model_dir, reward_file, tmp_path, single))],
+                           env=_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    fsdp = {k: v for k, v in cases.items() if k.startswith("fsdp")}
+    one = _torchrun(str(wrapper), str(worker_spec(tmp_path / "sf.json", tiny_model_dir, reward_file, tmp_path, fsdp)), nproc=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _torchrun(str(wrapper), str(worker_spec(tmp_path / "s2.json", tiny_model_dir, reward_file, tmp_path, cases)), nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    for case in cases:
+        w1, w2 = load_file(str(tmp_path / f"{case}-w1.safetensors")), load_file(str(tmp_path / f"{case}-w2.safetensors"))
+        diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+        assert diff <= 1e-5, f"{case}: max abs weight difference {diff:.2e}"
+        m1, m2 = (json.loads((tmp_path / f"{case}-w{w}.json").read_text()) for w in (1, 2))
+        assert 0 < m1["is_clip_frac"] < 1 and m1["is_ratio_min"] < m1["is_ratio_max"], case  # the correction acted, not everywhere
+        for key in ("is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "sampler_logp_diff"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-5), f"{case}: {key}"
