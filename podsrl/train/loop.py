@@ -330,6 +330,8 @@ def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
         seed=cfg.train.seed,
         dist=s.dist,
+        progress=progress,
+        min_call=_min_call(s),
     )
     if logger is not None:
         state.eval_seconds += result.seconds
@@ -338,6 +340,39 @@ def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str
     if log is not None:
         log(f"podsrl: eval at step {state.step}{f' ({label})' if label else ''}: {result.summary()} ({result.seconds:.0f} s)")
     return result
+
+
+LONG_ON_CPU = 256  # new tokens from which an evaluation on a CPU gets a caution
+
+
+def _min_call(s: Setup) -> int:
+    """The fewest completions an evaluation's engine call holds (:func:`podsrl.train.evaluate.calls`):
+    256 on a GPU, where a call costs about the same for 1 and 256 rollouts; 64 on a CPU, where a
+    call's own cost is about that of 32 rollouts of 16 tokens (podsrl.train.evaluate's docstring)."""
+    return 256 if next(s.policy.model.parameters()).device.type == "cuda" else 64
+
+
+def describe_eval(s: Setup) -> list[str]:
+    """What ``podsrl eval`` is about to do, said before it starts: where the model runs and with
+    which engine, how many problems x samples of how many tokens, and on a CPU with long completions
+    a caution (the progress bar then estimates the time left)."""
+    cfg = s.cfg
+    problems, samples = len(s.eval_examples), cfg.eval.samples
+    tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    how = "greedy" if cfg.eval.temperature == 0 else f"temperature {cfg.eval.temperature:g}"
+    lines = [
+        f"{_device_line(s, s.policy.model)}; {problems} problems x {samples} sample{'s' if samples > 1 else ''} "
+        f"of up to {tokens} new tokens ({how})"
+    ]  # fmt: skip
+    if next(s.policy.model.parameters()).device.type == "cpu" and tokens >= LONG_ON_CPU:
+        shard = -(-problems // s.dist.world)
+        first = min(problems, len(calls(shard, samples, _min_call(s))[0]) * s.dist.world) if problems else 0  # every rank's first call
+        lines.append(
+            f"podsrl: note: on a CPU, completions of up to {tokens} tokens are slow: the progress bar estimates the time "
+            f"left once its first call of {first} problem{'s' if first != 1 else ''} is done; --eval.max_problems=N "
+            "scores the first N problems only"
+        )
+    return lines
 
 
 def _eval_due(cfg: Config, state: ckpt.TrainState) -> bool:
@@ -372,8 +407,6 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, ove
         dist.close(barrier=finished)
 
 
-        progress=progress,
-        min_call=_min_call(s),
 def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overwrite: bool, log) -> Path:
     check_training_dtype(cfg)  # before the model loads
     if cfg.train.resume == "auto" and not (resume or overwrite):  # the same command starts and restarts
@@ -384,39 +417,6 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
     model = s.policy.model
     model.train()
     optimizer, scheduler = make_optimizer(cfg, model)
-LONG_ON_CPU = 256  # new tokens from which an evaluation on a CPU gets a caution
-
-
-def _min_call(s: Setup) -> int:
-    """The fewest completions an evaluation's engine call holds (:func:`podsrl.train.evaluate.calls`):
-    256 on a GPU, where a call costs about the same for 1 and 256 rollouts; 64 on a CPU, where a
-    call's own cost is about that of 32 rollouts of 16 tokens (podsrl.train.evaluate's docstring)."""
-    return 256 if next(s.policy.model.parameters()).device.type == "cuda" else 64
-
-
-def describe_eval(s: Setup) -> list[str]:
-    """What ``podsrl eval`` is about to do, said before it starts: where the model runs and with
-    which engine, how many problems x samples of how many tokens, and on a CPU with long completions
-    a caution (the progress bar then estimates the time left)."""
-    cfg = s.cfg
-    problems, samples = len(s.eval_examples), cfg.eval.samples
-    tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    how = "greedy" if cfg.eval.temperature == 0 else f"temperature {cfg.eval.temperature:g}"
-    lines = [
-        f"{_device_line(s, s.policy.model)}; {problems} problems x {samples} sample{'s' if samples > 1 else ''} "
-        f"of up to {tokens} new tokens ({how})"
-    ]  # fmt: skip
-    if next(s.policy.model.parameters()).device.type == "cpu" and tokens >= LONG_ON_CPU:
-        shard = -(-problems // s.dist.world)
-        first = min(problems, len(calls(shard, samples, _min_call(s))[0]) * s.dist.world) if problems else 0  # every rank's first call
-        lines.append(
-            f"podsrl: note: on a CPU, completions of up to {tokens} tokens are slow: the progress bar estimates the time "
-            f"left once its first call of {first} problem{'s' if first != 1 else ''} is done; --eval.max_problems=N "
-            "scores the first N problems only"
-        )
-    return lines
-
-
     state = ckpt.TrainState(world_size=dist.world)
     try:
         return _run(s, claim, model, optimizer, scheduler, state, resume=resume, log=log)
@@ -532,6 +532,13 @@ def _device_line(s: Setup, model) -> str:
         f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
         + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
         + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
+    )  # fmt: skip
+
+
+def _describe(s: Setup, model) -> str:
+    cfg = s.cfg
+    return (
+        _device_line(s, model)
         + (f", exact early stopping in rounds of {cfg.rollout.round_size or 'm'} (reward values {list(s.reward_values or [])})"
            if cfg.rollout.early_stop == "exact" else "")
         + (f", dynamic sampling (up to {cfg.rollout.max_gen_batches} batches of {cfg.train.prompts_per_step} prompts a step)"
@@ -557,10 +564,3 @@ class _Timer:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
-    )  # fmt: skip
-
-
-def _describe(s: Setup, model) -> str:
-    cfg = s.cfg
-    return (
-        _device_line(s, model)
