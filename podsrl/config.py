@@ -331,8 +331,8 @@ def catchable_signal(name: str):
 @dataclass(frozen=True)
 class TrainConfig:
     prompts_per_step: int = 8  # B
-    max_steps: int | None = None  # training-step budget; None: none (then max_seconds must be set)
-    max_seconds: float | None = 240.0  # training wall-clock budget (evaluation excluded); the demo's: make demo in about 5 minutes
+    max_steps: int | None = None  # training-step budget; None: none (then max_seconds must be set). With max_seconds too, the first budget reached ends the run
+    max_seconds: float | None = 240.0  # training wall-clock budget (evaluation excluded); the demo's: make demo in about 5 minutes. Set, it also drives the schedules (select.m_schedule, token_schedule) when it is further along than the steps; "none" for steps alone
     seed: int = 0  # seeds the task's split, sampling, selection and initialisation
     out_dir: str = "runs/{time}-{rule}"  # {time}, {rule} and {seed} are filled in
     checkpoint_every: int = 20  # steps; 0: only at the end

@@ -28,8 +28,20 @@ def test_every_config_field_has_a_one_line_description():
 def test_descriptions_are_the_trailing_comments():
     helps = field_help()
     assert helps["rollout"]["n"] == "rollouts sampled per prompt"
-    assert helps["select"]["m_final"] == "m at the end of training, reached along m_schedule; None: m throughout"  # from DownsampleSpec
+    assert helps["select"]["m_final"] == "m at the end of training (progress 1), reached along m_schedule; None: m throughout"  # from DownsampleSpec
     assert set(helps) == set(sections()) and "model" in helps and "train" in helps
+
+
+def test_the_schedules_say_that_time_can_drive_their_progress():
+    """A schedule reached its end at step 2 of max_steps = 4 because train.max_seconds governed its
+    progress, which only docs/integrating.md said (issue 45): `podsrl config` says it where the
+    settings are."""
+    text = render(config_mod.load(None, []))
+    line = lambda name: next(row for row in text.splitlines() if row.startswith(f"{name} = "))  # noqa: E731
+    for name in ("m_schedule", "token_schedule"):
+        assert "train.max_steps" in line(name) and "training time / train.max_seconds" in line(name), line(name)
+    assert 'set train.max_seconds = "none" for steps alone' in line("m_schedule")
+    assert "drives the schedules (select.m_schedule" in line("max_seconds")
 
 
 def _load_text(tmp_path, text):

@@ -563,7 +563,11 @@ def test_d3s_token_selection_keeps_fewer_tokens_on_a_schedule(make_config, tmp_p
         }
     )
     assert cfg.select.uses_token_selection and cfg.select.advantages_over_group
-    rows = read_jsonl(trainer.train(cfg, run_dir=tmp_path / "run", log=lambda *_: None) / "metrics.jsonl")
+    logs = []
+    rows = read_jsonl(trainer.train(cfg, run_dir=tmp_path / "run", log=logs.append) / "metrics.jsonl")
+    # The start-up lines say the schedules and what drives them: here both budgets (train.max_seconds has a default).
+    (line,) = [line for line in logs if line.startswith("podsrl: schedule: ")]
+    assert "select.m 2 -> 4 (linear), token fraction 0.5 -> 1 (linear)" in line and "train.max_seconds = 240 s" in line
     first, second = rows
     # The schedules start at the first step and end at the last one (issue 32: the last step had
     # progress (max_steps - 1) / max_steps, so m_final and token_fraction_final were never used).
@@ -585,6 +589,21 @@ def test_progress_runs_from_the_first_step_to_the_last(make_config):
     assert progress(timed, 0, 0.0) == 0.0 and progress(timed, 1, 150.0) == 1.0  # a first step longer than the budget
     both = make_config(**{"train.max_steps": 11, "train.max_seconds": 100.0})  # the further of the two
     assert progress(both, 5, 10.0 * 5) == pytest.approx(max(5 / 10, 50 / 90))
+
+
+def test_the_start_up_line_says_what_drives_a_schedule(make_config):
+    """m reached its end at step 2 of max_steps = 4 because train.max_seconds was set too (issue 45):
+    the run says, when a schedule moves, whether steps, time or the further of both drive it."""
+    moving = {"select.m": 2, "select.m_final": 4, "select.m_schedule": "linear"}
+    both = trainer.schedule_line(make_config(**moving, **{"train.max_steps": 4, "train.max_seconds": 60.0}))
+    assert both.startswith("podsrl: schedule: select.m 2 -> 4 (linear); progress follows the further of the steps")
+    assert "train.max_steps = 4" in both and "train.max_seconds = 60 s" in both and "before step 4" in both
+    steps = trainer.schedule_line(make_config(**moving, **{"train.max_steps": 4, "train.max_seconds": None}))
+    assert steps.endswith("progress follows the steps: its end at step 4 (train.max_steps)")
+    timed = trainer.schedule_line(make_config(**moving, **{"train.max_steps": None, "train.max_seconds": 60.0}))
+    assert timed.endswith("progress follows the training time: its end at train.max_seconds = 60 s (evaluation excluded)")
+    assert trainer.schedule_line(make_config(**{"train.max_steps": 4})) is None  # nothing moves: no line
+    assert trainer.schedule_line(make_config(**{"select.m": 2, "select.m_final": 2, "select.m_schedule": "linear"})) is None
 
 
 @pytest.mark.parametrize(

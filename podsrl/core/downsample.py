@@ -84,16 +84,16 @@ class DownsampleSpec:
 
     rule: str = "max_variance"  # all (GRPO) | random | max_reward | max_variance (PODS) | d3s_intra | d3s_cross (D3S)
     m: int | None = None  # rollouts kept per prompt at the start of training; None: n for rule all, else max(2, n // 4), at most n
-    m_final: int | None = None  # m at the end of training, reached along m_schedule; None: m throughout
-    m_schedule: str = "constant"  # how m moves to m_final with training progress: constant | linear | cosine | step
+    m_final: int | None = None  # m at the end of training (progress 1), reached along m_schedule; None: m throughout
+    m_schedule: str = "constant"  # how m moves to m_final with training progress: constant | linear | cosine | step. Progress (podsrl train): steps / train.max_steps or training time / train.max_seconds, the further; with both set (train.max_seconds has a default), time can end the schedule before the last step: set train.max_seconds = "none" for steps alone
     schedule_steps: int = 4  # pieces of the 'step' schedule (of m and of the token fraction)
     filter_zero_variance: bool = False  # DAPO dynamic-sampling filter: drop groups whose n rewards are all equal
     advantage_over: str = "auto"  # "kept" (PODS) | "group" (GRPO, D3S) | "auto" (group for the d3s rules, else kept)
     scale_std: bool = True  # divide advantages by the std of their set (GRPO); false: Dr. GRPO (centring only)
     std_over: str = "group"  # with scale_std: the std of each group's set ("group") | of all groups' sets pooled ("batch", as TRL)
     token_fraction: float = 1.0  # D3S token selection: fraction of the kept rollouts' tokens in the loss (of those with advantage != 0); 1: all
-    token_fraction_final: float | None = None  # the token fraction at the end of training; None: token_fraction
-    token_schedule: str = "constant"  # how token_fraction moves to token_fraction_final
+    token_fraction_final: float | None = None  # the token fraction at the end of training (progress 1); None: token_fraction
+    token_schedule: str = "constant"  # how token_fraction moves to token_fraction_final with training progress (as m_schedule: podsrl train's is the further of steps / train.max_steps and training time / train.max_seconds)
     token_score: str = "adv_entropy"  # "adv_entropy" (D3S, |A| x entropy) | "entropy" (the 80/20 rule)
     seed: int | None = None  # selection seed; None: the run's seed
 

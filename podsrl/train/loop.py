@@ -247,6 +247,32 @@ def progress(cfg: Config, state: ckpt.TrainState) -> float:
 _TORCH_STREAM = 2
 
 
+def schedule_line(cfg: Config) -> str | None:
+    """A start-up line when a schedule moves (m, the token fraction): from what to what, and what
+    drives its progress (:func:`progress`): the steps, the training time, or with both budgets set
+    the further of the two, so a slow step can end a schedule before train.max_steps (issue 45: m
+    reached its end at step 2 of 4). None when nothing moves."""
+    sel, n = cfg.select, cfg.rollout.n
+    moving = []
+    if sel.m_at(n, 0.0) != sel.m_at(n, 1.0):
+        moving.append(f"select.m {sel.m_at(n, 0.0)} -> {sel.m_at(n, 1.0)} ({sel.m_schedule})")
+    if sel.token_fraction_at(0.0) != sel.token_fraction_at(1.0):
+        moving.append(f"token fraction {sel.token_fraction_at(0.0):g} -> {sel.token_fraction_at(1.0):g} ({sel.token_schedule})")
+    if not moving:
+        return None
+    steps, seconds = cfg.train.max_steps, cfg.train.max_seconds
+    if steps and seconds:
+        driver = (
+            f"the further of the steps (of train.max_steps = {steps}) and the training time (of train.max_seconds = {seconds:g} s): "
+            f"time can end the schedule before step {steps}; train.max_seconds = \"none\" for steps alone"
+        )
+    elif steps:
+        driver = f"the steps: its end at step {steps} (train.max_steps)"
+    else:
+        driver = f"the training time: its end at train.max_seconds = {seconds:g} s (evaluation excluded)"
+    return f"podsrl: schedule: {', '.join(moving)}; progress follows {driver}"
+
+
 def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) -> dict:
     """One step of B prompts (B / world on each rank); returns its metrics (one line of metrics.jsonl)."""
     cfg, dist, timer = s.cfg, s.dist, _Timer()
@@ -456,6 +482,8 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
     if dist.is_main:
         claim.write_config(cfg, step=state.step, log=log)  # atomic; on resume, records what changed
     log(_describe(s, model))
+    if (line := schedule_line(cfg)) is not None:
+        log(line)
     if s.grading_note is not None:
         log(f"podsrl: warning: {s.grading_note}")
     logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()
