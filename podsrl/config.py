@@ -233,6 +233,33 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class PromptsConfig:
+    """``[prompts]``: the order the training prompts are sampled in, and prompt selection before
+    sampling (podsrl/train/prompts.py, podsrl/core/prompt_selection.py; GRESO, arXiv 2506.02177)."""
+
+    shuffle: bool = True  # each epoch a new order of the training prompts, seeded by (train.seed, epoch); false: the task's order every epoch
+    skip_silent: bool = False  # prompt selection: skip, before sampling, prompts whose recent visits were silent (no kept rollout with a nonzero advantage), with a probability the exploration rate sets
+    target_silent: float = 0.25  # with skip_silent: the share of sampled groups without a signal that the exploration rate steers toward (GRESO's target_zero_variance)
+    explore: float = 0.5  # with skip_silent: the exploration rate p at the start; a prompt silent k visits in a row is sampled with probability p**k (GRESO's p_easy, p_hard)
+    explore_step: float = 0.01  # with skip_silent: how far the exploration rate moves after each step, from the second epoch on
+    explore_min: float = 0.05  # with skip_silent: the lowest exploration rate
+    explore_max: float = 0.95  # with skip_silent: the highest exploration rate
+    min_sample_probability: float = 0.01  # with skip_silent: a prompt however long silent is still sampled with at least this probability
+
+    def __post_init__(self) -> None:
+        for name in ("target_silent", "explore", "explore_min", "explore_max", "min_sample_probability"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and 0 <= value <= 1, f"prompts.{name}", f"must be in [0, 1], got {value!r}")
+        _check(0 < self.explore_step <= 1, "prompts.explore_step", f"must be in (0, 1], got {self.explore_step!r}")
+        _check(self.explore_min <= self.explore_max, "prompts.explore_min",
+               f"= {self.explore_min:g} is above prompts.explore_max = {self.explore_max:g}; lower it or raise explore_max")  # fmt: skip
+        _check(self.explore_min <= self.explore <= self.explore_max, "prompts.explore",
+               f"= {self.explore:g} is outside [prompts.explore_min, prompts.explore_max] = [{self.explore_min:g}, {self.explore_max:g}]")  # fmt: skip
+        _check(self.min_sample_probability > 0, "prompts.min_sample_probability",
+               "must be > 0: a prompt that is never sampled again can never show that it has become useful")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class SelectConfig(DownsampleSpec):
     """``[select]``: the down-sampling spec (:class:`podsrl.core.downsample.DownsampleSpec`, where the
     fields, their defaults and their validation live, shared with the TRL integration's PODSConfig)."""
@@ -425,6 +452,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
     select: SelectConfig = field(default_factory=SelectConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -886,12 +886,30 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
     grpo = report["methods"]["grpo"]
     assert grpo["signal_per_seed"][0] == {"reward": 0.5, "zero_variance_groups": 0.75, "kept_adv_var": 0.2, "tokens_in_loss": 0.5,
                                           "grad_norm": 1.0, "rollouts": 110, "prompts": 8, "groups_with_signal": None,
-                                          "rows_run": 6 / 16}  # fmt: skip
+                                          "rows_run": 6 / 16, "rollouts_per_signal_group": None, "prompts_skipped": None,
+                                          "explored_silent": None, "epochs": None}  # fmt: skip
     assert grpo["signal_per_seed"][1]["kept_adv_var"] == pytest.approx(0.2)  # the NaN step is skipped
     assert grpo["signal"]["zero_variance_groups"] == pytest.approx(0.625)
     assert report["methods"]["pods"]["signal"] == dict.fromkeys(compare.report.SIGNAL)  # no finished run: no numbers
     table = compare.format_table(report)
     assert "training signal (metrics.jsonl)" in table and "62%" in table and "50%" in table and "38%" in table
+
+
+def test_the_signal_table_reports_prompt_selection(tmp_path):
+    """Rollouts per group trained with a signal, prompts skipped, the prediction's precision and
+    the epochs: ratios of the run's sums, the last epoch (issue 44)."""
+    plan = _plan(tmp_path)
+    out = tmp_path / "out"
+    path = _write_run(out, plan, "grpo", 0, [(0, 0.1), (100, 0.3)])
+    rows = [{"step": 1, "reward_mean": 0.5, "rollouts_generated": 64, "groups_with_signal": 8, "prompts_skipped": 3, "prompts_explored": 4,
+             "prompts_explored_silent": 3, "epoch": 0.2},
+            {"step": 2, "reward_mean": 0.5, "rollouts_generated": 32, "groups_with_signal": 4, "prompts_skipped": 5, "prompts_explored": 0,
+             "prompts_explored_silent": 0, "epoch": 0.45}]  # fmt: skip
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sig = compare.build_report(plan, out)["methods"]["grpo"]["signal_per_seed"][0]
+    assert (sig["rollouts_per_signal_group"], sig["prompts_skipped"], sig["explored_silent"], sig["epochs"]) == (8.0, 4.0, 0.75, 0.45)
+    table = compare.format_table(report := compare.build_report(plan, out))
+    assert "rollouts / signal group" in table and "75%" in table and report["definitions"]["signal"].count("explored_silent") == 1
 
 
 def test_training_reward_compares_like_with_like(tmp_path):

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from podsrl.config import from_dict, to_toml
-from podsrl.core.downsample import DownsampleSpec, downsample, groups_with_signal, has_signal
+from podsrl.core.downsample import DownsampleSpec, downsample, group_signal, groups_with_signal, has_signal
 from podsrl.core.early_stop import stop_criterion
 from podsrl.core.selection import RULES
 from podsrl.errors import ConfigError
@@ -79,20 +79,23 @@ def test_signal_of_each_group_alone(rule, options, want):
 @pytest.mark.parametrize("std_over", ["group", "batch"])
 def test_the_step_selection_agrees_with_the_signal_test(rule, std_over):
     """Over random rewards: a group that fails the test never has a signal in a batch's selection
-    (any rule), and for the per-group rules but ``random`` every group that passes keeps one when
-    the step selects over the groups that passed (so B groups that pass are B groups with signal)."""
+    (any rule), and for every per-group rule, ``random`` included, every group that passes keeps
+    one when the step trains on the groups that passed with the rows the test read (the selection
+    is decided once: so B groups that pass are B groups with signal)."""
     gen = torch.Generator().manual_seed(1)
-    rewards = torch.randint(0, 3, (60, 6), generator=gen).float() / 2  # [G, n], many groups all equal or with equal tops
+    rewards = torch.randint(0, 2, (200, 6), generator=gen).float()  # [G, n] binary: many groups all equal or with equal subsets
     rewards[::7] = 1.0  # some all equal for sure
     spec = DownsampleSpec(rule=rule, m=6 if rule == "all" else 2, std_over=std_over)
-    passed = groups_with_signal(rewards, spec, generator=torch.Generator().manual_seed(2))
+    tested = downsample(rewards, spec, generator=torch.Generator().manual_seed(2))
+    passed = group_signal(rewards, tested, spec)
     assert 0 < int(passed.sum()) < len(passed)
-    in_batch = has_signal(downsample(rewards, spec, step=3, seed=0))
-    if rule != "random":
+    in_batch = has_signal(downsample(rewards, spec, step=3, seed=0))  # another draw
+    if rule != "random":  # the verdict is the kept multiset's, whatever the tie-breaks
         assert not bool((in_batch & ~passed).any())
-    if rule not in ("random", "d3s_cross"):
-        assert bool(has_signal(downsample(rewards[passed], spec, step=3, seed=0)).all())
-        assert torch.equal(in_batch, passed)
+    assert torch.equal(passed, groups_with_signal(rewards, spec, generator=torch.Generator().manual_seed(2)))
+    if rule != "d3s_cross":
+        step = downsample(rewards[passed], spec, step=3, seed=0, keep=tested.keep[passed])
+        assert bool(has_signal(step).all()) and torch.equal(step.keep, tested.keep[passed])
 
 
 def _simulate_signal(rule: str, m: int, *, early: bool, seed: int, groups: int = 3000, n: int = 8, round_size: int = 2):
@@ -111,18 +114,19 @@ def _simulate_signal(rule: str, m: int, *, early: bool, seed: int, groups: int =
             running &= (count < n) & ~criterion(seen)
         rewards = seen
     spec = DownsampleSpec(rule=rule, m=m)
-    signal = groups_with_signal(rewards, spec, generator=torch.Generator().manual_seed(seed + 1), allow_missing=True)
-    sel = downsample(rewards[signal], spec, step=seed, seed=0, allow_missing=True)
+    tested = downsample(rewards, spec, generator=torch.Generator().manual_seed(seed + 1), allow_missing=True)
+    signal = group_signal(rewards, tested, spec)  # the test and the rows trained on: one decision
+    sel = downsample(rewards[signal], spec, step=seed, seed=0, allow_missing=True, keep=tested.keep[signal])
     kept = torch.where(sel.keep, rewards[signal], 0.0).sum(1)  # [S] highs kept
     return float(signal.float().mean()), Counter(kept.tolist())
 
 
-@pytest.mark.parametrize("rule,m", [("max_variance", 2), ("max_variance", 3), ("max_reward", 2), ("max_reward", 3)])
+@pytest.mark.parametrize("rule,m", [("max_variance", 2), ("max_variance", 3), ("max_reward", 2), ("max_reward", 3), ("random", 2), ("random", 3)])
 def test_early_stopping_keeps_the_signal_law_of_fixed_n(rule, m):
     """Dynamic sampling's test runs on the early-stopped groups: the share of groups with a signal
     and the kept rewards of those groups have the law of fixed-n sampling (the test is a function
-    of the kept set, whose law early stopping preserves: podsrl/core/early_stop.py). ``random`` has
-    no exact criterion with dynamic sampling (refused below)."""
+    of the kept set, whose law early stopping preserves: podsrl/core/early_stop.py). ``random``
+    too, now that the rows trained on are the ones tested (a uniform m-subset either way)."""
     share_fixed, kept_fixed = _simulate_signal(rule, m, early=False, seed=11)
     share_early, kept_early = _simulate_signal(rule, m, early=True, seed=12)
     sd = math.sqrt(share_fixed * (1 - share_fixed) * 2 / 3000)
@@ -229,17 +233,51 @@ def test_early_stopping_inside_dynamic_sampling(make_config, reward_spec, tmp_pa
     cfg = _dynamic(make_config, reward_spec, **{"reward.names": [f"{reward}:parity"], "rollout.n": 8, "rollout.early_stop": "exact",
                                                 "rollout.round_size": 2, "select.m": 2})  # fmt: skip
     rows = _steps(cfg, 3)
+    cap = cfg.rollout.max_gen_batches
     for row in rows:
-        assert row["groups_with_signal"] == 4 or row["gen_batches"] == cfg.rollout.max_gen_batches
+        _assert_the_groups_add_up(row, B=4, cap=cap)
+        assert row["groups_with_signal"] == row["groups_passed"]  # max_variance: every group that passed trains with its signal
         assert row["rollouts_generated"] <= row["prompts_sampled"] * 8 and row["sample_rounds"] >= row["gen_batches"]
     assert sum(r["rollouts_generated"] for r in rows) < sum(r["prompts_sampled"] for r in rows) * 8  # groups did stop early
     assert _untimed(rows) == _untimed(_steps(cfg, 3))  # reproducible
 
 
-def test_random_has_no_exact_early_stop_with_dynamic_sampling(make_config, reward_spec):
+def _assert_the_groups_add_up(row: dict, *, B: int, cap: int) -> None:
+    """A dynamic-sampling step's counts: every group sampled passed or was silent; the step trains on
+    B that passed unless it stopped at the cap, and drops a surplus only when it has B."""
+    assert row["groups_passed"] + row["groups_surplus"] + row["groups_silent"] == row["prompts_sampled"]
+    assert row["groups_passed"] <= B and 1 <= row["gen_batches"] <= cap
+    if row["gen_batches"] < cap or row["groups_surplus"]:
+        assert row["groups_passed"] == B
+    if row["groups_passed"] < B:
+        assert row["gen_batches"] == cap and row["groups_surplus"] == 0
+
+
+def test_random_with_dynamic_sampling_is_exact_with_early_stopping(make_config, reward_spec):
+    """The test and the step's rows are one draw, so ``random`` keeps a uniform m-subset whose
+    signal is the one tested: exact early stopping no longer refuses it (the law: above)."""
+    from podsrl.core.early_stop import why_not_exact
+
     cfg = _dynamic(make_config, reward_spec, **{"select.rule": "random", "select.m": 2, "rollout.n": 8, "rollout.early_stop": "exact"})
-    with pytest.raises(ConfigError, match="rollout.early_stop = 'exact': dynamic sampling .* rule 'random'"):
-        trainer._reward_values(cfg, trainer.resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights))))
+    trainer._reward_values(cfg, trainer.resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights))))  # no ConfigError
+    assert why_not_exact("random", values=None) is None
+    assert why_not_exact("random", values=None, filter_zero_variance=True) is not None  # the DAPO filter still needs all n
+
+
+@pytest.mark.parametrize("rule", ["random", "max_reward"])
+def test_a_step_trains_on_the_rows_its_signal_test_read(make_config, reward_spec, tmp_path, rule):
+    """A binary reward, n = 4, m = 2: a random subset of a mixed group is often constant. Every group
+    that passed dynamic sampling's test trains with a signal, in the rows the test read (issue 44:
+    the step used to draw its random subset again, and 629 of 1,041 simulated groups that passed
+    trained on a subset without one)."""
+    reward = tmp_path / "parity.py"
+    reward.write_text("def parity(completion, example):\n    return float(len(completion) % 2)\n\n\nparity.reward_values = (0.0, 1.0)\n")
+    cfg = _dynamic(make_config, reward_spec, **{"reward.names": [f"{reward}:parity"], "rollout.n": 4, "select.rule": rule, "select.m": 2,
+                                                "rollout.max_gen_batches": 6})  # fmt: skip
+    rows = _steps(cfg, 3)
+    for row in rows:
+        _assert_the_groups_add_up(row, B=4, cap=6)
+        assert row["groups_with_signal"] == row["groups_passed"] > 0
 
 
 def _untimed(rows):

@@ -70,7 +70,12 @@ DEFINITIONS = {
               "rollouts sampled per step (below B x n with exact early stopping, above with dynamic sampling; runs older "
               "than that metric: null); prompts: prompts sampled per step (B, more with dynamic sampling); "
               "groups_with_signal: groups per step trained with a nonzero advantage (runs older than that metric: null); "
-              "rows_run: the kept rollouts that ran the update's forward and backward, over all kept (skipped: advantage 0)",
+              "rows_run: the kept rollouts that ran the update's forward and backward, over all kept (skipped: advantage 0); "
+              "rollouts_per_signal_group: every rollout sampled over every group trained with a signal (the run's sums: what a "
+              "useful group cost); prompts_skipped: prompts passed over per step as predicted silent (prompts.skip_silent; "
+              "runs without it: null); explored_silent: of the prompts sampled although predicted silent, the share that came "
+              "back silent (the prediction's precision, the run's sums); epochs: passes over the training prompts by the "
+              "run's last step (runs older than epochs: null)",
     "device_sharing": "runs_per_device: the most runs that trained at once on one device (--parallel, --devices); above 1 "
                       "they shared its time, so wall-clock times are inflated by the sharing and the step axis is the fair one",
 }  # fmt: skip
@@ -345,9 +350,9 @@ def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
 
 
 SIGNAL = ("reward", "zero_variance_groups", "kept_adv_var", "tokens_in_loss", "grad_norm", "rollouts", "prompts", "groups_with_signal",
-          "rows_run")  # fmt: skip
+          "rows_run", "rollouts_per_signal_group", "prompts_skipped", "explored_silent", "epochs")  # fmt: skip
 _SIGNAL_KEYS = {"zero_variance_groups": "zero_variance_groups", "kept_adv_var": "kept_adv_var", "grad_norm": "grad_norm",
-                "rollouts": "rollouts_generated", "groups_with_signal": "groups_with_signal"}  # fmt: skip
+                "rollouts": "rollouts_generated", "groups_with_signal": "groups_with_signal", "prompts_skipped": "prompts_skipped"}  # fmt: skip
 
 
 def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
@@ -368,6 +373,11 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     both = [r for r in metrics if isinstance(r.get("rows_run"), int) and isinstance(r.get("kept"), (int, float))]  # older runs lack rows_run
     ran, kept_rows = sum(r["rows_run"] for r in both), sum(r["kept"] for r in both)
     out["rows_run"] = ran / kept_rows if kept_rows else None
+    useful = sum(values("groups_with_signal"))
+    out["rollouts_per_signal_group"] = sum(values("rollouts_generated")) / useful if useful else None
+    explored = sum(values("prompts_explored"))
+    out["explored_silent"] = sum(values("prompts_explored_silent")) / explored if explored else None
+    out["epochs"] = epochs[-1] if (epochs := values("epoch")) else None
     return {name: out[name] for name in SIGNAL}
 
 

@@ -32,9 +32,12 @@ Choices made where the papers are silent:
   refuses the settings that can never train on a nonzero advantage (``podsrl train`` calls it).
 - **A schedule without an end** is constant; an end (``m_final``, ``token_fraction_final``) with a
   constant schedule is an error rather than silently ignored.
-- **Seeds**: one torch generator per step, seeded by (seed, step) only, so a resumed run selects
-  exactly as an uninterrupted one and every process of a multi-process run computes the same
-  selection without communicating.
+- **Seeds**: one torch generator per step, seeded by (seed, step) only (the stream
+  :data:`podsrl.core.seeds.Stream.SELECTION`), so a resumed run selects exactly as an uninterrupted
+  one and every process of a multi-process run computes the same selection without communicating.
+- **One decision**: a selection already made for these groups (``keep``, e.g. by dynamic
+  sampling's signal test over a generation batch) is used as it is, never drawn again: the rows a
+  step trains on are the rows its test found a signal in (:func:`group_signal`).
 - **Metrics** are population statistics except the reward standard deviations, which are sample
   (Bessel) std as TRL logs them; a rollout set with fewer than two members has std 0, and the kept
   reward mean of an empty selection (every group filtered out) is NaN.
@@ -65,17 +68,18 @@ from torch import Tensor
 
 from podsrl.core.advantages import STD_SCOPES, check_rewards, group_advantages
 from podsrl.core.schedules import SCHEDULES, schedule_value, scheduled_m
+from podsrl.core.seeds import Stream, step_seed
 from podsrl.core.selection import RULES, drop_zero_variance_groups, get_rule, nonzero_variance_groups
 from podsrl.errors import ConfigError
 
 __all__ = [
     "DownsampleSpec", "Selection", "downsample", "selection_generator", "step_seed", "SELECTION_STREAM", "has_signal",
-    "groups_with_signal",
+    "group_signal", "groups_with_signal",
 ]  # fmt: skip
 
 ADVANTAGE_SETS = ("auto", "kept", "group")
 TOKEN_SCORES = ("adv_entropy", "entropy")
-SELECTION_STREAM = 1  # the stream of step_seed that selection draws from
+SELECTION_STREAM = int(Stream.SELECTION)  # the stream of step_seed that selection draws from (podsrl.core.seeds)
 
 
 @dataclass(frozen=True)
@@ -206,15 +210,9 @@ class Selection:
     metrics: dict[str, float]  # see selection_metrics
 
 
-def step_seed(seed: int, step: int, stream: int) -> int:
-    """A 31-bit seed for one (run seed, step, stream): every random number of a step comes from one
-    of these, so a resumed run draws what an uninterrupted one would."""
-    return (seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
-
-
 def selection_generator(seed: int, step: int) -> torch.Generator:
     """The CPU generator the rule draws its tie-breaks from at ``step``."""
-    return torch.Generator().manual_seed(step_seed(seed, step, SELECTION_STREAM))
+    return torch.Generator().manual_seed(step_seed(seed, step, Stream.SELECTION))
 
 
 def downsample(
@@ -226,6 +224,7 @@ def downsample(
     seed: int = 0,
     generator: torch.Generator | None = None,
     allow_missing: bool = False,
+    keep: Tensor | None = None,
 ) -> Selection:
     """Keep m of the n rollouts of each group and compute the advantages to train them with.
 
@@ -240,6 +239,9 @@ def downsample(
         generator: overrides the (seed, step) generator.
         allow_missing: NaN marks a rollout without a reward instead of being an error (see
             "Missing rewards" in the module docstring).
+        keep: [B, n] bool, a selection already decided for these groups (the DAPO filter
+            included): used as it is, and only the advantages and metrics are computed ("One
+            decision" in the module docstring). None: the rule decides.
 
     Returns:
         a :class:`Selection`: keep [B, n] bool, advantages [B, n] (0 outside keep), m, the token
@@ -253,12 +255,16 @@ def downsample(
     n = rewards.shape[1]
     spec.check_n(n)
     m = spec.m_at(n, progress)
-    if generator is None:
-        generator = selection_generator(spec.seed if spec.seed is not None else seed, step)
-    select_std = spec.scale_std and spec.std_over == "group"  # a batch-wide std changes no selection
-    keep = get_rule(spec.rule)(rewards, m, generator=generator, scale_std=select_std, valid=scored)  # [B, n]
-    if spec.filter_zero_variance:
-        keep = drop_zero_variance_groups(keep, rewards, scored)
+    if keep is not None:
+        if not isinstance(keep, Tensor) or keep.dtype != torch.bool or keep.shape != rewards.shape:
+            raise ValueError(f"keep must be a bool tensor of the rewards' shape {tuple(rewards.shape)}, got {getattr(keep, 'shape', keep)!r}")
+    else:
+        if generator is None:
+            generator = selection_generator(spec.seed if spec.seed is not None else seed, step)
+        select_std = spec.scale_std and spec.std_over == "group"  # a batch-wide std changes no selection
+        keep = get_rule(spec.rule)(rewards, m, generator=generator, scale_std=select_std, valid=scored)  # [B, n]
+        if spec.filter_zero_variance:
+            keep = drop_zero_variance_groups(keep, rewards, scored)
     trained = keep if scored is None else keep & scored  # the kept rollouts that have a reward
     advantage_set = scored if spec.advantages_over_group else trained  # None: every rollout of the group
     advantages = group_advantages(rewards, advantage_set, scale_std=spec.scale_std, std_over=spec.std_over)
@@ -274,6 +280,27 @@ def has_signal(selection: Selection) -> Tensor:
     return (selection.keep & (selection.advantages != 0)).any(dim=1)
 
 
+def group_signal(rewards: Tensor, selection: Selection, spec: DownsampleSpec) -> Tensor:
+    """Dynamic sampling's test (DAPO, arXiv 2503.14476 Sec. 3.2, for every rule) and prompt
+    selection's outcome: rewards [G, n] (NaN: not sampled) and their selection -> [G] bool, whether
+    each group has a signal.
+
+    For every rule but ``d3s_cross`` a group's selection is its own (the rule runs per group), so
+    the answer is :func:`has_signal`: its kept rollouts carry a nonzero advantage, in the very rows
+    the step then trains on (pass ``selection.keep`` on to :func:`downsample`). A batch-wide std
+    (``std_over="batch"``) scales every advantage by one factor and changes no sign. ``d3s_cross``
+    pools the batch, so whether the pool keeps a group's rows depends on the other groups; its
+    answer is the group's own: its scored full-group rewards are not all equal (a nonzero advantage
+    the pool could choose). DAPO's test ("not all rewards equal") is this one for GRPO (rule
+    ``all``); PODS' ``max_reward`` over the kept subset needs the m highest rewards not all equal,
+    and m = 1 over the kept subset never has a signal.
+    """
+    if spec.rule == "d3s_cross":
+        scored = ~rewards.isnan()
+        return nonzero_variance_groups(rewards.nan_to_num(0.0), scored)
+    return has_signal(selection)
+
+
 def groups_with_signal(
     rewards: Tensor,
     spec: DownsampleSpec,
@@ -282,25 +309,11 @@ def groups_with_signal(
     generator: torch.Generator | None = None,
     allow_missing: bool = False,
 ) -> Tensor:
-    """Dynamic sampling's test (DAPO, arXiv 2503.14476 Sec. 3.2, for every rule): rewards [G, n]
-    -> [G] bool, whether each group, selected *alone* by :func:`downsample` (a batch of one), keeps
-    a rollout with a nonzero advantage (:func:`has_signal`).
-
-    Alone, so that the answer is the group's own and does not depend on which other groups were
-    sampled with it: for ``d3s_cross``, whose pool is the batch, alone means "the group has a
-    nonzero advantage the pool could choose" (its full-group rewards are not all equal), and a
-    batch-wide std (``std_over="batch"``) is then the group's own, which changes no advantage's
-    sign. For every rule but ``random`` the answer is a function of the group's rewards only (the
-    rule's random tie-breaks change which rollouts it keeps, never whether their advantages are 0),
-    so the selection a step then makes over the groups that pass keeps a signal in each (``d3s_cross``
-    may leave a group without rows, as it may without dynamic sampling). ``random`` keeps a random
-    subset: the test draws one from ``generator``, the step's selection draws again. DAPO's own test
-    ("not all rewards equal") is this one for GRPO (rule ``all``); PODS' ``max_reward`` over the kept
-    subset also needs the m highest rewards not all equal, and m = 1 over the kept subset never has a
-    signal. One :func:`downsample` call per group: about 0.3 ms each on a CPU.
-    """
-    rows = [downsample(rewards[g : g + 1], spec, progress=progress, generator=generator, allow_missing=allow_missing) for g in range(rewards.shape[0])]
-    return torch.tensor([bool(has_signal(sel)[0]) for sel in rows], dtype=torch.bool)
+    """rewards [G, n] -> [G] bool: :func:`group_signal` of one :func:`downsample` call over the
+    groups (one batched call; the selection itself is discarded, so use :func:`group_signal` where
+    the step trains on what was tested)."""
+    selection = downsample(rewards, spec, progress=progress, generator=generator, allow_missing=allow_missing)
+    return group_signal(rewards, selection, spec)
 
 
 def selection_metrics(

@@ -73,21 +73,22 @@ depends on rollouts never sampled unless the prefix already settles it. With ``m
 stop region has both outcomes, so no continuation is constant: still exact. ``max_reward`` stops
 only once it also has one reward below v*. ``random`` has no exact criterion with the filter.
 
-Dynamic sampling (``rollout.dynamic_sampling``, :func:`podsrl.core.downsample.groups_with_signal`)
-tests each group for a signal with the rule run on the group alone. For every rule but ``random``
-whether the kept rollouts carry a nonzero advantage is a function of the kept reward multiset (the
-rule's tie-breaks change which rollouts it keeps, not their values), whose law the criteria above
+Dynamic sampling (``rollout.dynamic_sampling``, :func:`podsrl.core.downsample.group_signal`)
+tests each group for a signal in the selection the step then trains on (one decision). Whether
+the kept rollouts carry a nonzero advantage is a function of the kept reward multiset (the rule's
+tie-breaks change which rollouts it keeps, not their values), whose law the criteria above
 preserve: the groups that pass, and what the step keeps of them, have their fixed-n law, and no
 criterion needs to change (``max_reward``'s kept set of m maxima has no signal, and no later
-reward can give it one). ``random`` tests one random subset and trains on another drawn from the
-same sampled rollouts: their joint law depends on how many were sampled, so ``random`` has no
-exact criterion with dynamic sampling (tests/test_dynamic_sampling.py checks the others).
+reward can give it one). ``random`` keeps m of the sampled rollouts uniformly, which by
+exchangeability is a uniform m-subset of n i.i.d. rollouts, tested and trained on alike
+(tests/test_dynamic_sampling.py checks the law). Before issue 44 the test drew one random subset
+and the step another, whose joint law depended on how many were sampled, and the pair was refused.
 
 No exact criterion (the group is sampled to n, or the run refuses; see :func:`why_not_exact`):
 ``all`` (it trains on all n); the D3S rules and ``advantage_over = "group"`` (advantages over the
 full group depend on every rollout); ``max_variance`` with rewards that are not binary, and
 ``max_reward`` without a declared finite set of values (the continuation could always hold a
-better reward); ``random`` with the DAPO filter or with dynamic sampling.
+better reward); ``random`` with the DAPO filter.
 
 The declared values are a promise, checked on every reward (:func:`check_values`): a reward outside
 the declared set makes the criteria unsound, so it stops the run with a RewardError rather than
@@ -157,7 +158,6 @@ def why_not_exact(
     values: Sequence[float] | None,
     advantages_over_group: bool = False,
     filter_zero_variance: bool = False,
-    dynamic_sampling: bool = False,
 ) -> str | None:
     """None when ``rule`` has an exact stopping criterion with these settings, else the reason
     (one sentence, for an error message or a log line). ``values``: the declared reward values
@@ -174,9 +174,6 @@ def why_not_exact(
         return f"rule {rule!r} stops early only with binary rewards (two declared values); the reward values are {declared}"
     if rule == "random" and filter_zero_variance:
         return "the DAPO filter (filter_zero_variance) with rule 'random' depends on all n rollouts"
-    if rule == "random" and dynamic_sampling:
-        return ("dynamic sampling (rollout.dynamic_sampling) with rule 'random' tests one random subset of a group for a "
-                "signal and trains on another, whose joint law depends on all n rollouts")
     return None
 
 

@@ -78,6 +78,7 @@ class TrainState:
     eval_seconds: float = 0.0
     last_eval_seconds: float = 0.0  # train clock at the last evaluation
     world_size: int = 1  # processes the run was trained on (a resume may use another number)
+    prompts: dict = dataclasses.field(default_factory=dict)  # the prompt stream (podsrl.train.prompts.PromptStream.state_dict); {}: before issue 44
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -207,14 +207,20 @@ def _finite(metrics: dict) -> dict:
 
 def _sampling_postfix(metrics: dict) -> str:
     """The progress bar's sampling figures: groups trained with a signal of B, the prompts and
-    generation batches sampled (with dynamic sampling, when more than one) and the rollouts."""
+    generation batches sampled (with dynamic sampling, when more than one), the rollouts, the
+    prompts skipped (prompt selection) and the epoch (passes over the training prompts)."""
     if "gen_batches" not in metrics:
         return ""
     B = metrics["prompts_sampled"] // max(1, metrics["gen_batches"])
     text = f"signal {metrics['groups_with_signal']}/{B}"
     if metrics["gen_batches"] > 1:
         text += f" of {metrics['prompts_sampled']} prompts ({metrics['gen_batches']} batches)"
-    return text + f" {metrics['rollouts_generated']} rollouts"
+    text += f" {metrics['rollouts_generated']} rollouts"
+    if metrics.get("prompts_skipped"):
+        text += f" skipped {metrics['prompts_skipped']}"
+    if isinstance(metrics.get("epoch"), (int, float)):
+        text += f" ep {metrics['epoch']:.2f}"
+    return text
 
 
 def comparable_reward(row: dict, *, early_stop: bool, rollouts: int) -> float | None:

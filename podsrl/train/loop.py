@@ -1,26 +1,29 @@
 """The training loop: sample -> score -> downsample -> update -> log, one screen per step.
 
 One step (``train_step``) of B prompts:
-  1-2. sample n rollouts per prompt with the engine (current weights) and score them with the
-     reward functions -> B groups, rewards [B, n] (:mod:`podsrl.train.sampling`, one record of
-     groups); with rollout.early_stop = "exact" in rounds, a group stopping once more rollouts
-     could not change the law of what it trains on (:mod:`podsrl.core.early_stop`; NaN marks the
-     rollouts never sampled); with rollout.dynamic_sampling, further batches of prompts until B
-     groups have a signal;
+  1-2. take the next B prompts of the run's prompt stream (shuffled epochs; with prompt selection,
+     passing over those predicted silent: :mod:`podsrl.train.prompts`), sample n rollouts per
+     prompt with the engine (current weights) and score them with the reward functions -> B
+     groups, rewards [B, n] (:mod:`podsrl.train.sampling`, one record of groups); with
+     rollout.early_stop = "exact" in rounds, a group stopping once more rollouts could not change
+     the law of what it trains on (:mod:`podsrl.core.early_stop`; NaN marks the rollouts never
+     sampled); with rollout.dynamic_sampling, further batches of prompts until B groups have a
+     signal;
   3. downsample (:func:`podsrl.core.downsample.downsample`, the call every trainer makes): keep
-     B*m rollouts by the selection rule, m from its schedule, and compute their advantages over the
-     kept subset (PODS) or the full group (GRPO, D3S);
+     B*m rollouts by the selection rule, m from its schedule (the selection sampling decided, when
+     it tested the groups for a signal), and compute their advantages over the kept subset (PODS)
+     or the full group (GRPO, D3S);
   4. one optimizer step on the kept rollouts only (:mod:`podsrl.train.update`), D3S token selection
      inside, then push the new weights to the engine;
   5. log the step's metrics.
 Evaluation runs every k steps and/or every T seconds of *training* time; its own time is recorded
 but kept off the training clock, which is what budgets and wall-clock plots measure.
 
-Every random number of step s comes from generators seeded by (seed, s)
-(:func:`podsrl.core.downsample.step_seed`): which prompts (per generation batch), the sampling seed,
-tie-breaking in selection, dropout. A resumed run therefore continues exactly as an uninterrupted
-one would, given the checkpointed weights and optimizer state (dynamic sampling carries nothing from
-one step to the next: :mod:`podsrl.train.sampling`).
+Every random number of step s comes from generators seeded by (seed, s), and the prompt stream's
+by (seed, epoch) (one registry: :mod:`podsrl.core.seeds`): the sampling seed, tie-breaking in
+selection, dropout, the epochs' orders and prompt selection's draws. A resumed run therefore
+continues exactly as an uninterrupted one would, given the checkpointed weights, optimizer state
+and prompt stream (its position and, with prompt selection, each prompt's history).
 
 Under torchrun every rank runs this same loop on its B / world prompts (``s.dist``, see
 :mod:`podsrl.train.distributed`): rewards are gathered so that selection, advantages and metrics
@@ -41,7 +44,8 @@ import torch
 from torch import Tensor
 
 from podsrl.config import Config
-from podsrl.core.downsample import Selection, downsample, has_signal, step_seed
+from podsrl.core.downsample import Selection, downsample, has_signal
+from podsrl.core.seeds import Stream, step_seed
 from podsrl.core.early_stop import why_not_exact
 from podsrl.core.schedules import training_progress
 from podsrl.engines import Engine, make_engine, resolve_engine
@@ -58,6 +62,7 @@ from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
 from podsrl.train.evaluate import EvalResult, calls, evaluate
 from podsrl.train.heartbeat import Heartbeat
+from podsrl.train.prompts import PromptStream
 from podsrl.train.sampling import Groups, StepSample, sample_metrics, sample_step
 from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
 
@@ -75,6 +80,7 @@ class Setup:
     eval_prompts: list[list[int]]
     eval_examples: list[Example]
     reference: torch.nn.Module | None
+    prompts: PromptStream  # the training prompts in epochs (and prompt selection): a checkpointed position
     dist: Dist = field(default_factory=Dist)  # this process's rank and world (world 1: alone)
     reward_pool: RewardPool | None = None  # user rewards in worker processes (reward.timeout_seconds)
     reward_values: tuple[float, ...] | None = None  # every value the total reward can take; None: undeclared
@@ -159,6 +165,7 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
         eval_prompts=prompt_ids(policy.tokenizer, task, eval_examples),
         eval_examples=eval_examples,
         reference=reference,
+        prompts=PromptStream(len(task.train), cfg.train.seed, cfg.prompts),
         dist=dist,
         reward_pool=RewardPool.from_config(cfg.reward, cfg.reward.names),
         reward_values=reward_values,
@@ -188,8 +195,7 @@ def _reward_values(cfg: Config, rewards: list[RewardSpec], declared: Declared | 
     if cfg.rollout.early_stop != "exact":
         return values
     sel, score = cfg.select, f"reward.timeout_score = {cfg.reward.timeout_score:g}"
-    why = lambda v: why_not_exact(sel.rule, values=v, advantages_over_group=sel.advantages_over_group, filter_zero_variance=sel.filter_zero_variance,  # noqa: E731
-                                 dynamic_sampling=cfg.rollout.dynamic_sampling)
+    why = lambda v: why_not_exact(sel.rule, values=v, advantages_over_group=sel.advantages_over_group, filter_zero_variance=sel.filter_zero_variance)  # noqa: E731
     if stray := timeout_totals_undeclared(rewards, cfg.reward, declared):
         raise ConfigError(
             f"{score}: a reward call that times out (reward.timeout_seconds) scores it, which gives the total rewards "
@@ -277,11 +283,12 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     """One step of B prompts (B / world on each rank); returns its metrics (one line of metrics.jsonl)."""
     cfg, dist, timer = s.cfg, s.dist, _Timer()
     dist.reset_counters()
-    torch.manual_seed(step_seed(cfg.train.seed, state.step, _TORCH_STREAM))  # dropout, HF sampling
+    torch.manual_seed(step_seed(cfg.train.seed, state.step, Stream.TORCH))  # dropout, HF sampling
     p = progress(cfg, state)
     sample = sample_step(s, state.step, p, timer)  # the step's B groups [B, n], scored, every rank's numbers
+    state.prompts = s.prompts.state_dict()  # where the stream stands after this step's batches
     with timer("select"):
-        selection = select(cfg, state, sample.groups.reward)
+        selection = select(cfg, state, sample.groups.reward, keep=sample.keep)
     lr = scheduler.get_last_lr()[0]  # the rate this step's (first) optimizer step uses; after it, the next one's
     with timer("update"):
         stats = _update_on_kept(s, model, optimizer, scheduler, sample.groups, selection)
@@ -290,11 +297,13 @@ def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) ->
     return _step_metrics(s, state, lr, sample, selection, stats, timer)
 
 
-def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor) -> Selection:
+def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor, keep: Tensor | None = None) -> Selection:
     """The step's down-sampling of rewards [B, n] (every rank passes the gathered batch): the core's
-    one call (:func:`podsrl.core.downsample.downsample`), as every other trainer makes it."""
+    one call (:func:`podsrl.core.downsample.downsample`), as every other trainer makes it; ``keep``
+    [B, n]: the selection sampling already decided (its signal test read it), used as it is."""
     missing = cfg.rollout.early_stop != "off"  # NaN: a rollout never sampled (podsrl.core.early_stop)
-    return downsample(rewards, cfg.select, progress=progress(cfg, state), step=state.step, seed=cfg.train.seed, allow_missing=missing)
+    return downsample(rewards, cfg.select, progress=progress(cfg, state), step=state.step, seed=cfg.train.seed, allow_missing=missing,
+                      keep=keep)  # fmt: skip
 
 
 def _update_on_kept(s: Setup, model, optimizer, scheduler, groups: Groups, selection: Selection):
@@ -524,15 +533,17 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
 
 
 def _warn_at_the_cap(cfg: Config, metrics: dict, log, warned: bool) -> bool:
-    """Warn, the first time only, when dynamic sampling stopped at its cap without B groups with a
-    signal (metrics.jsonl has gen_batches and groups_with_signal for every step); returns whether warned."""
+    """Warn, the first time only, when dynamic sampling stopped at its cap without B groups that
+    passed its signal test (metrics.jsonl has gen_batches and groups_passed for every step); returns
+    whether warned. (``groups_with_signal`` counts the groups the step's selection trained with a
+    signal, which ``d3s_cross``'s pooled selection may leave below the groups that passed.)"""
     B, cap = cfg.train.prompts_per_step, cfg.rollout.max_gen_batches
-    if warned or not cfg.rollout.dynamic_sampling or metrics["gen_batches"] < cap or metrics["groups_with_signal"] >= B:
+    if warned or not cfg.rollout.dynamic_sampling or metrics["gen_batches"] < cap or metrics["groups_passed"] >= B:
         return warned
     log(
-        f"podsrl: warning: step {metrics['step']}: {metrics['groups_with_signal']} of {B} groups had a signal after "
+        f"podsrl: warning: step {metrics['step']}: {metrics['groups_passed']} of {B} groups had a signal after "
         f"rollout.max_gen_batches = {cap} batches of {B} prompts; the step trained on those (warned once; metrics.jsonl "
-        "logs gen_batches and groups_with_signal every step). Raise rollout.max_gen_batches, or sample more per prompt "
+        "logs gen_batches and groups_passed every step). Raise rollout.max_gen_batches, or sample more per prompt "
         "(rollout.n) where the task is too easy or too hard for the policy"
     )
     return True
@@ -543,6 +554,8 @@ def _resume(s: Setup, run_dir: Path, model, optimizer, scheduler, log) -> ckpt.T
     _, state = ckpt.load_newest(run_dir, model, optimizer, scheduler, log=log, dist=s.dist)
     s.engine.sync_weights(model)
     log(f"podsrl: resumed {run_dir} at step {state.step} ({state.train_seconds:.0f} s of training)")
+    if (why := s.prompts.load_state_dict(state.prompts)) is not None:
+        log(f"podsrl: prompt stream: {why}")
     if state.world_size != s.dist.world:
         log(
             f"podsrl: the run was trained on {state.world_size} process(es), now {s.dist.world}: the global batch "

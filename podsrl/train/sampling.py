@@ -2,8 +2,9 @@
 
 ``sample_step`` samples and scores the groups one training step trains on:
 
-1. A generation batch j of the step draws B prompts with a generator seeded by (seed, step, j)
-   (:func:`batch_prompts`); under torchrun every rank draws the same B and takes its contiguous
+1. A generation batch j of the step takes the next B prompts of the run's prompt stream (shuffled
+   epochs; with ``prompts.skip_silent`` passing over the prompts it predicts silent:
+   :mod:`podsrl.train.prompts`); under torchrun every rank takes the same B and its contiguous
    block of B / world (:meth:`podsrl.train.distributed.Dist.shard`).
 2. Each rank samples n rollouts per prompt of its block, or with ``rollout.early_stop = "exact"``
    in rounds of ``rollout.round_size`` (default: the step's m), each group until its exact stopping
@@ -12,16 +13,19 @@
 3. It scores them (:func:`podsrl.grading.rewards.compute_rewards`) and the batch is gathered in
    one collective (:meth:`Groups.gather`): every rank then holds every group's numbers, and the
    tokens of the groups it sampled.
-4. Without ``rollout.dynamic_sampling`` that one batch is the step's. With it (DAPO's dynamic
-   sampling, arXiv 2503.14476 Sec. 3.2, for every rule), further batches j = 1, 2, ... are sampled
-   until B groups have a *signal*: the rule, run on the group alone, keeps a rollout with a nonzero
-   advantage (:func:`podsrl.core.downsample.groups_with_signal`; for GRPO that is DAPO's "not all
-   rewards equal"). The step trains on the first B of them, in the order they were sampled (batch,
-   then the batch's prompt order, which is also rank order): its selection (``downsample``) runs on
-   those B groups as a step without dynamic sampling runs on its B, so ``d3s_cross`` pools them and
-   ``std_over = "batch"`` is their std. Every rank decides on the gathered batch, so all run the
-   same number of batches and collectives; a rank may end with more of the B groups than another
-   (the update takes any number of rows per rank, none included; FSDP pads forwards).
+4. The batch's selection is decided once (:func:`podsrl.core.downsample.downsample` over the
+   batch, the step's seed offset by the batch), and each group's *signal* read from it: its kept
+   rollouts carry a nonzero advantage (:func:`podsrl.core.downsample.group_signal`; for GRPO that is
+   DAPO's "not all rewards equal"). The prompt stream records each group's outcome (silent or not).
+5. Without ``rollout.dynamic_sampling`` that one batch and its selection are the step's. With it
+   (DAPO's dynamic sampling, arXiv 2503.14476 Sec. 3.2, for every rule), further batches j = 1, 2,
+   ... are sampled until B groups have a signal, and the step trains on B of them with the rows
+   their test read: the groups of each batch in prompt order, the last batch's spread over the
+   ranks (below). Its ``downsample`` then computes the advantages over those B groups as a step
+   without dynamic sampling does over its B (``std_over = "batch"`` is their std); ``d3s_cross``,
+   whose pool is the batch, selects again over the B (its test is the group's own: its rewards are
+   not all equal). Every rank decides on the gathered batches, so all run the same number of
+   batches and collectives.
 
 Choices (where DAPO, verl's ``algorithm.filter_groups`` and NeMo-RL's ``dynamic_sampling`` differ
 or are silent):
@@ -33,11 +37,14 @@ or are silent):
 - **Surplus groups** (with a signal, beyond B, from the last batch): dropped, as verl and NeMo-RL
   drop them. Kept for the next step they would train a step later on the previous weights
   (off-policy by one step) and make the checkpoint carry rollouts; dropped, every step samples
-  from its own weights and a step is a function of (seed, step) and the weights alone. So a
-  resumed run continues exactly: the position in the prompt stream is implied by the step, and
-  nothing else is carried (``metrics.jsonl`` logs ``groups_surplus``).
-- **Seeds**: batch 0 uses the streams a run without dynamic sampling uses, so it samples the same
-  B prompts and rollouts; batch j >= 1 offsets every stream by j x ``_BATCH_STREAMS``.
+  from its own weights, and what a resumed run needs is the prompt stream's position and history
+  (in the checkpoint) and the weights (``metrics.jsonl`` logs ``groups_surplus``). Which of the
+  last batch's groups are kept balances the ranks: each next one comes from the rank that holds
+  the fewest of the step's groups so far (ties: the lower rank), in prompt order within a rank, so
+  no rank trains on more rows than it must while another pads (FSDP) or waits.
+- **Seeds** (:mod:`podsrl.core.seeds`): batch 0 uses the streams a run without dynamic sampling
+  uses, so it samples and selects the same; batch j >= 1 offsets every stream by j x
+  ``BATCH_OFFSET``.
 - **What the step's metrics report** (``sample_metrics``): early stopping samples a group until
   its kept set is settled, so the groups that run long (rewards all equal) outweigh the others in
   a mean pooled over every sampled rollout, and dynamic sampling adds batches exactly when signal
@@ -57,23 +64,18 @@ or are silent):
 from __future__ import annotations
 
 import math
-import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from podsrl.core.downsample import groups_with_signal, step_seed
+from podsrl.core.downsample import Selection, downsample, group_signal
 from podsrl.core.early_stop import check_values, stop_criterion
+from podsrl.core.seeds import BATCH_OFFSET, RANK_OFFSET, ROUND_OFFSET, Stream, generator, step_seed
 from podsrl.core.selection import nonzero_variance_groups
 from podsrl.engines import Rollouts, Sampling
 from podsrl.grading.rewards import RewardResult, compute_rewards, explain_undeclared
-
-# The random streams of a step (podsrl.core.downsample.step_seed); selection draws from
-# SELECTION_STREAM (1) inside downsample, dropout from the trainer's stream 2.
-_PROMPT_STREAM, _SAMPLING_STREAM, _SIGNAL_STREAM = 0, 3, 4
-_ROUND_STREAMS = 1_000_000  # stream offset between sampling rounds (above every rank's, 100 apart)
-_BATCH_STREAMS = 1_000_000_000  # stream offset between generation batches (above every round's)
+from podsrl.train.prompts import PromptBatch, explored_silent
 
 
 @dataclass
@@ -202,69 +204,109 @@ class StepSample:
     rounds: int  # sampling rounds, summed over the batches (in each, the most any group took)
     timeouts: int  # reward calls stopped at reward.timeout_seconds, every function
     surplus: int  # groups with a signal sampled beyond B and dropped
+    keep: Tensor | None = None  # [len(groups), n] bool: their selection, decided with the signal test; None: select anew (d3s_cross)
+    passed: int = 0  # of the groups trained on, those whose signal test passed (B unless at the cap)
+    silent: int = 0  # groups sampled this step (every batch) without a signal
+    prompts: dict = field(default_factory=dict)  # the prompt stream's metrics: epoch; with prompt selection, skipped and explored prompts
 
 
 def sample_step(s, step: int, progress: float, timer) -> StepSample:
     """Sample and score the groups of training step ``step`` (module docstring). ``s`` is the run's
-    :class:`podsrl.train.loop.Setup`; ``progress`` its training progress (for m's schedule)."""
+    :class:`podsrl.train.loop.Setup` (``s.prompts``: its prompt stream); ``progress`` its training
+    progress (for m's schedule)."""
     cfg = s.cfg
     B, dynamic = cfg.train.prompts_per_step, cfg.rollout.dynamic_sampling
     spec, m = cfg.select, cfg.select.m_at(cfg.rollout.n, progress)
+    seed = spec.seed if spec.seed is not None else cfg.train.seed
     batches: list[Groups] = []
-    chosen: list[Groups] = []
-    found = 0
+    picks: list[PromptBatch] = []
+    selections: list[Selection] = []
+    signals: list[Tensor] = []
     for j in range(cfg.rollout.max_gen_batches if dynamic else 1):
-        batch = _sample_batch(s, step, j, m, timer)
-        batches.append(batch)
-        if not dynamic:
-            chosen.append(batch)
-            break
-        with timer("select"):
-            seed = spec.seed if spec.seed is not None else cfg.train.seed
-            generator = torch.Generator().manual_seed(step_seed(seed, step, _SIGNAL_STREAM + _BATCH_STREAMS * j))
-            signal = groups_with_signal(batch.reward, spec, progress=progress, generator=generator, allow_missing=True)  # [B]
-        chosen.append(batch.take(signal))
-        found += int(signal.sum())
-        if found >= B:
+        picks.append(s.prompts.take(B))
+        batch = _sample_batch(s, step, j, m, picks[-1].prompts, timer)
+        with timer("select"):  # the batch's one selection: its signal test, and the rows a step trains on
+            selection = downsample(batch.reward, spec, progress=progress, generator=generator(seed, step, Stream.SELECTION + BATCH_OFFSET * j),
+                                   allow_missing=True)  # fmt: skip
+            signal = group_signal(batch.reward, selection, spec)  # [B]
+        s.prompts.record(batch.prompt, ~signal)
+        batches.append(batch), selections.append(selection), signals.append(signal)
+        if not dynamic or sum(int(x.sum()) for x in signals) >= B:
             break
     everything = Groups.cat(batches)
     timed_out = {name: int(t.nansum()) for name, t in everything.timed_out.items()}
     if s.reward_pool is not None:  # over the whole step, every rank's (the same decision on each)
         s.reward_pool.check_timeouts(timed_out, int(everything.sampled.sum()))
-    groups = Groups.cat(chosen)
+    if dynamic:
+        groups, keep, found = _with_signal(batches, selections, signals, B, world=s.dist.world)
+        keep = None if spec.rule == "d3s_cross" else keep
+    else:
+        groups, keep, found = batches[0], selections[0].keep, int(signals[0].sum())
+    silent = sum(int((~x).sum()) for x in signals)
+    prompts = s.prompts.metrics(picks)
+    if s.prompts.streak is not None:
+        hits, share = explored_silent(picks, [~x for x in signals])
+        prompts |= {"prompts_explored_silent": hits, "explored_silent_share": share}
+    s.prompts.end_step(sampled=len(everything), silent=silent)
     return StepSample(
-        groups=groups.take(torch.arange(min(len(groups), B))),
+        groups=groups,
+        keep=keep,
         first=batches[0],
         gen_batches=len(batches),
         rollouts=int(everything.sampled.sum()),
         rounds=sum(int(b.round.nan_to_num(-1).max()) + 1 for b in batches),
         timeouts=sum(timed_out.values()),
-        surplus=max(0, len(groups) - B),
+        surplus=max(0, found - B) if dynamic else 0,
+        passed=min(found, B),
+        silent=silent,
+        prompts=prompts,
     )
 
 
-def batch_prompts(cfg, step: int, batch: int, pool: int) -> list[int]:
-    """The B training prompts (indices into a pool of ``pool``) of generation batch ``batch`` of
-    ``step``, the same on every rank: without replacement when the pool holds B, else with."""
-    B = cfg.train.prompts_per_step
-    rng = random.Random(step_seed(cfg.train.seed, step, _PROMPT_STREAM + _BATCH_STREAMS * batch))
-    return rng.sample(range(pool), B) if B <= pool else rng.choices(range(pool), k=B)
+def _with_signal(batches: list[Groups], selections: list[Selection], signals: list[Tensor], B: int, *, world: int):
+    """Dynamic sampling's step: the groups with a signal, B at most (the last batch's chosen to
+    balance the ranks: module docstring), with the selection their test read; and how many passed."""
+    rows: list[Tensor] = []  # per batch, the indices of its groups the step keeps
+    held = torch.zeros(world, dtype=torch.long)  # the step's groups per rank so far
+    for batch, signal in zip(batches, signals):
+        passed = signal.nonzero().flatten()  # [S] in prompt order
+        need = B - sum(len(r) for r in rows)
+        if len(passed) > need:
+            passed = _balance(batch.rank[passed], held, need, passed)
+        held += torch.bincount(batch.rank[passed], minlength=world)
+        rows.append(passed)
+    groups = Groups.cat([b.take(r) for b, r in zip(batches, rows)])
+    keep = torch.cat([sel.keep[r] for sel, r in zip(selections, rows)])  # [G, n]
+    return groups, keep, sum(int(x.sum()) for x in signals)
+
+
+def _balance(ranks: Tensor, held: Tensor, need: int, candidates: Tensor) -> Tensor:
+    """``need`` of ``candidates`` (their ranks [S]), each next one from the rank that holds the fewest
+    groups (``held`` [world]; ties: the lower rank), in order within a rank; returned in their order."""
+    held = held.clone()
+    queues = {r: [i for i in range(len(ranks)) if int(ranks[i]) == r] for r in range(len(held))}
+    chosen: list[int] = []
+    for _ in range(need):
+        r = min((r for r in queues if queues[r]), key=lambda r: (int(held[r]), r))
+        chosen.append(queues[r].pop(0))
+        held[r] += 1
+    return candidates[sorted(chosen)]
 
 
 def _sampling(cfg, step: int, rank: int, *, batch: int, round: int, n: int) -> Sampling:
     """The sampling of ``rank``'s prompts in round ``round`` of batch ``batch`` of ``step`` (n
     rollouts each; round 0 of batch 0 is the sampling of a run without early stopping)."""
     r = cfg.rollout
-    seed = step_seed(cfg.train.seed, step, _SAMPLING_STREAM + 100 * rank + _ROUND_STREAMS * round + _BATCH_STREAMS * batch)
+    seed = step_seed(cfg.train.seed, step, Stream.SAMPLING + RANK_OFFSET * rank + ROUND_OFFSET * round + BATCH_OFFSET * batch)
     return Sampling(n=n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
 
 
-def _sample_batch(s, step: int, j: int, m: int, timer) -> Groups:
-    """Generation batch ``j``: this rank's groups sampled (in rounds with early stopping) and
-    scored, then every rank's gathered."""
+def _sample_batch(s, step: int, j: int, m: int, batch_prompts: list[int], timer) -> Groups:
+    """Generation batch ``j`` of the prompts ``batch_prompts`` (every rank's): this rank's groups
+    sampled (in rounds with early stopping) and scored, then every rank's gathered."""
     cfg, dist = s.cfg, s.dist
     n, sel = cfg.rollout.n, cfg.select
-    idx = dist.shard(batch_prompts(cfg, step, j, len(s.task.train)))  # this rank's block
+    idx = dist.shard(batch_prompts)  # this rank's block
     prompts, examples = [s.train_prompts[i] for i in idx], [s.task.train[i] for i in idx]
     timed = [spec.name for spec in s.rewards if s.reward_pool is not None and s.reward_pool.serves(spec.name)]
     local = Groups.unsampled(idx, n, rank=dist.rank, batch=j, rewards=[spec.name for spec in s.rewards], timed=timed)
@@ -318,4 +360,7 @@ def sample_metrics(sample: StepSample, reward_names: list[str]) -> dict:
         "prompts_sampled": sample.gen_batches * len(first),
         "gen_batches": sample.gen_batches,
         "groups_surplus": sample.surplus,
+        "groups_passed": sample.passed,  # of the groups trained on, those whose signal test passed
+        "groups_silent": sample.silent,  # groups sampled this step, every batch, without a signal
+        **sample.prompts,
     }

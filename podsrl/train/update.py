@@ -50,8 +50,10 @@ How the rows that run are processed:
   engine's log-probs (the transformers engine samples with the trainer itself) nothing is weighted.
 - Several processes (``dist``, see :mod:`podsrl.train.distributed`): each rank passes its own kept rows.
   The sequence and token normalisers and D3S's top-fraction threshold are global (the threshold is
-  taken on every rank over the gathered [K, T] scores in batch order, so the kept tokens, ties
-  included, are one process's), so the ranks' gradients sum to the single-process gradient; they
+  taken on every rank over the gathered [K, T] scores in rank order, so the kept tokens, ties
+  included, are one process's when the step's rows are one generation batch; with dynamic sampling
+  ties at the threshold may break differently: :func:`_select_tokens`), so the ranks' gradients sum
+  to the single-process gradient; they
   are summed by one all-reduce after accumulation ("ddp") or by FSDP's reduce-scatter ("fsdp", where
   every rank runs the same number of forward passes, padding with an empty micro-batch, and at
   least one). A rank with no rows to run joins with zero contribution. Returned stats are global.
@@ -468,10 +470,14 @@ def _select_tokens(u: _Update, lengths: list[int]) -> list[Tensor]:
     """The token mask of every row of this rank, [len_i] bool each: one top-fraction threshold over
     the selectable tokens of the whole batch (every rank's; :func:`podsrl.core.token_selection.select_tokens`:
     the budget is over the rows with A_i != 0), split back per row. The scores are laid out in
-    batch order and, over ranks, in rank order: the global batch's order, whatever the
-    micro-batching or the world size, so top-k breaks ties the same way in every configuration. A
-    row without entropies (skipped: A_i = 0) enters with entropy 0; it is not selectable, so its
-    entropies are never read."""
+    batch order and, over ranks, in rank order, whatever the micro-batching. That is the global
+    batch's order when each rank holds a contiguous block of it (one generation batch: the step
+    without dynamic sampling), so top-k then breaks ties the same way on 1 and on W ranks. With
+    dynamic sampling the step's groups come from several generation batches, each rank holding its
+    block of each, so rank order interleaves the batches differently on 1 and on W ranks: the
+    threshold and the kept count are the same, but tokens tied at the threshold may be chosen
+    differently. A row without entropies (skipped: A_i = 0) enters with entropy 0; it is not
+    selectable, so its entropies are never read."""
     K, dist = len(lengths), u.dist
     T = dist.max_int(max(lengths, default=1) or 1)
     # Every rank takes the global top-k on the same device (top-k breaks ties per device), also a

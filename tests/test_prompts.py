@@ -1,0 +1,303 @@
+"""The prompt stream (podsrl/train/prompts.py) and prompt selection (podsrl/core/prompt_selection.py).
+
+- Epochs: each prompt once an epoch, across batch and epoch boundaries; seeded by (seed, epoch);
+  ``shuffle = false`` keeps the task's order; the position survives a checkpoint.
+- Prompt selection, pure: sampling probabilities, the history, the exploration rate, by hand.
+- The stream with selection: skips what the pure rule says, never stalls, records and adapts.
+- The trainer: a run skips the prompts that were silent, logs it, and resumes exactly; under
+  torchrun (2 gloo ranks) both ranks take the same decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from podsrl.config import PromptsConfig, from_dict, to_toml
+from podsrl.core import prompt_selection as ps
+from podsrl.errors import ConfigError
+from podsrl.run import checkpoint as ckpt
+from podsrl.run.metrics import read_jsonl
+from podsrl.train import loop as trainer
+from podsrl.train.prompts import PromptStream
+
+from conftest import tiny_config_dict
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SELECT = PromptsConfig(skip_silent=True)
+
+
+def _taken(stream: PromptStream, batches: int, B: int) -> list[int]:
+    return [p for _ in range(batches) for p in stream.take(B).prompts]
+
+
+# ------------------------------------------------------------------------- epochs
+
+
+@pytest.mark.parametrize("pool,B", [(10, 3), (7, 7), (3, 4), (1, 2)])
+def test_each_prompt_comes_once_an_epoch(pool, B):
+    stream = PromptStream(pool, seed=5, cfg=PromptsConfig())
+    taken = _taken(stream, batches=4 * pool, B=B)  # 4 * B epochs
+    epochs = [taken[i : i + pool] for i in range(0, len(taken) - pool + 1, pool)]
+    assert all(sorted(e) == list(range(pool)) for e in epochs)
+    assert stream.epochs == pytest.approx(len(taken) / pool)
+    if pool >= 10:  # (7! orders over 28 epochs may repeat one)
+        assert len({tuple(e) for e in epochs}) == len(epochs)  # a new order each epoch
+        assert epochs[0] != list(range(pool))
+
+
+def test_the_order_is_seeded_by_the_run_seed_and_the_epoch():
+    a, b, c = (PromptStream(20, seed=s, cfg=PromptsConfig()) for s in (1, 1, 2))
+    assert _taken(a, 10, 4) == _taken(b, 10, 4) != _taken(c, 10, 4)
+    plain = PromptStream(5, seed=1, cfg=PromptsConfig(shuffle=False))
+    assert _taken(plain, 3, 4) == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
+
+
+def test_the_position_survives_a_checkpoint():
+    whole = PromptStream(13, seed=3, cfg=SELECT)
+    part = PromptStream(13, seed=3, cfg=SELECT)
+    for stream in (whole, part):  # some history, so that skipping happens
+        stream.record(torch.arange(13), torch.arange(13) % 3 == 0)
+        stream.epoch = 1
+    first = _taken(part, 5, 4)
+    saved = ckpt.TrainState(prompts=part.state_dict())
+    resumed = PromptStream(13, seed=3, cfg=SELECT)
+    assert resumed.load_state_dict(saved.prompts) is None
+    assert first + _taken(resumed, 6, 4) == _taken(whole, 11, 4)
+    assert torch.equal(resumed.streak, whole.streak) and resumed.epochs == whole.epochs
+
+
+def test_a_checkpoint_from_before_epochs_or_another_task_says_what_happens():
+    stream = PromptStream(10, seed=0, cfg=SELECT)
+    assert "before prompts were read in epochs" in stream.load_state_dict({})
+    assert "had 12 prompts, this one has 10" in stream.load_state_dict({"epoch": 2, "position": 3, "pool": 12})
+    assert "history starts empty" in stream.load_state_dict({"epoch": 2, "position": 3, "pool": 10})
+    assert (stream.epoch, stream.position) == (2, 3)
+
+
+# ------------------------------------------------------------------------- prompt selection: the pure rule
+
+
+def test_sampling_probability_by_hand():
+    streak = torch.tensor([0, 1, 2, 3, 255], dtype=torch.uint8)
+    got = ps.sample_probability(streak, explore=0.5, floor=0.1)
+    assert got.tolist() == [1.0, 0.5, 0.25, 0.125, 0.1]
+    uniform = torch.tensor([0.99, 0.49, 0.26, 0.124, 0.2])
+    assert ps.skip_mask(streak, uniform, explore=0.5, floor=0.1).tolist() == [False, False, True, False, True]
+
+
+def test_the_history_counts_consecutive_silent_visits():
+    streak = torch.tensor([0, 3, 254, 7], dtype=torch.uint8)
+    out = ps.record_outcomes(streak, torch.tensor([0, 1, 2, 3, 3]), torch.tensor([True, True, True, True, False]))
+    assert out.tolist() == [1, 4, 255, 0] and streak.tolist() == [0, 3, 254, 7]  # pure: a new tensor
+    assert ps.record_outcomes(out, torch.tensor([2]), torch.tensor([True])).tolist()[2] == ps.STREAK_MAX  # saturates
+
+
+@pytest.mark.parametrize("share,want", [(0.3, 0.49), (0.25, 0.49), (0.2, 0.51), (0.9, 0.49)])
+def test_the_exploration_rate_steers_toward_the_target(share, want):
+    assert ps.next_explore_rate(0.5, share, target=0.25, step=0.01, low=0.05, high=0.95) == pytest.approx(want)
+
+
+def test_the_exploration_rate_stays_in_its_range():
+    assert ps.next_explore_rate(0.05, 1.0, target=0.25, step=0.01, low=0.05, high=0.95) == 0.05
+    assert ps.next_explore_rate(0.95, 0.0, target=0.25, step=0.01, low=0.05, high=0.95) == 0.95
+
+
+# ------------------------------------------------------------------------- the stream with selection
+
+
+def test_the_stream_skips_what_the_rule_says():
+    pool = 40
+    stream = PromptStream(pool, seed=9, cfg=SELECT)
+    silent = torch.arange(pool) % 2 == 0  # even prompts always silent
+    stream.record(torch.arange(pool), silent)
+    stream.record(torch.arange(pool), silent)  # streak 2 for the even ones
+    stream.epoch = 1
+    order, uniform = stream._epoch()
+    batch = stream.take(10)
+    skip = ps.skip_mask(stream.streak[order], uniform, 0.5, SELECT.min_sample_probability)  # [P] in stream order
+    want = order[~skip][:10].tolist()
+    assert batch.prompts == want
+    assert batch.skipped == int(skip[: stream.position].sum())  # every candidate passed over was a skip
+    assert batch.explored == [p % 2 == 0 for p in want]  # sampled although predicted silent
+    assert 0 < batch.skipped and sum(batch.explored) < 10 / 2
+
+
+def test_a_stream_of_silent_prompts_never_stalls():
+    stream = PromptStream(6, seed=0, cfg=PromptsConfig(skip_silent=True, explore=0.05, explore_min=0.05, min_sample_probability=1e-9))
+    stream.record(torch.arange(6), torch.ones(6, dtype=torch.bool))
+    batch = stream.take(4)  # one epoch's worth examined, then taken without skipping
+    assert len(batch.prompts) == 4 and batch.skipped + len(batch.prompts) <= 6 + 4
+
+
+def test_adapting_starts_in_the_second_epoch():
+    stream = PromptStream(8, seed=0, cfg=SELECT)
+    stream.take(4)
+    stream.end_step(sampled=4, silent=4)
+    assert stream.explore == 0.5  # no prompt has come back yet
+    stream.take(4)
+    stream.end_step(sampled=4, silent=4)
+    assert stream.explore == pytest.approx(0.49)
+    stream.end_step(sampled=4, silent=0)
+    assert stream.explore == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"target_silent": 1.5}, "prompts.target_silent"),
+        ({"explore_step": 0.0}, "prompts.explore_step"),
+        ({"explore_min": 0.6, "explore_max": 0.5}, "prompts.explore_min"),
+        ({"explore": 0.01}, "prompts.explore"),
+        ({"min_sample_probability": 0.0}, "prompts.min_sample_probability"),
+    ],
+)
+def test_nonsense_is_refused_with_the_field(overrides, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        PromptsConfig(**overrides)
+
+
+# ------------------------------------------------------------------------- the trainer
+
+PARITY = "def parity(completion, example):\n    return 0.0 if int(example.answer) % 2 == 0 else float(len(completion) % 2)\n\n\nparity.reward_values = (0.0, 1.0)\n"
+
+
+def _selecting(make_config, tmp_path, **overrides):
+    """A training set of 12 prompts, half of which (an even answer) are always silent."""
+    reward = tmp_path / "parity.py"
+    reward.write_text(PARITY)
+    settings = {"reward.names": [f"{reward}:parity"], "task.options": {"ops": ["+"], "min_digits": 1, "max_digits": 1, "num_train": 12, "num_eval": 4},
+                "train.prompts_per_step": 4, "train.max_steps": 8, "rollout.n": 4, "prompts.skip_silent": True, "prompts.explore": 0.2,
+                "prompts.explore_min": 0.05, "eval.at_start": False, "eval.at_end": False, "train.export_model": False, "train.checkpoint_every": 4,
+                **overrides}  # fmt: skip
+    return make_config(**settings)
+
+
+def test_a_run_skips_the_prompts_that_were_silent_and_resumes_exactly(make_config, tmp_path):
+    from test_trainer import _assert_rows_equal, _weights
+
+    cfg = _selecting(make_config, tmp_path, **{"rollout.dynamic_sampling": True, "rollout.max_gen_batches": 3})
+    full = trainer.train(cfg, run_dir=tmp_path / "full", log=lambda *_: None)
+    rows = read_jsonl(full / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert rows[0]["prompts_skipped"] == 0 and rows[0]["epoch"] == pytest.approx(rows[0]["prompts_sampled"] / 12)
+    assert sum(r["prompts_skipped"] for r in rows) > 0  # once the silent prompts have come back
+    assert all(0.05 <= r["explore_rate"] <= 0.95 for r in rows)
+    for r in rows:  # everything sampled was recorded; what was explored anyway came back as predicted (even: silent)
+        assert r["groups_passed"] + r["groups_surplus"] + r["groups_silent"] == r["prompts_sampled"]
+        assert r["prompts_explored_silent"] <= r["prompts_explored"]
+    explored = sum(r["prompts_explored"] for r in rows)  # mostly even prompts, always silent (an odd one: 1 in 8)
+    assert explored > 0 and sum(r["prompts_explored_silent"] for r in rows) >= 0.5 * explored
+    state = ckpt.read_train_state(ckpt.latest(full))
+    assert state.prompts["pool"] == 12 and state.prompts["epoch"] == int(rows[-1]["epoch"])
+    even = torch.tensor([int(ex.answer) % 2 == 0 for ex in trainer.build_task(cfg).train])
+    assert bool((state.prompts["streak"][even] >= 1).all())  # every one was sampled in the first epoch, and was silent
+    part = trainer.train(_selecting(make_config, tmp_path, **{"rollout.dynamic_sampling": True, "rollout.max_gen_batches": 3,
+                                                              "train.max_steps": 4}), run_dir=tmp_path / "part", log=lambda *_: None)  # fmt: skip
+    trainer.train(cfg, run_dir=part, resume=True, log=lambda *_: None)
+    _assert_rows_equal(rows, read_jsonl(part / "metrics.jsonl"))
+    wa, wb = _weights(full), _weights(part)
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5)
+
+
+# Runs ``podsrl train`` in strict mode (tests/dist_worker.py); each rank writes its prompt stream after
+# every step to DIR/rank<r>.jsonl.
+RECORD_STREAM = """\
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from dist_worker import hold_collectives_to_placement, run_module
+hold_collectives_to_placement()
+from podsrl.train import loop
+sample_step = loop.sample_step
+def recorded(s, step, progress, timer):
+    out = sample_step(s, step, progress, timer)
+    st = s.prompts.state_dict()
+    with open(os.path.join({out!r}, f"rank{{s.dist.rank}}.jsonl"), "a") as f:
+        f.write(json.dumps({{"step": step, "epoch": st["epoch"], "position": st["position"], "explore": st["explore"],
+                            "streak": st["streak"].tolist(), "prompts": out.groups.prompt.tolist(), **out.prompts}}) + "\\n")
+    return out
+loop.sample_step = recorded
+run_module(["podsrl", *sys.argv[1:]])
+"""
+
+
+def test_torchrun_ranks_take_the_same_prompt_decisions(tmp_path, tiny_model_dir, reward_file):
+    """``podsrl train`` on 2 gloo ranks with prompt selection and dynamic sampling: each rank samples
+    its own rollouts of its half of each batch, and every rank's stream (position, history,
+    exploration rate) and choice of prompts is the same after every step."""
+    from test_distributed import _torchrun
+
+    reward = tmp_path / "parity.py"
+    reward.write_text(PARITY)
+    overrides = {"reward.names": [f"{reward}:parity"], "task.options": {"ops": ["+"], "min_digits": 1, "max_digits": 1, "num_train": 12, "num_eval": 4},
+                 "train.prompts_per_step": 4, "train.max_steps": 6, "rollout.n": 4, "select.m": 2, "optim.micro_batch_size": 2,
+                 "prompts.skip_silent": True, "prompts.explore": 0.2, "prompts.explore_min": 0.05, "rollout.dynamic_sampling": True,
+                 "rollout.max_gen_batches": 3, "eval.at_start": False, "eval.at_end": False, "train.export_model": False}  # fmt: skip
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
+    script, ranks = tmp_path / "record_stream.py", tmp_path / "ranks"
+    ranks.mkdir()
+    script.write_text(RECORD_STREAM.format(tests=str(Path(__file__).parent), out=str(ranks)))
+    done = _torchrun(str(script), "train", str(config), "--out", str(tmp_path / "run"), "--no-plot")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = read_jsonl(ranks / "rank0.jsonl"), read_jsonl(ranks / "rank1.jsonl")
+    assert len(rank0) == 6 and rank0 == rank1
+    assert sum(r["prompts_skipped"] for r in rank0) > 0
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["prompts_skipped"] for r in rows] == [r["prompts_skipped"] for r in rank0] and rows[-1]["world_size"] == 2
+
+
+# ------------------------------------------------------------------------- dynamic sampling's surplus, the seeds registry
+
+
+def _batch(ranks: list[int], n: int = 2):
+    from podsrl.train.sampling import Groups
+
+    parts = [Groups.unsampled([10 * r + i], n, rank=r, batch=0, rewards=[], timed=[]) for i, r in enumerate(ranks)]
+    return Groups.cat(parts)
+
+
+def test_the_surplus_is_dropped_to_balance_the_ranks():
+    """The last batch brings more groups with a signal than the step needs: the ones kept spread
+    over the ranks (each next one from the rank holding the fewest), not the first in rank order,
+    which left rank 0 with every row while rank 1 padded (issue 45)."""
+    from podsrl.core.downsample import Selection
+    from podsrl.train.sampling import _with_signal
+
+    first = _batch([0, 0, 1, 1])
+    last = _batch([0, 0, 0, 1, 1, 1])
+    sel = lambda g: Selection(torch.ones(len(g), 2, dtype=torch.bool), torch.zeros(len(g), 2), 2, 1.0, {})  # noqa: E731
+    signals = [torch.tensor([True, False, False, False]), torch.tensor([True, True, True, True, True, True])]
+    groups, keep, found = _with_signal([first, last], [sel(first), sel(last)], signals, B=4, world=2)
+    assert found == 7 and keep.shape == (4, 2)
+    assert groups.rank.tolist() == [0, 0, 1, 1]  # rank 0 had one: one more from rank 0, two from rank 1
+    assert groups.prompt.tolist() == [0, 0, 13, 14]  # in prompt order within each rank
+    alone = _batch([0] * 6)
+    one, _, _ = _with_signal([alone], [sel(alone)], [signals[1]], B=4, world=1)
+    assert one.prompt.tolist() == [0, 1, 2, 3]  # one process: the first four, as before
+
+
+def test_every_random_stream_comes_from_the_registry():
+    """No module seeds a draw with a stream number of its own (podsrl/core/seeds.py is the one
+    registry): every step_seed / generator call names a Stream member, and the members differ."""
+    import ast
+
+    from podsrl.core.seeds import Stream
+
+    assert len({int(s) for s in Stream}) == len(Stream)
+    root = Path(__file__).resolve().parents[1] / "podsrl"
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path.name == "seeds.py":  # the registry's own helpers pass a stream through
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("step_seed", "generator"):
+                if len(node.args) == 3 and not any(isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "Stream" for n in ast.walk(node.args[2])):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert offenders == []
