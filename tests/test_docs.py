@@ -524,10 +524,18 @@ def run_block(block: Block, ws: Path, tiny_run: Path, tiny_model: Path, monkeypa
 
 
 def _load_toml(text: str, path: Path) -> None:
+    """Load a page's TOML as podsrl would; its task options must be the names `podsrl config task`
+    prints (docs/your-task.md wrote jsonl's `train_path`, an older name the loader still accepts)."""
     from podsrl import config
+    from podsrl.tasks import OPTION_ALIASES
 
     path.write_text(text)
-    config.load(path)
+    cfg = config.load(path)
+    task = tomllib.loads(text).get("task", {})
+    older = {name: now for name, now in OPTION_ALIASES.get(cfg.task.name, {}).items() if name in task.get("options", {})}
+    if older:
+        raise DocTestError(f"task option {', '.join(older)}: an older name; write {', '.join(older.values())}, as "
+                           f"`podsrl config task --task.name={cfg.task.name}` prints it")  # fmt: skip
 
 
 def _write_file(block: Block, ws: Path) -> None:
@@ -699,6 +707,19 @@ def test_reasoning_task_commands_set_a_length():
              for c in (block.commands or [Command(block.text, block.line)]) if block.kind in {"commands", "toml"}
              and REASONING_TASK.search(c.text) and "max_new_tokens" not in c.text]  # fmt: skip
     assert not short, f"set max_new_tokens (the default, 16, truncates a worked answer): {short}"
+
+
+def test_toml_blocks_use_the_option_names_podsrl_config_prints(tmp_path):
+    """Every page's TOML, a file it writes or a config shown, loads, with today's option names."""
+    tomls = [b for blocks, _ in ALL.values() for b in blocks if b.kind == "toml" or (b.kind == "file" and b.marker("file").arg.endswith(".toml"))]
+    assert any(b.page == "docs/your-task.md" for b in tomls)
+    failed = []
+    for block in tomls:
+        try:
+            _load_toml(block.text, tmp_path / "page.toml")
+        except DocTestError as err:
+            failed.append(f"{block.where}: {err}")
+    assert not failed, "\n".join(failed)
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -43,6 +43,20 @@ def test_a_module_found_nowhere_is_still_a_clear_error(in_a_directory):
         load_user_reward("not_here_xyz:fn")
 
 
+def test_a_module_is_found_from_the_current_directory_only_and_a_file_from_anywhere(in_a_directory, tmp_path_factory, monkeypatch):
+    """What docs/your-task.md says of resuming a run from another directory (issue 45): the saved
+    config keeps "my_rewards:exact" as written, found from the current directory only; a file name,
+    "my_rewards.py:exact", is saved as an absolute path and loads from anywhere."""
+    from podsrl.config import load
+
+    module, file = (load(None, [f"reward.names={name}"]).reward.names[0] for name in ("my_rewards:exact", "my_rewards.py:exact"))
+    assert module == "my_rewards:exact" and file == f"{in_a_directory / 'my_rewards.py'}:exact"
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    with pytest.raises(ConfigError, match="no module named 'my_rewards' on sys.path or in the current directory"):
+        load_user_reward(module)
+    assert load_user_reward(file)(" 42", Example("1", "6 x 7?", "42")) == 1.0
+
+
 def test_example_reads_like_a_dataset_row():
     example = Example("gsm8k:3", "What is 6 x 7?", "42")
     assert (example["id"], example["question"], example["answer"]) == ("gsm8k:3", "What is 6 x 7?", "42")
