@@ -462,7 +462,9 @@ class Config:
 
     def __post_init__(self) -> None:
         self.select.check_n(self.rollout.n, "rollout.n")
-        self.select.check_signal(self.rollout.n, "rollout.n")  # settings under which no step could learn
+        # Settings under which no step could learn (select.check_signal) are refused where training
+        # starts (podsrl.train.loop.check_trainable), not here: a run directory trained with them
+        # before the check existed still loads for `podsrl eval --run` and `podsrl export`.
         self._check_sampling()
         if self.rollout.early_stop != "off":
             _check(
@@ -526,7 +528,7 @@ class Config:
             "equal has none) and samples others in its place, so the filter would change nothing; set it to false",
         )
         # m = 1 with advantages over the kept subset (no group could have a signal) is refused for
-        # every run by select.check_signal, above.
+        # every run that trains, by select.check_signal (podsrl.train.loop.check_trainable).
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

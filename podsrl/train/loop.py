@@ -174,13 +174,25 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     )
 
 
-def preflight(cfg: Config, task: Task | None = None) -> tuple[list[RewardSpec], tuple[float, ...] | None]:
-    """The set-up decisions that need no model, each refusal a ConfigError: the training dtype, the
-    task (``task``, else built here) and its grader, the reward functions (loaded) and the values
-    their total can take, checked against early stopping (``_reward_values``). ``setup`` starts with
-    it; ``podsrl compare`` runs it for every method before the first run trains
-    (:func:`podsrl.compare.plan.check_setup`)."""
+def check_trainable(cfg: Config) -> None:
+    """The refusals that training alone makes, each a ConfigError naming the field: the training dtype
+    (:func:`podsrl.models.check_training_dtype`: no AdamW on bfloat16 weights, no float16 without loss
+    scaling) and settings under which no step could learn (:meth:`podsrl.core.downsample.DownsampleSpec.check_signal`:
+    n = 1, m = 1 over the kept subset). Not part of the config's own validation, nor of :func:`setup`:
+    evaluation and export update nothing, so a run directory whose config.toml fails them (trained
+    before a check existed) and an exported model in bfloat16 still load for ``podsrl eval --run``,
+    ``eval --model`` and ``podsrl export``. ``podsrl train`` runs it before the model loads, ``podsrl
+    compare`` for every method before the first run trains (:func:`podsrl.compare.plan.check_setup`)."""
     check_training_dtype(cfg)
+    cfg.select.check_signal(cfg.rollout.n, "rollout.n")
+
+
+def preflight(cfg: Config, task: Task | None = None) -> tuple[list[RewardSpec], tuple[float, ...] | None]:
+    """The set-up decisions that need no model, each refusal a ConfigError: the task (``task``, else
+    built here) and its grader, the reward functions (loaded) and the values their total can take,
+    checked against early stopping (``_reward_values``). ``setup`` starts with it (evaluation too:
+    what only training refuses is :func:`check_trainable`); ``podsrl compare`` runs both for every
+    method before the first run trains (:func:`podsrl.compare.plan.check_setup`)."""
     task = task if task is not None else build_task(cfg)
     rewards = resolve_specs(list(zip(cfg.reward.names, cfg.reward.weights)))
     return rewards, _reward_values(cfg, rewards, task_values(task))
@@ -443,7 +455,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, ove
 
 
 def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overwrite: bool, log) -> Path:
-    check_training_dtype(cfg)  # before the model loads
+    check_trainable(cfg)  # before the model loads
     if cfg.train.resume == "auto" and not (resume or overwrite):  # the same command starts and restarts
         run_dir, resume, overwrite = dist.from_main(lambda: preemption.auto_resume(run_dir, cfg))
         log(f"podsrl: train.resume = 'auto': {'resuming' if resume else 'restarting' if overwrite else 'starting'} {run_dir}")
