@@ -356,15 +356,37 @@ def test_token_selection_runs_on_the_group_device_on_a_rank_without_entropies():
     d = distributed.Dist(rank=0, world=1, backend="nccl", device=torch.device("meta"))
     seen = []
 
-    def gather(t):
+    def gather(t, sizes=None):
         seen.append(t.device)
         return torch.zeros(t.shape, dtype=t.dtype)  # the gathered table, here on the CPU so the mask can be cut
 
-    d.gather_ragged, d.max_int, d.gather_objects = gather, (lambda value: value), (lambda obj: [obj])
+    d.gather_ragged, d.max_int, d.row_counts = gather, (lambda value: value), (lambda k: [k])
     batch = UpdateBatch(prompt_ids=[[1], [1]], completion_ids=[[5, 6, 7], [5, 6]], advantages=torch.zeros(2))
     u = _Update(None, None, None, batch, UpdateSettings(token_fraction=0.5), d, None, [_Row(), _Row()])
     masks = _select_tokens(u, [3, 2])
     assert seen == [torch.device("meta")] * 3 and [m.shape for m in masks] == [(3,), (2,)]
+
+
+def test_token_selection_gathers_the_row_counts_once(strict, monkeypatch):
+    """_select_tokens gathers three tensors of the same rows (entropies, advantages, valid tokens):
+    every rank's row count is gathered once for the three, and gives this rank's slice of the mask
+    (it was gathered by each gather_ragged and once more as an object: 8 collectives, now 5), under
+    strict mode."""
+    from podsrl.train.update import UpdateBatch, UpdateSettings, _Row, _select_tokens, _Update
+
+    calls = []
+    for name in ("all_reduce", "all_gather_into_tensor", "all_gather_object", "broadcast", "broadcast_object_list"):
+        real = getattr(torch.distributed, name)
+        monkeypatch.setattr(torch.distributed, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    batch = UpdateBatch(prompt_ids=[[1], [1]], completion_ids=[[5, 6, 7, 8], [5, 6]], advantages=torch.tensor([1.0, -1.0]))
+    rows = [_Row(), _Row()]
+    rows[0].entropy, rows[1].entropy = torch.tensor([0.1, 0.9, 0.5, 0.2]), torch.tensor([0.3, 0.4])
+    u = _Update(None, None, None, batch, UpdateSettings(token_fraction=0.5), strict, None, rows)
+    masks = _select_tokens(u, [4, 2])
+    assert [m.tolist() for m in masks] == [[False, True, True, False], [False, True]]  # the top 3 of 6 by |A| x H
+    assert calls == ["all_reduce"] + ["all_gather_into_tensor"] * 4, calls  # max_int (T), the counts, three tables
+    with pytest.raises(ValueError, match="sizes"):
+        strict.gather_ragged(torch.zeros(3), [2])  # counts that are not this rank's rows
 
 
 @pytest.fixture

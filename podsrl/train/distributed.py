@@ -157,12 +157,24 @@ class Dist:
             torch.distributed.all_gather_into_tensor(out, local)
         return out.to(t.device)
 
-    def gather_ragged(self, t: Tensor) -> Tensor:
+    def row_counts(self, k: int) -> list[int]:
+        """Every rank's ``k`` (its rows of a ragged tensor), in rank order: what :meth:`gather_ragged`
+        gathers first, for a caller that gathers several tensors of the same rows, or needs where
+        its own rows start in the gathered one. One collective."""
+        if not self.active:
+            return [k]
+        return self.gather_rows(torch.tensor([k])).tolist()
+
+    def gather_ragged(self, t: Tensor, sizes: list[int] | None = None) -> Tensor:
         """Every rank's [k_r, ...] (k_r may differ, even be 0) -> [sum k_r, ...] in rank order (on
-        ``t``'s device)."""
+        ``t``'s device). ``sizes``: every rank's k_r (:meth:`row_counts`), when the caller already
+        has them, saving the collective that gathers them."""
         if not self.active:
             return t
-        sizes = self.gather_rows(torch.tensor([t.shape[0]])).tolist()
+        if sizes is None:
+            sizes = self.row_counts(t.shape[0])
+        elif len(sizes) != self.world or sizes[self.rank] != t.shape[0]:
+            raise ValueError(f"gather_ragged: sizes {sizes} do not hold this rank's {t.shape[0]} rows at {self.rank} of {self.world} ranks")
         width = max(sizes)
         if width == 0:  # no rank has a row (every rank knows it: no collective of empty tensors)
             return t

@@ -490,12 +490,12 @@ def _select_tokens(u: _Update, lengths: list[int]) -> list[Tensor]:
         valid[i, :n] = True
         if row.entropy is not None:
             ent[i, :n] = row.entropy.float()
-    if dist.active:  # the whole batch's [K_global, T], in rank order
-        ent, adv = dist.gather_ragged(ent), dist.gather_ragged(adv)
-        valid = dist.gather_ragged(valid.to(torch.uint8)).bool()
+    if dist.active:  # the whole batch's [K_global, T], in rank order; every rank's K gathered once for the three
+        sizes = dist.row_counts(K)
+        ent, adv = dist.gather_ragged(ent, sizes), dist.gather_ragged(adv, sizes)
+        valid = dist.gather_ragged(valid.to(torch.uint8), sizes).bool()
     mask = select_tokens(adv, ent, valid, u.settings.token_fraction, u.settings.token_score)
-    if dist.active:
-        sizes = dist.gather_objects(K)
+    if dist.active:  # this rank's rows
         start = sum(sizes[: dist.rank])
         mask = mask[start : start + K]
     return [mask[i, :n] for i, n in enumerate(lengths)]
