@@ -152,7 +152,7 @@ def cmd_eval(args, overrides: list[str]) -> int:
 
     from podsrl.run import checkpoint as ckpt
     from podsrl import config as config_mod
-    from podsrl.run.watch import eval_token_setting, truncation_note
+    from podsrl.run.watch import eval_truncation_note
     from podsrl.train.loop import describe_eval, run_eval, setup
 
     if args.run and args.model:
@@ -194,7 +194,7 @@ def cmd_eval(args, overrides: list[str]) -> int:
     for k, v in result.pass_at_k.items():
         print(f"{k}: {100 * v:.1f}%")
     print(f"mean completion length {result.mean_length:.1f} tokens, truncated {100 * result.truncated:.1f}%, {result.seconds:.0f} s")
-    note = truncation_note(result.truncated, eval_token_setting(cfg), "the completions")
+    note = eval_truncation_note(result, cfg, "the completions")
     if note is not None:
         print(note)
     if args.json:

@@ -10,7 +10,7 @@ import pytest
 from podsrl.config import load
 from podsrl.core.downsample import DownsampleSpec
 from podsrl.errors import ConfigError
-from podsrl.run.watch import SILENT_STEPS, RunWatch, truncation_note
+from podsrl.run.watch import SILENT_STEPS, RunWatch, truncation_hurts, truncation_note
 from podsrl.train.loop import check_trainable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -125,12 +125,67 @@ def test_cut_off_completions_get_one_note_per_run():
     first = watch.step(_step(2, signal_rows=2, truncated=0.75))
     assert len(first) == 1 and "75% of step 2's completions" in first[0] and "rollout.max_new_tokens = 16" in first[0]
     assert watch.step(_step(3, signal_rows=2, truncated=1.0)) == []
-    (note,) = watch.evaluation(1.0, step=0)
+    (note,) = watch.evaluation(_eval(truncated=1.0), step=0)
     assert "100% of the completions of the evaluation at step 0 were cut off" in note
     assert "token limit (eval.max_new_tokens, unset: rollout.max_new_tokens = 16)" in note and "raise eval.max_new_tokens" in note
-    assert watch.evaluation(1.0, step=10) == []
+    assert watch.evaluation(_eval(truncated=1.0), step=10) == []
     assert truncation_note(0.49, "eval.max_new_tokens = 8", "x") is None
     assert truncation_note(float("nan"), "eval.max_new_tokens = 8", "x") is None
+
+
+def _eval(*, truncated: float, accuracy: float = 0.0, truncated_right: float = 0.0, truncated_unanswered: float = 0.0):
+    from podsrl.train.evaluate import EvalResult
+
+    return EvalResult(accuracy=accuracy, ci_low=0.0, ci_high=1.0, problems=100, pass_at_k={}, mean_length=10.0, truncated=truncated,
+                      seconds=1.0, truncated_right=truncated_right, truncated_unanswered=truncated_unanswered)  # fmt: skip
+
+
+# The embedded demo's base model at its 16 tokens (400 samples of 100 held-out problems, issue 45): 70% cut
+# off, 19% right, 39 of the 281 cut-off ones right and 73 without a number.
+DEMO = dict(truncated=281 / 400, accuracy=75 / 400, truncated_right=39 / 400, truncated_unanswered=73 / 400)
+
+
+def test_the_cut_off_note_comes_only_when_the_limit_cost_answers():
+    """The demo printed "70% of the completions were cut off ... raise eval.max_new_tokens" on every run
+    (issue 45), although its task asks for the number alone and the model mostly wrote one: a quarter
+    of its wrong answers ended on their own. The note comes when the cut-off completions hold no
+    answer, or when nearly every wrong one was cut off (GSM8K at 64 tokens: all cut, all wrong)."""
+    cfg = load(None, ["rollout.max_new_tokens=16"])
+    assert not truncation_hurts(_eval(**DEMO))
+    assert RunWatch(cfg).evaluation(_eval(**DEMO), step=0) == []
+    # Cut before the answer: 60% cut off, 40% with no answer in them (2 in 3 of the cut-off ones).
+    hurt = _eval(truncated=0.6, accuracy=0.3, truncated_unanswered=0.4)
+    assert truncation_hurts(hurt) and len(RunWatch(cfg).evaluation(hurt, step=0)) == 1
+    # Every completion cut off mid-reasoning: numbers in all of them, none right.
+    gsm8k = _eval(truncated=1.0, accuracy=0.0)
+    assert truncation_hurts(gsm8k) and len(RunWatch(cfg).evaluation(gsm8k, step=0)) == 1
+    assert truncation_hurts(_eval(truncated=0.95, accuracy=0.05))  # the wrong ones are the cut-off ones
+    assert not truncation_hurts(_eval(truncated=0.6, accuracy=0.6, truncated_right=0.6))  # cut off, but right
+    assert not truncation_hurts(_eval(truncated=0.4, accuracy=0.0))  # not most
+    # A training step cannot tell: its note comes unless an evaluation at the same limit found the cut-off harmless.
+    watch = RunWatch(cfg)
+    watch.evaluation(_eval(**DEMO), step=0)
+    assert watch.step(_step(1, signal_rows=2, truncated=0.7)) == []
+    watch = RunWatch(load(None, ["rollout.max_new_tokens=16", "eval.max_new_tokens=64"]))  # another limit: no evidence
+    watch.evaluation(_eval(**DEMO), step=0)
+    assert len(watch.step(_step(1, signal_rows=2, truncated=0.7))) == 1
+
+
+def test_an_evaluation_counts_the_cut_off_completions_that_were_right_or_held_no_answer():
+    from podsrl.engines import Rollouts
+    from podsrl.tasks import Example
+    from podsrl.train.evaluate import evaluate
+
+    completions = {0: ("The answer is 7", True), 1: ("Let me think about", True), 2: ("3 + 4 = 8, so", True), 3: ("7", False)}
+
+    class Engine:
+        def generate(self, prompt_ids, sampling):
+            texts, cut = zip(*(completions[p[0]] for p in prompt_ids for _ in range(sampling.n)))
+            return Rollouts(prompt_ids=prompt_ids, completion_ids=[[1]] * len(texts), texts=list(texts), truncated=list(cut))
+
+    examples = [Example(str(i), "What is 3 + 4?", "7") for i in range(4)]
+    result = evaluate(Engine(), [[i] for i in range(4)], examples)
+    assert (result.truncated, result.accuracy, result.truncated_right, result.truncated_unanswered) == (0.75, 0.5, 0.25, 0.25)
 
 
 def test_a_run_that_learns_nothing_says_so(make_config, tmp_path, capsys):

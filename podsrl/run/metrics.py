@@ -131,7 +131,7 @@ class RunLogger:
         self.last_eval = _eval_text(result.accuracy)
         if self.last_metrics is not None:  # the bar shows it now, not after the next step
             self.bar.set_postfix_str(bar_text(self.last_metrics, self.last_eval))
-        self._notes(self.watch.evaluation(result.truncated, state.step))
+        self._notes(self.watch.evaluation(result, state.step))
         self._scalars({"accuracy": result.accuracy, **result.pass_at_k}, state.step, prefix="eval/")
 
     def _notes(self, lines: list[str]) -> None:

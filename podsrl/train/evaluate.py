@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from podsrl.train.distributed import Dist
 from podsrl.engines import Engine, Rollouts, Sampling
+from podsrl.grading.answers import extract_answer
 from podsrl.grading.graders import is_right
 from podsrl.intervals import normal_interval, wilson_interval
 from podsrl.tasks import Example
@@ -52,6 +53,11 @@ class EvalResult:
     mean_length: float  # completion tokens
     truncated: float  # fraction of completions that hit the token limit
     seconds: float
+    # Whether the limit cost answers (podsrl.run.watch.truncation_hurts): of all completions, the
+    # fractions cut off and right anyway, and cut off with no final answer in them (not right, and
+    # no number, "####" answer or box: podsrl.grading.answers.extract_answer).
+    truncated_right: float = 0.0
+    truncated_unanswered: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,17 +130,21 @@ def evaluate(
     rollouts = _generate(engine, [prompt_ids[i] for i in mine], samples, temperature, max_new_tokens, seed, dist, min_call,
                          bar=tqdm(total=len(examples), desc="eval", unit="problem", disable=not (progress and dist.is_main),
                                   dynamic_ncols=True))  # fmt: skip
-    rows = []  # [problem][correct samples, summed length, truncated samples]
+    rows = []  # [problem][correct, summed length, truncated, truncated and right, truncated and unanswered] (samples)
     for j, i in enumerate(mine[:real]):
         texts = rollouts.texts[j * samples : (j + 1) * samples]
         ids = rollouts.completion_ids[j * samples : (j + 1) * samples]
+        cut = rollouts.truncated[j * samples : (j + 1) * samples]
+        right = [is_right(t, examples[i]) for t in texts]
         rows.append([
-            sum(int(is_right(t, examples[i])) for t in texts),
+            sum(right),
             sum(len(c) for c in ids),
-            sum(rollouts.truncated[j * samples : (j + 1) * samples]),
+            sum(cut),
+            sum(c and r for c, r in zip(cut, right)),
+            sum(c and not r and extract_answer(t) is None for c, r, t in zip(cut, right, texts)),
         ])  # fmt: skip
-    counts = dist.gather_ragged(torch.tensor(rows, dtype=torch.long).reshape(-1, 3)).tolist()  # [P, 3]
-    correct = [c for c, _, _ in counts]
+    counts = dist.gather_ragged(torch.tensor(rows, dtype=torch.long).reshape(-1, 5)).tolist()  # [P, 5]
+    correct = [row[0] for row in counts]
     means = [c / samples for c in correct]  # [P]
     accuracy = sum(means) / len(means)
     if samples == 1:
@@ -150,7 +160,9 @@ def evaluate(
         ci_high=high,
         problems=len(examples),
         pass_at_k=passes,
-        mean_length=sum(length for _, length, _ in counts) / completions,
-        truncated=sum(t for _, _, t in counts) / completions,
+        mean_length=sum(row[1] for row in counts) / completions,
+        truncated=sum(row[2] for row in counts) / completions,
         seconds=time.perf_counter() - start,
+        truncated_right=sum(row[3] for row in counts) / completions,
+        truncated_unanswered=sum(row[4] for row in counts) / completions,
     )
