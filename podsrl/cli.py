@@ -279,6 +279,7 @@ SETTINGS_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `podsrl` parser: one sub-parser per command, each built by its ``_add_COMMAND``."""
     parser = argparse.ArgumentParser(
         prog="podsrl",
         description="Reinforcement learning of language models with verifiable rewards: GRPO, PODS, D3S.\n"
@@ -287,7 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_eval, _add_export, _add_plot, _add_compare, _add_config, _add_env):
+        add(sub)
+    return parser
 
+
+def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a policy (no arguments: the embedded demo)", epilog=SETTINGS_HELP)
     p.add_argument("config", nargs="?", help="TOML config file (defaults apply to what it leaves out)")
     p.add_argument("--out", help="run directory (default: train.out_dir)")
@@ -300,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true", help="do not write curves.png at the end")
     p.set_defaults(func=cmd_train)
 
+
+def _add_eval(sub) -> None:
     p = sub.add_parser(
         "eval", help="held-out accuracy (95%% CI) and pass@k of a model or a run's checkpoint",
         description="Held-out accuracy (95% CI) and pass@k of a model or a run's checkpoint. " + ACCURACY_MEANS
@@ -313,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the result to this JSON file")
     p.set_defaults(func=cmd_eval)
 
+
+def _add_export(sub) -> None:
     p = sub.add_parser("export", help="a run's checkpoint as a Hugging Face model directory (and/or pushed to the Hub)")
     p.add_argument("run", metavar="RUN", help="run directory")
     p.add_argument("--out", metavar="DIR", help="the model directory to write (new or empty; see --overwrite)")
@@ -326,11 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", metavar="SIZE", help="split the weights into files of at most this size (default: 5GB)")
     p.set_defaults(func=cmd_export)
 
+
+def _add_plot(sub) -> None:
     p = sub.add_parser("plot", help="reward and accuracy curves of one or more runs")
     p.add_argument("runs", nargs="+", help="run directories")
     p.add_argument("-o", "--output", default="curves.png", help="PNG file to write (default: curves.png)")
     p.set_defaults(func=cmd_plot)
 
+
+def _add_compare(sub) -> None:
     p = sub.add_parser("compare", help="methods x seeds under one budget: steps and time to accuracy")
     p.add_argument("config", nargs="?",
                    help="TOML file with a [compare] table, as configs/compare.toml (what `podsrl compare` runs without one; "
@@ -347,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU indices: pin each run to one (CUDA_VISIBLE_DEVICES), the least loaded first")
     p.set_defaults(func=cmd_compare)
 
+
+def _add_config(sub) -> None:
     p = sub.add_parser(
         "config", help="print every setting with its default and a description, as TOML to start from",
         description="Print every setting with its default and a description, as TOML to start from "
@@ -356,9 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("section", nargs="?", help="print only this section, e.g. select or task")
     p.set_defaults(func=cmd_config)
 
+
+def _add_env(sub) -> None:
     p = sub.add_parser("env", help="podsrl, Python, torch, devices, engines and libraries: paste it into a bug report")
     p.set_defaults(func=cmd_env)
-    return parser
 
 
 # What `podsrl` prints and exits with for each kind of error a run can end with (docs/distributed.md).
