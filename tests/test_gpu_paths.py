@@ -73,7 +73,7 @@ def test_a_checkpoint_written_on_a_gpu_reads_on_a_cpu(tmp_path, monkeypatch):
     optimizer.step()
     with monkeypatch.context() as m:
         m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
-        path = ckpt.save(tmp_path, model, optimizer, scheduler, ckpt.TrainState(step=1), log=lambda *_: None)
+        path = ckpt.save(tmp_path, model, optimizer, scheduler, ckpt.TrainState(step=1), policy=ckpt.SavePolicy(log=lambda *_: None))
     with pytest.raises(RuntimeError, match="CUDA device"):  # the file holds what a GPU writes
         torch.load(path / "state.pt", weights_only=False)
     assert ckpt.read_train_state(path).step == 1  # podsrl export, podsrl eval --run

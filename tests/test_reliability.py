@@ -296,8 +296,8 @@ def _small_state():
 
 def _two_checkpoints(tmp_path):
     model, opt, sched = _small_state()
-    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1), keep=2)
-    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=2), keep=2)
+    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1), policy=ckpt.SavePolicy(keep=2))
+    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=2), policy=ckpt.SavePolicy(keep=2))
     return tmp_path / "checkpoints"
 
 

@@ -427,14 +427,14 @@ def _half_rmtree(path, *_, **__):
 def test_failed_checkpoint_write_keeps_a_valid_latest(tmp_path, monkeypatch, where, same_step):
     model, opt, sched = _small_state()
     _train_once(model, opt, sched)
-    first = ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1, train_seconds=1.5), keep=1)
+    first = ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1, train_seconds=1.5), policy=ckpt.SavePolicy(keep=1))
     saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     _train_once(model, opt, sched)
 
     with monkeypatch.context() as mp:
         FAILURES[where](mp)
         with pytest.raises((Crash, CheckpointWriteError)):  # a failed write is reported as CheckpointWriteError
-            ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1 if same_step else 2), keep=1)
+            ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1 if same_step else 2), policy=ckpt.SavePolicy(keep=1))
 
     last = ckpt.latest(tmp_path)
     assert last is not None, "no resumable checkpoint left"
@@ -450,7 +450,7 @@ def test_failed_checkpoint_write_keeps_a_valid_latest(tmp_path, monkeypatch, whe
     assert fresh_opt.state_dict()["state"], "optimizer state restored"
 
     # The next save succeeds and clears what the failed one left behind.
-    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=3), keep=1)
+    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=3), policy=ckpt.SavePolicy(keep=1))
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".latest")) == ["latest", "step-000003"]
     assert ckpt.latest(tmp_path) == root / "step-000003"
@@ -460,7 +460,7 @@ def test_checkpoint_keeps_the_newest_and_round_trips(tmp_path):
     model, opt, sched = _small_state()
     for step in (1, 2, 3):
         _train_once(model, opt, sched)
-        ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=step, train_seconds=step * 2.0), keep=2)
+        ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=step, train_seconds=step * 2.0), policy=ckpt.SavePolicy(keep=2))
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-000002", "step-000003"]
     fresh, fresh_opt, fresh_sched = _small_state()
     state = ckpt.load(ckpt.latest(tmp_path), fresh, fresh_opt, fresh_sched)
@@ -478,8 +478,8 @@ def test_checkpoint_keeps_the_newest_and_round_trips(tmp_path):
 
 def test_latest_ignores_a_pointer_to_an_incomplete_directory(tmp_path):
     model, opt, sched = _small_state()
-    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1), keep=3)
-    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=2), keep=3)
+    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=1), policy=ckpt.SavePolicy(keep=3))
+    ckpt.save(tmp_path, model, opt, sched, ckpt.TrainState(step=2), policy=ckpt.SavePolicy(keep=3))
     (tmp_path / "checkpoints" / "step-000002" / "weights.safetensors").unlink()
     assert ckpt.latest(tmp_path).name == "step-000001"
     assert ckpt.latest(tmp_path / "nowhere") is None

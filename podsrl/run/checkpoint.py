@@ -52,6 +52,7 @@ import pickle
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,16 +86,24 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save(
-    run_dir: Path, model, optimizer, scheduler, state: TrainState, *, keep: int = 1, dist=None, on_failure: str = "stop", log=print
-) -> Path | None:
-    """Write the checkpoint of ``state.step`` (see the module docstring); returns its directory.
+@dataclass(frozen=True)
+class SavePolicy:
+    """How a run keeps its checkpoints, and what a checkpoint that cannot be written does."""
+
+    keep: int = 1  # the newest checkpoints kept on disk (train.keep_checkpoints)
+    on_failure: str = "stop"  # "stop": raise CheckpointWriteError; "retry": warn and go on (train.checkpoint_failure)
+    log: Callable[[str], None] = print  # where the "retry" warning goes
+
+
+def save(run_dir: Path, model, optimizer, scheduler, state: TrainState, *, policy: SavePolicy = SavePolicy(), dist=None) -> Path | None:
+    """Write the checkpoint of ``state.step`` (see the module docstring), keeping the newest
+    ``policy.keep``; returns its directory.
 
     A write that fails (ENOSPC, EIO, a quota: whatever the writers raise) leaves the previous
-    checkpoint and ``latest`` as they were and removes the partial one; then ``on_failure="stop"``
-    raises a CheckpointWriteError naming the directory, the error, the space the checkpoint needs
-    and the space free, and ``"retry"`` logs that as a warning and returns None (the next checkpoint
-    tries again). Under torchrun every rank learns the outcome from rank 0 and does the same.
+    checkpoint and ``latest`` as they were and removes the partial one; then ``policy.on_failure``
+    "stop" raises a CheckpointWriteError naming the directory, the error, the space the checkpoint
+    needs and the space free, and "retry" logs that as a warning and returns None (the next
+    checkpoint tries again). Under torchrun every rank learns the outcome from rank 0 and does the same.
     """
     root = Path(run_dir) / "checkpoints"
     target = root / f"step-{state.step:06d}"
@@ -105,7 +114,7 @@ def save(
     failure = error = None
     if dist is None or dist.is_main:
         try:
-            _write(root, target, weights, optim_state, scheduler, state, keep)
+            _write(root, target, weights, optim_state, scheduler, state, policy.keep)
         except Exception as err:  # noqa: BLE001 - the writers' I/O errors are OSError, SafetensorError, RuntimeError
             error = _one_line(err)  # the text only: the error's traceback holds the partial file open
         if error is not None:
@@ -115,9 +124,9 @@ def save(
     if failure is None:
         return target
     previous = latest(run_dir)
-    if on_failure == "retry":
+    if policy.on_failure == "retry":
         kept = f"{previous.name} stays the newest checkpoint" if previous is not None else "the run has no checkpoint yet"
-        log(f"podsrl: warning: {failure}; {kept}; training goes on and the next checkpoint tries again (train.checkpoint_failure = 'retry')")
+        policy.log(f"podsrl: warning: {failure}; {kept}; training goes on and the next checkpoint tries again (train.checkpoint_failure = 'retry')")
         return None
     if previous is not None:
         then = f"then resume with `podsrl train --resume {run_dir}` (from {previous.name}, which is intact)"

@@ -509,7 +509,7 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
         log(f"podsrl: warning: {s.grading_note}")
     logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()
     save = lambda on_failure="stop": ckpt.save(  # noqa: E731
-        run_dir, model, optimizer, scheduler, state, keep=cfg.train.keep_checkpoints, dist=dist, on_failure=on_failure, log=log
+        run_dir, model, optimizer, scheduler, state, policy=ckpt.SavePolicy(cfg.train.keep_checkpoints, on_failure, log), dist=dist
     )
     stop = preemption.StopSignals(cfg.train.stop_signals).install()  # finish the step, checkpoint, exit 75
     try:
