@@ -17,6 +17,7 @@ from podsrl.cli import main
 from podsrl.config import load, to_toml
 from podsrl.grading.rewards import get_reward
 from podsrl.run.metrics import read_jsonl
+from podsrl.run.rundir import trained_m
 
 from test_config import BAD_OVERRIDES
 
@@ -241,6 +242,42 @@ def test_a_run_trained_with_m_1_evaluates_and_exports_but_does_not_train(cli_run
     code, _, err = run_cli(["train", str(old / "config.toml"), "--out", str(tmp_path / "new"), "--no-plot"])
     assert_user_error(code, err, refusal)
     assert not (tmp_path / "new").exists()
+
+
+def test_a_resumed_run_keeps_the_m_it_trained_with(make_config, tmp_path):
+    """select.m's default was max(1, n // 4) before issue 38, max(2, n // 4) since: a run with n = 4 and
+    m unset trained at m = 1 and resumed at m = 2 (its config.toml said none, so the change log, the
+    model card and the comparison report saw nothing). A run's config.toml now holds the resolved m;
+    one of an older podsrl, m unset, resumes at the m its first step logged, and says so."""
+    cfg = make_config(**{"rollout.n": 4, "select.m": None, "train.max_steps": 1, "eval.at_start": False, "eval.at_end": False})
+    config = tmp_path / "new.toml"
+    config.write_text(to_toml(cfg))
+    code, _, err = run_cli(["train", str(config), "--out", str(tmp_path / "new"), "--no-plot"])
+    assert code == 0, err
+    assert load(tmp_path / "new" / "config.toml").select.m == 2  # the resolved default, saved
+    # A run of the old default: m = 1 (over the group, so it learns), then its config.toml as an older podsrl wrote it.
+    old = tmp_path / "old"
+    config.write_text(to_toml(make_config(**{"rollout.n": 4, "select.m": 1, "select.advantage_over": "group", "train.max_steps": 1,
+                                             "eval.at_start": False, "eval.at_end": False})))  # fmt: skip
+    code, _, err = run_cli(["train", str(config), "--out", str(old), "--no-plot"])
+    assert code == 0, err
+    _set_in_section(old / "config.toml", "select", "m = 1", "# m = (default: none)")
+    assert load(old / "config.toml").select.m is None
+    code, _, err = run_cli(["export", str(old), "--out", str(tmp_path / "card")])  # its card: the m it trained with
+    assert code == 0, err
+    assert "m = 1 per prompt" in (tmp_path / "card" / "README.md").read_text()
+    bare = tmp_path / "bare"  # no step logged: the default of the podsrl that left m unset
+    bare.mkdir()
+    shutil.copy(old / "config.toml", bare / "config.toml")
+    assert trained_m(bare)[0] == 1 and "m's default then" in trained_m(bare)[1]
+    code, out, err = run_cli(["train", "--resume", str(old), "--train.max_steps=2", "--no-plot"])
+    assert code == 0, err
+    assert "leaves select.m unset" in out and "trained with m = 1 (as its first step in metrics.jsonl logged" in out
+    assert "keeps m = 1" in out and "today's default for rollout.n = 4 is 2" in out
+    assert [r["m"] for r in read_jsonl(old / "metrics.jsonl")] == [1, 1]
+    assert load(old / "config.toml").select.m == 1  # saved: the run's m is no longer a default
+    assert [list(r["changes"]) for r in read_jsonl(old / "config_changes.jsonl")] == [["train.max_steps"]]  # m did not change
+    assert "m = 1 per prompt" in (old / "model" / "README.md").read_text()
 
 
 def test_resume_of_a_run_without_checkpoint(tmp_path):

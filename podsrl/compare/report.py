@@ -20,7 +20,7 @@ from podsrl.compare.stats import (
 from podsrl.config import Config
 from podsrl.intervals import t_interval
 from podsrl.run.metrics import comparable_reward, read_jsonl
-from podsrl.run.rundir import write_text_atomic
+from podsrl.run.rundir import trained_m, write_text_atomic
 
 # Per axis, the report's key prefix: steps_to_target, time_to_target_seconds, ...
 _TO_TARGET = {"step": "steps_to_target", "train_seconds": "time_to_target_seconds"}
@@ -174,7 +174,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
 def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], list[list[dict]], dict[str, Curve]]:
     """A method's report entry (without its target numbers), its runs' eval rows and its curves."""
     cfg0 = plan.config(name, 0)
-    runs, rows_per_run, missing, all_metrics = [], [], [], []
+    runs, rows_per_run, missing, all_metrics, trained = [], [], [], [], []
     for seed in range(plan.n_seeds(name)):
         cfg = plan.config(name, seed)
         path = run_dir(out, name, seed)
@@ -182,6 +182,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
             missing.append(seed)
             continue
         check_same_config(path, cfg)
+        trained.append(trained_m(path)[0])  # what an unset m meant when the run trained (its config.toml)
         evals = sorted(read_jsonl(path / "eval.jsonl"), key=lambda r: r["train_seconds"])
         metrics = read_jsonl(path / "metrics.jsonl")
         all_metrics += metrics
@@ -219,12 +220,13 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
     same_points = main.aligned_by == "index"  # then both axes share the points and the peak's index
     peak_at = {axis: (curves[axis].x[top[0]] if top and (axis == main.axis or same_points) else None) for axis in AXES}
     sel = cfg0.select
+    m = trained[0] if trained else sel.m_start(cfg0.rollout.n)
     entry = {
         "overrides": plan.all_methods[name].overrides,
         "rule": sel.rule,
         "n": cfg0.rollout.n,
-        "m": sel.m_start(cfg0.rollout.n),
-        "m_final": sel.m_final if sel.m_final not in (None, sel.m_start(cfg0.rollout.n)) else None,
+        "m": m,
+        "m_final": sel.m_final if sel.m_final not in (None, m) else None,
         "token_fraction": [sel.token_fraction, sel.token_fraction_final or sel.token_fraction] if sel.uses_token_selection else None,
         "seeds_done": [r["seed"] for r in runs],
         "seeds_missing": missing,

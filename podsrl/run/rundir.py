@@ -163,9 +163,10 @@ class RunDir:
             raise
         return self.path
 
-    def write_config(self, cfg: Config, *, step: int = 0, log=print) -> None:
+    def write_config(self, cfg: Config, *, step: int = 0, log=print, notes: dict[str, str] | None = None) -> None:
         """Write ``config.toml`` (atomically) and, on resume, append what changed to
-        ``config_changes.jsonl`` with the step it applies from."""
+        ``config_changes.jsonl`` with the step it applies from. ``notes``: comments after settings
+        (:func:`podsrl.config.to_toml`), e.g. what ``rollout.sampler_dtype`` resolved to here."""
         from podsrl.config import to_toml
 
         if self.changes:
@@ -177,7 +178,7 @@ class RunDir:
             with open(self.path / CHANGES_FILE, "a") as f:
                 f.write(json.dumps(row) + "\n")
             log("podsrl: resuming with changed settings: " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in self.changes.items()))
-        write_text_atomic(self.path / "config.toml", to_toml(cfg))
+        write_text_atomic(self.path / "config.toml", to_toml(cfg, notes))
 
     def close(self) -> None:
         """Release the lock (the lock file stays: deleting it would let two processes lock two
@@ -231,8 +232,9 @@ def holds_run(path: Path) -> bool:
 
 
 def config_differences(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
-    """Every setting whose value differs: dotted name -> (old, new)."""
-    a, b = old.to_dict(), new.to_dict()
+    """Every setting whose value differs: dotted name -> (old, new). An unset ``select.m`` counts as
+    the m it resolves to (a run's config.toml holds the resolved m: :func:`resolved_m`)."""
+    a, b = resolved_m(old).to_dict(), resolved_m(new).to_dict()
     out = {}
     for section in {**a, **b}:
         sa, sb = a.get(section, {}), b.get(section, {})
@@ -328,7 +330,13 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def run_config(path: Path) -> Config:
-    """The run's config, from its config.toml (a ConfigError names the file)."""
+    """The run's config, from its config.toml (a ConfigError names the file), with ``select.m`` as
+    the run trained with it (:func:`trained_m`: a config.toml of an older podsrl may leave it unset)."""
+    cfg = _saved_config(path)
+    return with_m(cfg, trained_m(path, cfg)[0])
+
+
+def _saved_config(path: Path) -> Config:
     from podsrl import config as config_mod
 
     try:
@@ -337,6 +345,59 @@ def run_config(path: Path) -> Config:
         if str(Path(path) / "config.toml") in str(err):
             raise
         raise ConfigError(f"{Path(path) / 'config.toml'}: {err}") from None
+
+
+def with_m(cfg: Config, m: int) -> Config:
+    """``cfg`` with ``select.m = m``."""
+    import dataclasses
+
+    return cfg if cfg.select.m == m else dataclasses.replace(cfg, select=dataclasses.replace(cfg.select, m=m))
+
+
+def resolved_m(cfg: Config) -> Config:
+    """``cfg`` with ``select.m`` set to what an unset m resolves to today (the trainer saves it so:
+    a later change of m's default cannot change a run, nor what its card and reports say)."""
+    return with_m(cfg, cfg.select.m_start(cfg.rollout.n))
+
+
+def trained_m(path: Path, cfg: Config | None = None) -> tuple[int, str | None]:
+    """``select.m`` as the run in ``path`` trained with it (``cfg``: its config.toml, read when not
+    given), and, when that config.toml leaves m unset and the run's m is not today's default, a line
+    saying so. podsrl saves the resolved m since issue 45; before, config.toml said none, which meant
+    the default of the day: max(1, n // 4) until issue 38 (2026-11-25; one rollout kept per group
+    below n = 8), max(2, n // 4) at most n since, so a run with n from 2 to 7 would resume at another
+    m. The m of the run's first step in metrics.jsonl decides (the first step's progress is 0: it
+    logs the m a schedule starts from); without one, the default before issue 38."""
+    cfg = cfg if cfg is not None else _saved_config(path)
+    sel, n = cfg.select, cfg.rollout.n
+    now = sel.m_start(n)
+    before = n if sel.rule == "all" else max(1, n // 4)
+    if sel.m is not None or before == now:
+        return now, None
+    first = _first_step_m(Path(path) / "metrics.jsonl")
+    m, source = (first, "as its first step in metrics.jsonl logged") if first in (before, now) else (before, "m's default then")
+    if m == now:
+        return m, None
+    return m, (
+        f"podsrl: {Path(path) / 'config.toml'} leaves select.m unset (written by podsrl before issue 45, which saves "
+        f"it): the run trained with m = {m} ({source}; today's default for rollout.n = {n} is {now}), and keeps m = {m}"
+    )
+
+
+def _first_step_m(metrics: Path) -> int | None:
+    """The ``m`` of the first step row of a metrics.jsonl (None: no file, no such row)."""
+    try:
+        lines = metrics.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            return row.get("m") if isinstance(row.get("m"), int) else None
+    return None
 
 
 def _refusal(path: Path) -> str:

@@ -455,10 +455,18 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: bool = False, ove
 
 
 def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overwrite: bool, log) -> Path:
-    check_trainable(cfg)  # before the model loads
     if cfg.train.resume == "auto" and not (resume or overwrite):  # the same command starts and restarts
         run_dir, resume, overwrite = dist.from_main(lambda: preemption.auto_resume(run_dir, cfg))
         log(f"podsrl: train.resume = 'auto': {'resuming' if resume else 'restarting' if overwrite else 'starting'} {run_dir}")
+    cfg, note = _trained_m(cfg, dist, run_dir if resume else None)
+    if note is not None:
+        log(note)
+    try:
+        check_trainable(cfg)  # before the model loads
+    except ConfigError as err:
+        if note is None:
+            raise
+        raise ConfigError(f"{err}. The run in {run_dir} was trained so and a resumed run keeps its settings: start a new run with --out") from None
     claim = _check_run_dir(cfg, dist, run_dir, resume=resume, overwrite=overwrite)
     s = setup(cfg, dist)
     model = s.policy.model
@@ -474,6 +482,17 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
     finally:
         s.close()
         claim.close()
+
+
+def _trained_m(cfg: Config, dist: Dist, resumed: Path | None) -> tuple[Config, str | None]:
+    """``cfg`` with ``select.m`` resolved, as config.toml saves it: an unset m is today's default for a
+    new run, and the m the run trained with for a resumed one (:func:`podsrl.run.rundir.trained_m`,
+    with a line to log when that is not today's default). An m that is set is left to the resume's
+    check against the run's own."""
+    if resumed is None or cfg.select.m is not None or not (Path(resumed) / "config.toml").is_file():
+        return rundir.resolved_m(cfg), None
+    m, note = dist.from_main(lambda: rundir.trained_m(resumed))
+    return rundir.with_m(cfg, m), note
 
 
 def _check_run_dir(cfg: Config, dist: Dist, run_dir: Path | None, *, resume: bool, overwrite: bool) -> rundir.RunDir:
