@@ -130,7 +130,7 @@ def export_run(
     staging = _staging_dir(out)
     try:
         write_model_dir(
-            cfg, run_dir, checkpoint, state, staging, dtype=dtype, merged=not adapter_only,
+            ExportSource(cfg, run_dir, checkpoint, state), staging, dtype=dtype, merged=not adapter_only,
             max_shard_size=max_shard_size, location=push_to_hub or str(out),
         )  # fmt: skip
         pushed = push_folder(staging, push_to_hub, step=state.step) if push_to_hub is not None else None
@@ -170,7 +170,7 @@ def after_checkpoint(cfg, run_dir: Path, checkpoint: Path, dist, *, final: bool,
         staged = [_staging_dir(target) for target in targets]
         try:
             location = (t.push_to_hub if final and t.export_model else None) or str(targets[0])
-            write_model_dir(cfg, run_dir, checkpoint, state, staged[0], dtype=dtype, merged=merged, location=location)
+            write_model_dir(ExportSource(cfg, run_dir, checkpoint, state), staged[0], dtype=dtype, merged=merged, location=location)
             for copy in staged[1:]:  # the same directory for the checkpoint: a copy
                 shutil.copytree(staged[0], copy, dirs_exist_ok=True)
             for directory, target in zip(staged, targets):
@@ -196,11 +196,20 @@ def after_checkpoint(cfg, run_dir: Path, checkpoint: Path, dist, *, final: bool,
 # ------------------------------------------------------------------------------ the directory
 
 
+@dataclass(frozen=True)
+class ExportSource:
+    """A checkpoint to export, with the run it belongs to."""
+
+    cfg: object  # the run's resolved podsrl.config.Config
+    run_dir: Path
+    checkpoint: Path  # RUN/checkpoints/step-N
+    state: ckpt.TrainState  # the checkpoint's (its step, training time, world size)
+
+
 def write_model_dir(
-    cfg, run_dir: Path, checkpoint: Path, state, target: Path, *, dtype: str, merged: bool,
-    location: str, max_shard_size: str = MAX_SHARD_SIZE,
-) -> None:  # fmt: skip
-    """Build the model directory of ``checkpoint`` in ``target`` (an existing, empty directory).
+    source: ExportSource, target: Path, *, dtype: str, merged: bool, location: str, max_shard_size: str = MAX_SHARD_SIZE
+) -> None:
+    """Build the model directory of ``source``'s checkpoint in ``target`` (an existing, empty directory).
     ``merged``: with LoRA, the merged model plus ``adapter/``; otherwise the adapter alone.
     ``location``: where users will load it from (a Hub repo id or a path), for the model card."""
     from transformers import AutoTokenizer
@@ -209,11 +218,12 @@ def write_model_dir(
     from podsrl.models import DTYPES, load_policy
     from podsrl.run import model_card
 
+    cfg, run_dir, state = source.cfg, source.run_dir, source.state
     model_cfg = dataclasses.replace(cfg.model, device="cpu", gradient_checkpointing=False)
     target = Path(target)
     with _quiet_progress():
         policy = load_policy(model_cfg)
-        ckpt.load_weights(checkpoint, policy.model)  # DamagedCheckpoint / ConfigError name the file
+        ckpt.load_weights(source.checkpoint, policy.model)  # DamagedCheckpoint / ConfigError name the file
         model = policy.model.eval()
         if policy.lora:
             adapter = target / ADAPTER_DIR if merged else target
