@@ -51,7 +51,10 @@ def load(
     eval_split: str | None = "test",
 ) -> Task:
     """MATH-style problems from a JSON-lines file, a directory or a dataset; see the module
-    docstring."""
+    docstring. The keyword arguments are the task's options, as written in ``task.options`` and
+    listed by ``podsrl config task --task.name=math`` (both read this signature), so they stay one
+    flat list here; they are grouped at once: the fields of a row (:class:`_Fields`) and where the
+    problems come from (:class:`_Source`)."""
     check_count("math", "num_train", num_train, allow_none=True)
     check_count("math", "num_eval", num_eval, allow_none=True)
     check_count("math", "seed", seed)
@@ -59,38 +62,13 @@ def load(
     hub_config, eval_split, eval_path = (
         None if _is_none(v) else v for v in (hub_config, eval_split, eval_path)
     )
-    fields = _Fields(question_field, answer_field, solution_field)
+    source = _Source(path, eval_path, hub_config, train_split, eval_split)
     rng = random.Random(f"math-{seed}")
-    local = Path(path).expanduser()
-    if eval_path is not None and not local.is_file():
-        raise ConfigError(
-            f"task 'math': eval_path is for a path that is one JSON-lines file, and {path!r} is "
-            "not (a directory gives test.jsonl, a dataset eval_split); drop eval_path"
-        )
-    if local.is_dir():
-        train, eval_ = _load_directory(local, fields)
-    elif local.is_file():
-        train = _read_file(local, fields)
-        if eval_path is not None:
-            eval_ = _read_file(existing_file(eval_path, "eval_path", task="math", holding="{problem, solution or answer} objects"), fields)
-        else:
-            train, eval_ = hold_out(train, num_eval, rng, task="math", source=path)
-            num_eval = None  # already exactly num_eval rows
-    elif HUB_ID.fullmatch(path):
-        train, eval_ = _load_dataset(path, hub_config, train_split, eval_split, fields)
-        if eval_split is None:
-            train, eval_ = hold_out(train, num_eval, rng, task="math", source=path)
-            num_eval = None
-    else:
-        raise ConfigError(
-            f"task 'math': path {path!r} is not a file or directory; expected a JSON-lines file "
-            "of {problem, solution or answer} objects, a directory with train.jsonl and "
-            "test.jsonl, or a dataset id such as 'HuggingFaceH4/MATH-500'"
-        )
+    train, eval_, held_out = source.examples(_Fields(question_field, answer_field, solution_field), rng, num_eval)
     return Task(
         name="math",
         train=subsample(train, num_train, rng, option="task 'math': num_train", source=path),
-        eval=subsample(eval_, num_eval, rng, option="task 'math': num_eval", source=eval_path or path),
+        eval=subsample(eval_, None if held_out else num_eval, rng, option="task 'math': num_eval", source=eval_path or path),
         system_prompt=None,
         instruction=INSTRUCTION,
     )
@@ -135,6 +113,46 @@ class _Fields:
         raise ConfigError(
             f"{where}: no field {self.answer!r} or {self.solution!r} ({_present(row)}); set "
             "answer_field (the final answer) or solution_field (a solution ending in \\boxed{...})"
+        )
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where the problems come from: ``path`` (a file, a directory or a dataset id), the file to
+    evaluate on (``eval_path``, with a file) and, for a dataset, its config and splits."""
+
+    path: str
+    eval_path: str | None
+    hub_config: str | None
+    train_split: str
+    eval_split: str | None
+
+    def examples(self, fields: _Fields, rng: random.Random, num_eval: int | None) -> tuple[list[Example], list[Example], bool]:
+        """(training examples, held-out examples, whether the held-out ones are num_eval rows held out
+        of the training ones with ``rng``, so that no further draw is needed)."""
+        path, local = self.path, Path(self.path).expanduser()
+        if self.eval_path is not None and not local.is_file():
+            raise ConfigError(
+                f"task 'math': eval_path is for a path that is one JSON-lines file, and {path!r} is "
+                "not (a directory gives test.jsonl, a dataset eval_split); drop eval_path"
+            )
+        if local.is_dir():
+            return (*_load_directory(local, fields), False)
+        if local.is_file():
+            train = _read_file(local, fields)
+            if self.eval_path is None:
+                return (*hold_out(train, num_eval, rng, task="math", source=path), True)
+            holding = "{problem, solution or answer} objects"
+            return train, _read_file(existing_file(self.eval_path, "eval_path", task="math", holding=holding), fields), False
+        if HUB_ID.fullmatch(path):
+            train, eval_ = _load_dataset(path, self.hub_config, self.train_split, self.eval_split, fields)
+            if self.eval_split is None:
+                return (*hold_out(train, num_eval, rng, task="math", source=path), True)
+            return train, eval_, False
+        raise ConfigError(
+            f"task 'math': path {path!r} is not a file or directory; expected a JSON-lines file "
+            "of {problem, solution or answer} objects, a directory with train.jsonl and "
+            "test.jsonl, or a dataset id such as 'HuggingFaceH4/MATH-500'"
         )
 
 
