@@ -110,18 +110,20 @@ def _checkpointed_run_config(run_dir: Path, option: str, overrides: list[str], c
             raise
         raise ConfigError(f"{option} {run_dir}: {run_dir / 'config.toml'} does not load: {err}") from None
     if config is None:
-        _say_reward_code(cfg, run_dir / "config.toml")
+        _say_reward_code(cfg, run_dir / "config.toml", rewards=option == "--resume")
     return cfg
 
 
-def _say_reward_code(cfg, source: Path) -> None:
-    """One line naming the reward code that a config read from a directory (a run's config.toml, an
+def _say_reward_code(cfg, source: Path, *, rewards: bool = True) -> None:
+    """One line for each kind of code that a config read from a directory (a run's config.toml, an
     exported model's podsrl_config.toml) makes podsrl import and call: the directory is data, the
-    code it names runs (SECURITY.md)."""
+    code it names runs (SECURITY.md). ``rewards``: the command imports the reward functions
+    (``podsrl train --resume``; ``podsrl eval`` replaces them, accuracy being the task's grader, so it
+    names none); a user grader (task.grader) runs in both."""
     from podsrl.grading.user import user_rewards
 
     specs = user_rewards(cfg.reward.names)
-    if specs and int(os.environ.get("RANK", "0")) == 0:
+    if rewards and specs and int(os.environ.get("RANK", "0")) == 0:
         print(f"podsrl: {source} names reward code, which is imported and run (reward.names): {', '.join(specs)}")
     grader = cfg.task.grader
     if grader is not None and ":" in grader and int(os.environ.get("RANK", "0")) == 0:  # a user grader, run by eval too
@@ -168,7 +170,7 @@ def cmd_eval(args, overrides: list[str]) -> int:
 
         cfg = eval_config(args.model, args.config, overrides)
         if args.config is None and (Path(args.model).expanduser() / CONFIG_FILE).is_file():
-            _say_reward_code(cfg, Path(args.model).expanduser() / CONFIG_FILE)
+            _say_reward_code(cfg, Path(args.model).expanduser() / CONFIG_FILE, rewards=False)
     else:
         cfg = config_mod.load(args.config, overrides)
     if args.json:  # before the evaluation, not after it

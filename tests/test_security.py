@@ -424,18 +424,29 @@ def test_a_dataset_directory_is_read_as_data(tmp_path):
 # ------------------------------------------------------------------------------ what runs when
 
 
-def test_resume_names_the_reward_code_it_imports(run_copy, reward_file):
-    code, out, err = run_cli(["train", "--resume", str(run_copy), "--train.max_steps=3", "--no-plot"])
-    assert code == 0, err
-    lines = [line for line in out.splitlines() if "reward code" in line]
-    assert lines == [f"podsrl: {run_copy / 'config.toml'} names reward code, which is imported and run (reward.names): {reward_file}:length_reward"]
+def test_resume_imports_the_reward_code_it_names_and_eval_imports_none(run_copy, tmp_path):
+    """A run directory's config.toml names reward code (here a module that writes a file when it is
+    imported). ``podsrl train --resume`` imports and runs it, and says so first; ``podsrl eval --run``
+    and ``eval --model`` of the run's export score with the task's grader and import none, and say
+    nothing of it (they said "which is imported and run" while the file stayed unwritten)."""
+    marker = tmp_path / "imported"
+    evil = tmp_path / "evil_reward.py"
+    evil.write_text(f"open({str(marker)!r}, 'w').close()\n\ndef fn(completion, example):\n    return float(len(completion) % 2)\n")
+    config = run_copy / "config.toml"
+    config.write_text(re.sub(r'^names = \[.*\]$', f'names = ["{evil}:fn"]', config.read_text(), count=1, flags=re.M))
     code, out, err = run_cli(["eval", "--run", str(run_copy), "--eval.max_problems=2"])
     assert code == 0, err
-    assert f"names reward code, which is imported and run (reward.names): {reward_file}:length_reward" in out
-    # Built-in rewards only: nothing to name.
-    code, out, err = run_cli(["eval", "--run", str(run_copy), "--eval.max_problems=2", "--reward.names=['correctness']"])
+    assert not marker.exists() and "reward code" not in out
+    code, _, err = run_cli(["export", str(run_copy), "--out", str(tmp_path / "model")])
     assert code == 0, err
-    assert "reward code" not in out
+    code, out, err = run_cli(["eval", "--model", str(tmp_path / "model"), "--eval.max_problems=2"])
+    assert code == 0, err
+    assert not marker.exists() and "reward code" not in out
+    code, out, err = run_cli(["train", "--resume", str(run_copy), "--train.max_steps=3", "--no-plot"])
+    assert code == 0, err
+    assert marker.exists()
+    lines = [line for line in out.splitlines() if "reward code" in line]
+    assert lines == [f"podsrl: {config} names reward code, which is imported and run (reward.names): {evil}:fn"]
 
 
 # ------------------------------------------------------------------------------ secrets
