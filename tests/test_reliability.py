@@ -309,6 +309,22 @@ def test_latest_pointer_deleted_falls_back_to_the_newest_complete_step(tmp_path)
     assert ckpt.latest(tmp_path) == root / "step-000001"
 
 
+@pytest.mark.parametrize("pointer", ["absolute", "../x"])
+def test_a_latest_pointer_outside_the_run_is_ignored(tmp_path, capsys, pointer):
+    """``checkpoints/latest`` naming anything but a checkpoint of checkpoints/ (an absolute path, or
+    one through ``..``) is not followed: a run directory reads nothing outside itself. The newest
+    complete step decides, with a warning."""
+    root = _two_checkpoints(tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere" / "step-000009"
+    shutil.copytree(root / "step-000001", elsewhere)  # complete: the pointer alone decides
+    shutil.copytree(root / "step-000001", tmp_path / "run" / "x")
+    (root / "latest").write_text(f"{elsewhere}\n" if pointer == "absolute" else "../x\n")
+    assert ckpt.candidates(tmp_path / "run") == [root / "step-000002", root / "step-000001"]
+    assert "is ignored and the newest complete step is used (step-000002)" in capsys.readouterr().err
+    (root / "latest").write_text("step-000001\n")  # a checkpoint of its own is followed
+    assert ckpt.latest(tmp_path / "run") == root / "step-000001"
+
+
 def test_resume_through_the_cli_without_the_latest_pointer(run_copy):
     run, _ = run_copy
     (run / "checkpoints" / "latest").unlink()

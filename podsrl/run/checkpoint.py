@@ -50,7 +50,9 @@ import gc
 import os
 import pickle
 import random
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -250,17 +252,34 @@ def latest(run_dir: Path) -> Path | None:
     return found[0] if found else None
 
 
+# What ``latest`` may name: a checkpoint of checkpoints/ itself, or the complete temporary copy that
+# replaces one (``_write`` points at it before deleting the old directory of the same step).
+_POINTER = re.compile(r"step-\d{6,}|\.tmp-[A-Za-z0-9_]+")
+_warned: set[Path] = set()
+
+
 def candidates(run_dir: Path) -> list[Path]:
     """Complete checkpoints, the one to resume from first: the one ``latest`` names, then every
     complete ``step-*`` directory, newest first. Without a readable pointer (deleted, or the run
-    was interrupted between renaming a checkpoint into place and updating it), by step alone."""
+    was interrupted between renaming a checkpoint into place and updating it), by step alone. A
+    run directory reads nothing outside itself: a pointer that is not the name of a directory in
+    checkpoints/ (``step-NNNNNN``, or ``.tmp-*`` mid-replacement), such as an absolute path or one
+    with ``..``, is ignored with a warning (once per process), the steps deciding."""
     root = Path(run_dir) / "checkpoints"
     steps = sorted((p for p in root.glob("step-*") if _complete(p)), reverse=True)
     try:
-        named = root / (root / "latest").read_text().strip()
+        pointer = (root / "latest").read_text().strip()
     except (OSError, UnicodeDecodeError):
         return steps
-    if named != root and _complete(named):
+    if not _POINTER.fullmatch(pointer):
+        if root not in _warned:
+            _warned.add(root)
+            newest = steps[0].name if steps else "none"
+            print(f"podsrl: warning: {root / 'latest'} names {pointer[:200]!r}, not a checkpoint of {root} (step-NNNNNN); "
+                  f"it is ignored and the newest complete step is used ({newest})", file=sys.stderr, flush=True)  # fmt: skip
+        return steps
+    named = root / pointer
+    if _complete(named):
         return [named, *(p for p in steps if p != named)]
     return steps
 
