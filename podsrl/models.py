@@ -150,6 +150,28 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
+def _needs_its_own_code(name: str, path: str) -> str:
+    """podsrl's refusal of a model that only its own Python code could load (transformers' message
+    asks for ``trust_remote_code=True`` and, for a local directory, names a hub URL made of its path)."""
+    import json
+
+    import transformers
+
+    model_type = None
+    try:
+        model_type = json.loads((Path(path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        pass  # a hub id, or no readable config.json
+    kind = f"its architecture (model_type {model_type!r}) is not one" if model_type else "its architecture is not one"
+    return (
+        f"model.name: '{name}' can only be loaded by running Python code that comes with it (its config names that "
+        f"code with auto_map: {kind} transformers {transformers.__version__} ships); podsrl never runs a model's own "
+        "code (SECURITY.md), so it does not load this model. Use a model whose architecture transformers ships "
+        "(Llama, Qwen2, Mistral, Gemma, Phi-3 ...; a model card that asks for trust_remote_code=True does not), or a "
+        "conversion of this one to such an architecture"
+    )
+
+
 def resolve_device(name: str) -> torch.device:
     """``model.device`` -> a torch device: "auto" is the first GPU when torch sees one, else the CPU.
     A GPU that was asked for but is not there is a configuration error, not a silent CPU run."""
@@ -180,6 +202,8 @@ def load_policy(cfg, device: torch.device | None = None) -> Policy:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype], trust_remote_code=False)
         tokenizer = load_tokenizer(path)
     except (OSError, ValueError) as err:  # not in the hub cache offline, no such repo, no tokenizer ...
+        if "trust_remote_code" in str(err):  # transformers' advice would be to run the model's code
+            raise ConfigError(_needs_its_own_code(cfg.name, path)) from None
         raise ConfigError(f"model.name: cannot load '{cfg.name}': {' '.join(str(err).split())}") from err
     model.to(device)
     if cfg.lora:

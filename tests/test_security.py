@@ -393,7 +393,12 @@ def test_model_code_is_refused_even_if_a_user_would_say_yes(tiny_model_dir, tmp_
     monkeypatch.setattr("builtins.input", lambda *args: "y")
     code, _, err = run_cli(["eval", "--model", str(model), "--eval.max_problems=2", "--rollout.engine=transformers"])
     assert not marker.exists()
-    assert code == 2 and "Traceback" not in err and "custom code" in err, err
+    assert code == 2 and "Traceback" not in err, err
+    # podsrl's own line (transformers' said to pass trust_remote_code=True, with a hub URL made of the local path)
+    assert f"model.name: '{model}' can only be loaded by running Python code that comes with it" in err
+    assert "(model_type 'podsrl_evil')" in err and "podsrl never runs a model's own code" in err
+    assert "Use a model whose architecture transformers ships" in err
+    assert "trust_remote_code=True`" not in err and "hf.co" not in err and err.count("\n") == 1
 
 
 # ------------------------------------------------------------------------------ datasets
