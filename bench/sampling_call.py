@@ -2,6 +2,7 @@
 
     python bench/sampling_call.py                       # float32 and bfloat16 weights, eager; 2 rounds
     python bench/sampling_call.py --arms float32-eager,float32-compiled --rounds 3
+    python bench/sampling_call.py --arms float32-eager,fast-eager  # rollout.sampler_dtype = "fast" as it resolves here
     python bench/sampling_call.py --quick               # one round, fewer sizes: checks it runs
 
 Each arm is one setting of podsrl's vLLM engine on the embedded SmolLM2-135M-Instruct: the weights'
@@ -42,7 +43,7 @@ from _isolated import run_isolated  # noqa: E402  (bench/_isolated.py)
 
 SIZES = ((1, 1), (1, 4), (1, 16), (2, 16), (4, 16), (8, 16), (16, 16))  # (prompts, n)
 QUICK_SIZES = ((1, 1), (1, 16), (8, 16))
-DTYPES = ("float32", "bfloat16", "float16")  # rollout.sampler_dtype's values other than "auto"
+DTYPES = ("float32", "bfloat16", "float16", "fast")  # rollout.sampler_dtype's values other than "auto" (fast: as it resolves here)
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -59,6 +60,7 @@ def worker(spec: dict) -> dict:
 
     from bench.engines import arithmetic_prompts
     from podsrl.engines import Sampling
+    from podsrl.engines.dtype import resolve_sampler_dtype
     from podsrl.engines.vllm import VLLMEngine, VLLMOptions
     from podsrl.models import load_tokenizer, resolve_model_path
 
@@ -67,7 +69,7 @@ def worker(spec: dict) -> dict:
     path = resolve_model_path("smollm2-135m-instruct")
     tokenizer = load_tokenizer(path)
     prompts = arithmetic_prompts(tokenizer, 16)
-    options = VLLMOptions(dtype=getattr(torch, dtype), max_model_len=max(map(len, prompts)) + max_new_tokens + 16,
+    options = VLLMOptions(dtype=resolve_sampler_dtype(dtype, torch.float32).dtype, max_model_len=max(map(len, prompts)) + max_new_tokens + 16,
                           kv_cache_gib=1.0, enforce_eager=mode == "eager")  # fmt: skip
     engine = VLLMEngine(path, tokenizer, options, eos_token_ids=[tokenizer.eos_token_id])
 

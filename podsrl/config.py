@@ -184,7 +184,7 @@ class RolloutConfig:
     enable_sleep_mode: bool = False  # GPU only: free vLLM's memory during the update
     kv_cache_gib: float | None = None  # vLLM KV cache; None: GPU from gpu_memory_utilization, CPU 2 GiB
     enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
-    sampler_dtype: str = "auto"  # vLLM's weights: "auto" (model.dtype) | "bfloat16" | "float16" | "float32"; bfloat16: 128 rollouts in 0.65x the time on a CPU with AVX512-BF16, slightly off-policy (docs/vllm.md)
+    sampler_dtype: str = "auto"  # vLLM's weights: "auto" (model.dtype) | "fast" (bfloat16 on a GPU with bfloat16 and on a CPU with native bfloat16, avx512_bf16/amx_bf16/bf16 in /proc/cpuinfo; else model.dtype; the start-up line says which and why) | "bfloat16" | "float16" | "float32"; bfloat16: 128 rollouts in 0.65x the time on a CPU with AVX512-BF16, slightly off-policy, which the importance correction corrects (docs/vllm.md); the transformers engine samples with the policy itself: "auto" and "fast" change nothing there
     max_model_len: int = 1024  # vLLM: longest prompt + completion, in tokens
     # Importance correction of the sampler's gap (podsrl/core/importance.py, docs/vllm.md): TRL's
     # vllm_importance_sampling_* (verl: rollout_is, rollout_rs), applied where the engine returns its
@@ -216,7 +216,7 @@ class RolloutConfig:
         _check(self.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
         _check(self.kv_cache_gib is None or self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0 (or none)")
-        _one_of(self.sampler_dtype, ("auto", "bfloat16", "float16", "float32"), "rollout.sampler_dtype")
+        _one_of(self.sampler_dtype, ("auto", "fast", "bfloat16", "float16", "float32"), "rollout.sampler_dtype")
         from podsrl.core.importance import MODES
 
         _one_of(self.importance_sampling_mode, MODES, "rollout.importance_sampling_mode")
@@ -687,12 +687,15 @@ def _coerce(value: Any, hint: Any, name: str, *, from_text: bool) -> Any:
     return value
 
 
-def to_toml(cfg: Config) -> str:
+def to_toml(cfg: Config, notes: dict[str, str] | None = None) -> str:
     """The resolved config as TOML; ``load`` reads it back to an equal Config.
 
     TOML has no null: a None that is also the field's default is written as a comment, any other
-    None as the string "none" (which ``_coerce`` reads back as None).
+    None as the string "none" (which ``_coerce`` reads back as None). ``notes``: dotted name -> a
+    comment written after that setting (what a machine-dependent setting such as
+    ``rollout.sampler_dtype = "fast"`` resolved to on the machine that wrote it); ``load`` ignores it.
     """
+    notes = {name: " ".join(str(note).split()) for name, note in (notes or {}).items()}  # one line each
     lines: list[str] = []
     for section, values in cfg.to_dict().items():
         lines.append(f"[{section}]")
@@ -706,7 +709,8 @@ def to_toml(cfg: Config) -> str:
             elif isinstance(value, dict):
                 nested.append((key, value))
             else:
-                lines.append(f"{key} = {_toml_value(value)}")
+                note = notes.get(f"{section}.{key}")
+                lines.append(f"{key} = {_toml_value(value)}" + (f"  # {note}" if note else ""))
         for key, table in nested:
             lines.append(f"{key} = {{ {', '.join(f'{k} = {_toml_value(v)}' for k, v in table.items())} }}")
         lines.append("")

@@ -80,12 +80,21 @@ def test_podsrl_train_with_vllm_prints_podsrls_lines_not_vllms(tmp_path):
         f"sys.exit(main(['train', '--out', {str(tmp_path / 'run')!r}, '--no-plot', '--rollout.engine=vllm', "
         "'--train.max_steps=1', '--train.prompts_per_step=2', '--rollout.n=4', '--rollout.max_new_tokens=4', "
         "'--eval.at_start=false', '--eval.at_end=false', '--rollout.kv_cache_gib=0.25', '--rollout.max_model_len=256', "
-        "'--train.export_model=false', '--train.progress=false']))"
+        "'--train.export_model=false', '--train.progress=false', '--rollout.sampler_dtype=fast']))"
     )
     result = _python(code, OMP_NUM_THREADS="1")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "podsrl: run directory" in output
+    # rollout.sampler_dtype = "fast": the start-up line and config.toml say what it resolved to here, and why
+    # (which dtype depends on the machine: tests/test_sampler_dtype.py covers the decision).
+    import torch
+
+    from podsrl.engines.dtype import resolve_sampler_dtype
+
+    fast = resolve_sampler_dtype("fast", torch.float32)
+    assert f"rollout engine vllm, sampler {fast.describe()}" in output, output
+    assert f'sampler_dtype = "fast"  # {fast.name} where the run last started: {fast.reason}' in (tmp_path / "run" / "config.toml").read_text()
     vllm_lines = [line for line in output.splitlines() if VLLM_LOG_LINE.search(line) or "Triton is installed" in line]
     assert vllm_lines == [], "\n".join(vllm_lines)
     assert "Loading safetensors checkpoint shards" not in output and "FutureWarning" not in output

