@@ -92,14 +92,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
     names = [m.name for m in plan.methods]
     if plan.baseline not in names:
         names.append(plan.baseline)  # its finished runs, if any, set the target
-    entries: dict[str, dict[str, Any]] = {}
-    rows: dict[str, list[list[dict]]] = {}
-    curves: dict[str, dict[str, Curve]] = {}
-    for name in names:
-        entry, rows[name], curves[name] = _method_entry(plan, out, name)
-        if name == plan.baseline and name not in [m.name for m in plan.methods] and not entry["runs"]:
-            continue
-        entries[name] = entry
+    entries, rows, curves = _method_entries(plan, out, names)
 
     base = entries.get(plan.baseline)
     base_peak = base["peak_accuracy"] if base else None
@@ -117,34 +110,12 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
     elif base_at["step"] == 0 or base_at["train_seconds"] == 0:
         notes.append("the untrained model already meets the target (step 0, time 0): no speedup is measurable")
     for name, entry in entries.items():
-        for axis in AXES:
-            key = _TO_TARGET[axis]
-            at = first_reach(curves[name][axis], target) if target is not None else None
-            per_seed = [seed_first_reach(r, target, axis) for r in rows[name]] if target is not None else []
-            reached = [v for v in per_seed if v is not None]
-            entry[key] = at
-            entry[f"{key}_per_seed"] = per_seed
-            entry[f"{key}_ci95"] = list(t_interval(reached)) if per_seed and len(reached) == len(per_seed) and len(reached) >= 2 else None
-            entry[_SPEEDUP[axis]] = speedup(base_at[axis], at)
-        if entry["steps_to_target"] == 0:
-            entry["note"] = "the target is met at step 0 (before training): no speedup"
-        if entry["seeds_missing"] and entry["runs"]:
-            notes.append(f"{name}: {len(entry['runs'])} of {plan.n_seeds(name)} seeds finished (not seed "
-                         f"{', '.join(map(str, entry['seeds_missing']))}); its row is over those")  # fmt: skip
-    for name, entry in entries.items():
-        left_out = sum(run["reward_steps_left_out"] for run in entry["runs"])
-        if left_out:
-            notes.append(f"{name}: the training reward of {left_out} step{'s' * (left_out != 1)} is left out of its signal: logged before podsrl "
-                         "reported it on a fixed-n basis, it pools every rollout sampled with early stopping (biased towards "
-                         "the groups that ran to n); retrain to compare it")  # fmt: skip
+        _add_to_target(entry, rows[name], curves[name], target, base_at)
+    notes += _missing_seed_notes(plan, entries) + _reward_notes(entries)
     horizon = _add_time_auc(entries)
     notes += _paired_differences(entries, plan.baseline)
     sharing = _device_sharing(entries)
-    if sharing["runs_per_device"] > 1:
-        notes.append(
-            f"up to {sharing['runs_per_device']} runs trained at once on one device and shared its time: their training "
-            "wall-clocks are inflated by the sharing, so compare the methods on the step axis"
-        )
+    notes += _sharing_notes(sharing)
     cfg = plan.config(plan.methods[0].name, 0)
     return {
         "baseline": plan.baseline,
@@ -171,6 +142,69 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
     }
 
 
+def _method_entries(plan: Plan, out: Path, names: list[str]) -> tuple[dict[str, dict], dict[str, list[list[dict]]], dict[str, dict[str, Curve]]]:
+    """Per method of ``names``: its entry (:func:`_method_entry`), its runs' eval rows and its curves.
+    A baseline that is not one of the plan's methods gets an entry only when it has finished runs."""
+    entries: dict[str, dict[str, Any]] = {}
+    rows: dict[str, list[list[dict]]] = {}
+    curves: dict[str, dict[str, Curve]] = {}
+    for name in names:
+        entry, rows[name], curves[name] = _method_entry(plan, out, name)
+        if name == plan.baseline and name not in [m.name for m in plan.methods] and not entry["runs"]:
+            continue
+        entries[name] = entry
+    return entries, rows, curves
+
+
+def _add_to_target(entry: dict[str, Any], rows: list[list[dict]], curves: dict[str, Curve], target: float | None,
+                   base_at: dict[str, float | None]) -> None:  # fmt: skip
+    """A method's numbers at the target, on both axes: where its seed-mean curve first reaches it, each
+    seed's first evaluation at or above it (with their interval when every seed, at least two, reached
+    it) and the speedup over the baseline."""
+    for axis in AXES:
+        key = _TO_TARGET[axis]
+        at = first_reach(curves[axis], target) if target is not None else None
+        per_seed = [seed_first_reach(r, target, axis) for r in rows] if target is not None else []
+        reached = [v for v in per_seed if v is not None]
+        entry[key] = at
+        entry[f"{key}_per_seed"] = per_seed
+        entry[f"{key}_ci95"] = list(t_interval(reached)) if per_seed and len(reached) == len(per_seed) and len(reached) >= 2 else None
+        entry[_SPEEDUP[axis]] = speedup(base_at[axis], at)
+    if entry["steps_to_target"] == 0:
+        entry["note"] = "the target is met at step 0 (before training): no speedup"
+
+
+def _missing_seed_notes(plan: Plan, entries: dict[str, dict]) -> list[str]:
+    """A note per method with some of its seeds unfinished: its row is over the others."""
+    return [
+        f"{name}: {len(entry['runs'])} of {plan.n_seeds(name)} seeds finished (not seed "
+        f"{', '.join(map(str, entry['seeds_missing']))}); its row is over those"
+        for name, entry in entries.items() if entry["seeds_missing"] and entry["runs"]
+    ]  # fmt: skip
+
+
+def _reward_notes(entries: dict[str, dict]) -> list[str]:
+    """A note per method whose training reward leaves steps out (logged before the fixed-n basis)."""
+    notes = []
+    for name, entry in entries.items():
+        left_out = sum(run["reward_steps_left_out"] for run in entry["runs"])
+        if left_out:
+            notes.append(f"{name}: the training reward of {left_out} step{'s' * (left_out != 1)} is left out of its signal: logged before podsrl "
+                         "reported it on a fixed-n basis, it pools every rollout sampled with early stopping (biased towards "
+                         "the groups that ran to n); retrain to compare it")  # fmt: skip
+    return notes
+
+
+def _sharing_notes(sharing: dict[str, Any]) -> list[str]:
+    """A note when runs shared a device: their wall-clocks are inflated."""
+    if sharing["runs_per_device"] > 1:
+        return [
+            f"up to {sharing['runs_per_device']} runs trained at once on one device and shared its time: their training "
+            "wall-clocks are inflated by the sharing, so compare the methods on the step axis"
+        ]
+    return []
+
+
 def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], list[list[dict]], dict[str, Curve]]:
     """A method's report entry (without its target numbers), its runs' eval rows and its curves."""
     cfg0 = plan.config(name, 0)
@@ -183,42 +217,14 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
             continue
         check_same_config(path, cfg)
         trained.append(trained_m(path)[0])  # what an unset m meant when the run trained (its config.toml)
-        evals = sorted(read_jsonl(path / "eval.jsonl"), key=lambda r: r["train_seconds"])
-        metrics = read_jsonl(path / "metrics.jsonl")
-        all_metrics += metrics
-        steps = max([r["step"] for r in metrics] + [r["step"] for r in evals] + [0])
+        run, evals, metrics = _run_record(path, cfg, seed)
+        runs.append(run)
         rows_per_run.append(evals)
-        launches = read_launches(path)
-        runs.append({
-            "seed": seed,
-            "train_seed": cfg.train.seed,
-            "dir": str(path),
-            "steps": steps,
-            "train_seconds": [r["train_seconds"] for r in evals],
-            "step": [r["step"] for r in evals],
-            "accuracy": [r["accuracy"] for r in evals],
-            "problems": evals[-1]["problems"] if evals else None,
-            "peak_accuracy": max((r["accuracy"] for r in evals), default=None),
-            **{key: f(evals) for key, f in SUMMARIES.items()},
-            "median_seconds": _median_phase_seconds(metrics),
-            "signal": _signal(metrics, cfg),
-            "reward_steps_left_out": _reward_left_out(metrics, cfg),
-            "device": launches[-1].get("device") if launches else None,
-            "runs_per_device": max((int(r.get("runs_on_device", 1)) for r in launches), default=None),
-            "commits": sorted({r["commit"] for r in launches if r.get("commit")}),
-        })  # fmt: skip
+        all_metrics += metrics
     e = cfg0.eval
     time_based = bool(e.every_seconds) and not e.every_steps
     curves = {axis: mean_curve(rows_per_run, time_based_eval=time_based, axis=axis) for axis in AXES}
-    main = curves[primary_axis(cfg0)]
-    top = peak(main)
-    ci, ci_note = None, None
-    if top is not None:
-        ci = t_interval([seed_acc[top[0]] for seed_acc in main.per_seed])
-        if len(runs) == 1:
-            ci_note = "1 seed: no confidence interval over seeds"
-    same_points = main.aligned_by == "index"  # then both axes share the points and the peak's index
-    peak_at = {axis: (curves[axis].x[top[0]] if top and (axis == main.axis or same_points) else None) for axis in AXES}
+    top, ci, ci_note, peak_at = _peak(curves, primary_axis(cfg0), len(runs))
     sel = cfg0.select
     m = trained[0] if trained else sel.m_start(cfg0.rollout.n)
     entry = {
@@ -249,6 +255,50 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
     if ci_note:
         entry["peak_ci_note"] = ci_note
     return entry, rows_per_run, curves
+
+
+def _run_record(path: Path, cfg: Config, seed: int) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """A finished run's record in its method's entry (``runs[]``), with its eval rows (by training
+    time) and its metrics rows."""
+    evals = sorted(read_jsonl(path / "eval.jsonl"), key=lambda r: r["train_seconds"])
+    metrics = read_jsonl(path / "metrics.jsonl")
+    steps = max([r["step"] for r in metrics] + [r["step"] for r in evals] + [0])
+    launches = read_launches(path)
+    record = {
+        "seed": seed,
+        "train_seed": cfg.train.seed,
+        "dir": str(path),
+        "steps": steps,
+        "train_seconds": [r["train_seconds"] for r in evals],
+        "step": [r["step"] for r in evals],
+        "accuracy": [r["accuracy"] for r in evals],
+        "problems": evals[-1]["problems"] if evals else None,
+        "peak_accuracy": max((r["accuracy"] for r in evals), default=None),
+        **{key: f(evals) for key, f in SUMMARIES.items()},
+        "median_seconds": _median_phase_seconds(metrics),
+        "signal": _signal(metrics, cfg),
+        "reward_steps_left_out": _reward_left_out(metrics, cfg),
+        "device": launches[-1].get("device") if launches else None,
+        "runs_per_device": max((int(r.get("runs_on_device", 1)) for r in launches), default=None),
+        "commits": sorted({r["commit"] for r in launches if r.get("commit")}),
+    }  # fmt: skip
+    return record, evals, metrics
+
+
+def _peak(curves: dict[str, Curve], axis: str, seeds: int) -> tuple[tuple | None, tuple | None, str | None, dict[str, float | None]]:
+    """The peak of the seed-mean curve on ``axis`` (the one evaluation is scheduled on): its index and
+    accuracy, its Student-t interval over the seeds (and a note when there is one seed), and where
+    it is on both axes (on the other one only when both share the points)."""
+    main = curves[axis]
+    top = peak(main)
+    ci, ci_note = None, None
+    if top is not None:
+        ci = t_interval([seed_acc[top[0]] for seed_acc in main.per_seed])
+        if seeds == 1:
+            ci_note = "1 seed: no confidence interval over seeds"
+    same_points = main.aligned_by == "index"  # then both axes share the points and the peak's index
+    peak_at = {a: (curves[a].x[top[0]] if top and (a == main.axis or same_points) else None) for a in AXES}
+    return top, ci, ci_note, peak_at
 
 
 def _summaries(runs: list[dict]) -> dict[str, Any]:
