@@ -305,12 +305,12 @@ def test_help_texts_say_what_a_newcomer_needs():
     _, out, _ = run_cli(["config", "--help"])
     assert "podsrl config task --task.name=jsonl" in " ".join(out.split())
     _, out, _ = run_cli(["eval", "--help"])
-    assert "correctness" in out and "reward.names" in out
+    assert "task.grader" in " ".join(out.split()) and "reward.names" in out  # what accuracy measures: the task's grader
 
 
 def test_eval_does_not_import_the_runs_reward_and_says_what_accuracy_means(make_config, reward_file, tmp_path):
-    """Accuracy is the built-in correctness check: `podsrl eval --run` of a run whose reward file is gone
-    (another machine, another directory) still evaluates it."""
+    """Accuracy is the task's grader, not the run's reward: `podsrl eval --run` of a run whose reward
+    file is gone (another machine, another directory) still evaluates it."""
     rewards = tmp_path / "my_rewards.py"
     shutil.copy(reward_file, rewards)
     cfg = make_config(**{"reward.names": [f"{rewards}:length_reward"], "train.max_steps": 1, "eval.at_start": False,
@@ -325,7 +325,7 @@ def test_eval_does_not_import_the_runs_reward_and_says_what_accuracy_means(make_
     get_reward.cache_clear()  # the training above imported it into this process
     code, out, err = run_cli(["eval", "--run", str(tmp_path / "run")])
     assert code == 0, err
-    assert "final answer equals the problem's reference answer" in out and "correctness" in out
+    assert "final answer equals the problem's reference answer" in out and "task.grader" in " ".join(out.split())
     # The random model's 4 tokens never end: every completion is cut off, and the output says which setting.
     assert "100% of the completions were cut off at the token limit (eval.max_new_tokens = 4)" in out and "raise eval.max_new_tokens" in out
 
