@@ -260,11 +260,6 @@ def progress(cfg: Config, state: ckpt.TrainState) -> float:
     return training_progress(state.step, cfg.train.max_steps, seconds=state.train_seconds, max_seconds=cfg.train.max_seconds)
 
 
-# The random stream of a step's dropout and HF sampling (podsrl.core.downsample.step_seed); the
-# sampling streams are podsrl.train.sampling's, selection's is SELECTION_STREAM inside downsample.
-_TORCH_STREAM = 2
-
-
 def schedule_line(cfg: Config) -> str | None:
     """A start-up line when a schedule moves (m, the token fraction): from what to what, and what
     drives its progress (:func:`progress`): the steps, the training time, or with both budgets set
