@@ -430,7 +430,7 @@ def test_strict_mode_admits_only_tensors_on_the_collectives_device(strict):
     torch.distributed.all_reduce(torch.ones(1).to(d.device))  # one that moved its tensor there
 
 
-@pytest.mark.parametrize("method", ["sum", "gather_rows", "max_int", "gather_ragged"])
+@pytest.mark.parametrize("method", ["sum", "gather_rows", "max_int", "gather_ragged", "max"])
 def test_strict_mode_fails_a_dist_that_does_not_move_tensors(strict, monkeypatch, method):
     """On this CPU every tensor is on gloo's device; strict mode's stand-in is not, so a ``place``
     that does not move (here a no-op) sends the caller's tensor to the collective and fails."""
