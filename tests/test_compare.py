@@ -459,6 +459,30 @@ def test_step_budget_and_step_based_evaluation_read_the_peak_on_steps(tmp_path):
     assert png.stat().st_size > 0
 
 
+def test_reasoning_gym_presets_load_and_set_up():
+    """configs/screen-reasoning-gym.toml (a screening: one dataset per method, PODS's defaults, 5
+    training minutes) and configs/compare-reasoning-gym.toml (the methods on the chosen dataset)
+    resolve and pass the set-up checks every method gets before a comparison trains (issue 47)."""
+    pytest.importorskip("reasoning_gym")
+    screen = compare.load_plan(ROOT / "configs" / "screen-reasoning-gym.toml")
+    compare.plan.check_setup(screen)  # every dataset's problems drawn: enough distinct held-out questions
+    assert screen.screening and screen.seeds == 1 and len(screen.all_methods) == 10
+    for name in screen.all_methods:
+        cfg = screen.config(name, 0)
+        assert cfg.task.name == "reasoning_gym" and cfg.task.options["dataset"] == name and cfg.task.options["partial_credit"]
+        assert (cfg.select.rule, cfg.rollout.n, cfg.select.m, cfg.train.max_seconds, cfg.eval.every_seconds) == ("max_variance", 16, 4, 300.0, 100.0)
+    plan = compare.load_plan(ROOT / "configs" / "compare-reasoning-gym.toml")
+    compare.plan.check_setup(plan)
+    assert not plan.screening and plan.seeds == 3 and plan.baseline == "grpo"
+    shapes = {name: (plan.config(name, 0).select.rule, plan.config(name, 0).rollout.n, plan.config(name, 0).select.m) for name in plan.all_methods}
+    assert shapes == {"grpo": ("all", 4, 4), "pods_max_variance": ("max_variance", 8, 4), "pods_max_reward": ("max_reward", 8, 4),
+                      "d3s_intra": ("d3s_intra", 8, 4), "grpo_dynamic_skip": ("all", 4, 4)}  # fmt: skip
+    skip = plan.config("grpo_dynamic_skip", 0)
+    assert skip.prompts.skip_silent and skip.rollout.dynamic_sampling and skip.rollout.max_gen_batches == 4
+    cfg = plan.config("d3s_intra", 2)
+    assert (cfg.train.max_seconds, cfg.eval.every_seconds, cfg.eval.max_problems, cfg.select.token_fraction) == (600.0, 120.0, 100, 0.5)
+
+
 def test_two_digit_preset_has_headroom_settings():
     plan = compare.load_plan(ROOT / "configs" / "compare-2digit.toml")
     assert list(plan.all_methods) == ["grpo", "pods_max_variance", "pods_random", "pods_max_reward", "d3s_intra", "d3s_cross"]
@@ -884,7 +908,8 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
         (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = compare.build_report(plan, out)
     grpo = report["methods"]["grpo"]
-    assert grpo["signal_per_seed"][0] == {"reward": 0.5, "zero_variance_groups": 0.75, "kept_adv_var": 0.2, "tokens_in_loss": 0.5,
+    assert grpo["signal_per_seed"][0] == {"reward": 0.5, "zero_variance_groups": 0.75, "zero_variance_groups_start": 0.75,
+                                          "kept_adv_var": 0.2, "tokens_in_loss": 0.5,
                                           "grad_norm": 1.0, "rollouts": 110, "prompts": 8, "groups_with_signal": None,
                                           "rows_run": 6 / 16, "rollouts_per_signal_group": None, "prompts_skipped": None,
                                           "explored_silent": None, "epochs": None}  # fmt: skip
@@ -893,6 +918,64 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
     assert report["methods"]["pods"]["signal"] == dict.fromkeys(compare.report.SIGNAL)  # no finished run: no numbers
     table = compare.format_table(report)
     assert "training signal (metrics.jsonl)" in table and "62%" in table and "50%" in table and "38%" in table
+
+
+_SCREEN = {  # a screening's methods: one task each
+    "one_digit": {"task.options": {"ops": ["+"], "min_digits": 1, "max_digits": 1, "num_train": 40, "num_eval": 20}},
+    "two_digit": {"task.options": {"ops": ["+", "-"], "min_digits": 2, "max_digits": 2, "num_train": 40, "num_eval": 20},
+                  "rollout.max_new_tokens": 8},
+}
+
+
+def test_a_screening_trains_each_method_on_its_own_task_and_shares_the_rest(tmp_path):
+    """compare.screening: methods may set task.* (which a comparison refuses), their own options
+    kept and the held-out draw pinned to the base seed as for a comparison; the rest stays shared,
+    and there is no baseline or target to set."""
+    base = {"train": {"max_steps": None, "max_seconds": 300.0, "seed": 3}}
+    plan = _plan(tmp_path, table=_SCREEN, extra={"screening": True}, base=base)
+    assert plan.screening and plan.baseline == "one_digit"
+    one, two, two_b = plan.config("one_digit", 0), plan.config("two_digit", 0), plan.config("two_digit", 1)
+    assert (one.task.options["max_digits"], two.task.options["max_digits"], two.task.options["ops"]) == (1, 2, ["+", "-"])
+    assert one.task.options["seed"] == two.task.options["seed"] == two_b.task.options["seed"] == 3  # the same held-out problems
+    assert (two.train.seed, two_b.train.seed, two.rollout.max_new_tokens, one.rollout.max_new_tokens) == (3, 4, 8, 16)
+    with pytest.raises(ConfigError, match=r"compare.methods.bad: 'eval.max_problems' must be the same for every method \(rewards"):
+        _plan(tmp_path, table={**_SCREEN, "bad": {"eval.max_problems": 5}}, extra={"screening": True})
+    for key, value in (("baseline", "one_digit"), ("target_fraction", 0.9)):
+        with pytest.raises(ConfigError, match=f"compare.{key}: a screening .* drop compare.{key}"):
+            _plan(tmp_path, table=_SCREEN, extra={"screening": True, key: value})
+    with pytest.raises(ConfigError, match="compare.screening: must be true or false, got 'yes'"):
+        _plan(tmp_path, table=_SCREEN, extra={"screening": "yes"})
+    with pytest.raises(ConfigError, match="compare.methods.one_digit: 'task.options' must be the same for every method"):
+        _plan(tmp_path, table=_SCREEN, extra={"baseline": "one_digit"})  # not a screening: the task is shared ground
+
+
+def test_a_screening_report_gives_accuracy_before_and_after_and_the_silent_start(tmp_path, drawn_figures):
+    """No baseline, target, speedup or paired difference; per method its task, the accuracy before
+    training (step 0) and after (at the budget), and the share of silent groups over the first
+    steps (a step logged again after a resume counts once) beside the run's mean."""
+    plan = _plan(tmp_path, seeds=1, table=_SCREEN, extra={"screening": True})
+    out = tmp_path / "out"
+    path = _write_run(out, plan, "one_digit", 0, [(0, 0.2), (100, 0.5), (200, 0.6), (300, 0.7)])
+    zero = [1.0, 1.0, 0.5, 0.5, 0.75, 0.25, 0.0, 0.0]  # steps 1-8: the first 5 average 0.75, all 8 0.5
+    rows = [{"step": s, "zero_variance_groups": z} for s, z in enumerate(zero, 1)] + [{"step": 3, "zero_variance_groups": 0.5}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_run(out, plan, "two_digit", 0, [(0, 0.0), (100, 0.0), (200, 0.05), (300, 0.1)])
+    report = compare.build_report(plan, out)
+    one, two = report["methods"]["one_digit"], report["methods"]["two_digit"]
+    assert report["screening"] and report["baseline"] is None and report["target_accuracy"] is None and report["pairwise"] == []
+    assert one["task"]["name"] == "arithmetic" and one["task"]["options"]["max_digits"] == 1 and one["dataset"] is None
+    assert (one["start_accuracy"], one["final_accuracy"], two["start_accuracy"], two["final_accuracy"]) == (0.2, 0.7, 0.0, 0.1)
+    assert one["paired_vs_baseline"] is None and one["speedup"] is None and one["steps_to_target"] is None
+    assert one["signal"]["zero_variance_groups_start"] == pytest.approx(0.75)
+    assert one["signal"]["zero_variance_groups"] == pytest.approx(4.5 / 9)  # the run's mean counts every row
+    assert report["notes"] == [compare.report.SCREENING_NOTE]
+    table = compare.format_table(report)
+    assert "screening: each method trained on its own task for 5.0 min of training" in table and "baseline" not in table.split("note:")[0]
+    line = next(row for row in table.splitlines() if row.startswith("one_digit  arithmetic"))
+    assert line.split()[:9] == ["one_digit", "arithmetic", "1", "20.0", "70.0", "(1", "seed)", "+50.0", "70.0"]
+    assert line.split()[9:11] == ["75%", "50%"]
+    compare.write_report(report, out)
+    assert "a screening: each method its own task" in drawn_figures[-1]._suptitle.get_text()
 
 
 def test_the_signal_table_reports_prompt_selection(tmp_path):

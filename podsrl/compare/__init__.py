@@ -35,6 +35,14 @@ evaluation protocol, the budget and the seed. Every method's resolved config is 
 training starts, so a typo fails at once with a ConfigError naming the method and the field
 (:mod:`podsrl.compare.plan`).
 
+**A screening** (``[compare] screening = true``, configs/screen-reasoning-gym.toml): the methods
+are tasks, to find one on which a comparison has room to show something. Each method may then set
+``task.*`` (e.g. one reasoning-gym dataset each) and nothing else shared; there is no baseline
+(``baseline`` and ``target_fraction`` are refused), so no target, speedup or paired difference, and
+the first table gives per method its task, the held-out accuracy before training and at the
+budget, the change, the peak, and the share of silent groups over the first steps
+(``signal.zero_variance_groups_start``) and over the run.
+
 **Protocol** (:mod:`podsrl.compare.runs`). Every method x seed is an ordinary ``podsrl train`` run
 in ``OUT/runs/<method>/seed<k>/``, in a process of its own (``--in-process``: in this one),
 launched seed-major (all methods of seed 0 first, so an interrupted comparison is complete for the

@@ -10,7 +10,15 @@ Seeds: ``[compare] seeds = K`` gives every method K seeds (indices 0..K-1); ``se
 where a claim rests, 3 elsewhere). On the command line ``--seeds`` takes ``N`` (every method N
 seeds: the file's per-method counts are dropped), ``NAME=K,...`` (only those methods change,
 over the file's plan) or both, ``--seeds 3,grpo=5``. Seed index k is the same training seed
-(base train.seed + k) in every method, which is what pairs a method's seed k with the baseline's."""
+(base train.seed + k) in every method, which is what pairs a method's seed k with the baseline's.
+
+A screening (``[compare] screening = true``): the methods are tasks, not training methods on one
+task. Each method may then set ``task.*`` (its own task, e.g. one reasoning-gym dataset each), which
+a comparison refuses; everything else shared stays shared (rewards, evaluation, budget, seed). With
+no common task there is no baseline and no target (``baseline`` and ``target_fraction`` are refused):
+the report gives each method's own accuracy before and after training and the signal it trained on
+(:mod:`podsrl.compare.report`). It exists to choose a task on which a comparison has room to show
+something, before the comparison."""
 
 from __future__ import annotations
 
@@ -51,7 +59,8 @@ DEFAULT_COMPARE: dict[str, Any] = {
 
 # What a method may not override: the comparison's shared ground.
 _SHARED_PREFIXES = ("task.", "reward.", "eval.", "train.seed", "train.max_seconds", "train.max_steps")
-_COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "methods"}
+_PER_METHOD_IN_SCREENING = ("task.",)  # what a screening's methods may set (the module docstring)
+_COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "methods", "screening"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ class Plan:
     baseline: str
     target_fraction: float = 0.99
     seeds_per_method: dict[str, int] = field(default_factory=dict)  # method -> its own seed count
+    screening: bool = False  # each method its own task, no baseline (the module docstring); baseline: the first method
     configs: dict[tuple[str, int], Config] = field(default_factory=dict, repr=False)
 
     def n_seeds(self, method: str) -> int:
@@ -77,7 +87,7 @@ class Plan:
 
     def config(self, method: str, seed: int) -> Config:
         if (method, seed) not in self.configs:
-            self.configs[(method, seed)] = resolve(self.base, self.all_methods[method], seed)
+            self.configs[(method, seed)] = resolve(self.base, self.all_methods[method], seed, screening=self.screening)
         return self.configs[(method, seed)]
 
 
@@ -110,6 +120,13 @@ def load_plan(
     unknown = set(table) - _COMPARE_KEYS
     if unknown:
         raise ConfigError(f"unknown setting compare.{sorted(unknown)[0]}; valid settings in [compare]: {', '.join(sorted(_COMPARE_KEYS))}")
+    screening = table.get("screening", False)
+    if not isinstance(screening, bool):
+        raise ConfigError(f"compare.screening: must be true or false, got {screening!r}")
+    for key in ("baseline", "target_fraction") if screening else ():
+        if key in table:
+            raise ConfigError(f"compare.{key}: a screening (compare.screening = true) trains each method on its own task, so "
+                              f"no method is a baseline and there is no target; drop compare.{key}")  # fmt: skip
     for key, raw in config_mod.parse_overrides(overrides):
         config_mod.set_dotted(data, key, raw, from_text=True)
 
@@ -124,7 +141,7 @@ def load_plan(
         if not isinstance(over, dict):
             raise ConfigError(f"compare.methods.{name}: must be a table of dotted settings, got {over!r}")
         all_methods[name] = Method(name, dict(over))
-    baseline = table.get("baseline", "grpo")
+    baseline = next(iter(all_methods)) if screening else table.get("baseline", "grpo")
     if baseline not in all_methods:
         raise ConfigError(f"compare.baseline: {baseline!r} is not a method; methods: {', '.join(all_methods)}")
     n_seeds, per_method = _seed_plan(table, seeds, all_methods)
@@ -141,7 +158,7 @@ def load_plan(
     if not (base_cfg.eval.every_seconds or base_cfg.eval.every_steps):
         raise ConfigError("eval.every_seconds: a comparison needs held-out evaluations during training; set eval.every_seconds (or eval.every_steps)")
     plan = Plan(base=data, methods=[all_methods[m] for m in chosen], all_methods=all_methods, seeds=n_seeds,
-                baseline=baseline, target_fraction=float(fraction), seeds_per_method=per_method)  # fmt: skip
+                baseline=baseline, target_fraction=float(fraction), seeds_per_method=per_method, screening=screening)  # fmt: skip
     for method in all_methods.values():  # every method, chosen or not: a typo fails now
         plan.config(method.name, 0)
     return plan
@@ -208,15 +225,18 @@ def _seed_count(value: Any, where: str) -> int:
     return value
 
 
-def resolve(base: dict[str, Any], method: Method, seed: int) -> Config:
-    """The Config of ``method`` for seed index ``seed`` (train.seed = base seed + seed)."""
+def resolve(base: dict[str, Any], method: Method, seed: int, *, screening: bool = False) -> Config:
+    """The Config of ``method`` for seed index ``seed`` (train.seed = base seed + seed); in a
+    screening the method may set its own task (the module docstring)."""
     data = copy.deepcopy(base)
     where = f"compare.methods.{method.name}"
     for dotted, value in method.overrides.items():
-        if any(dotted == p or dotted.startswith(p) for p in _SHARED_PREFIXES):
+        own = screening and any(dotted.startswith(p) for p in _PER_METHOD_IN_SCREENING)
+        if not own and any(dotted == p or dotted.startswith(p) for p in _SHARED_PREFIXES):
+            shared = "rewards, evaluation, budget and seed" if screening else "task, rewards, evaluation, budget and seed"
             raise ConfigError(
-                f"{where}: {dotted!r} must be the same for every method (task, rewards, evaluation, budget and seed "
-                "are the comparison's shared ground); set it in the base config instead"
+                f"{where}: {dotted!r} must be the same for every method ({shared} are the comparison's shared ground); "
+                "set it in the base config instead"
             )
         config_mod.set_dotted(data, dotted, value, from_text=False, where=where)
     base_cfg = _from_dict(base, "the base config")
@@ -226,10 +246,11 @@ def resolve(base: dict[str, Any], method: Method, seed: int) -> Config:
     data["train"].setdefault("export_model", False)
     from podsrl.tasks import TASKS
 
-    if "seed" in inspect.signature(TASKS[base_cfg.task.name]).parameters:
+    task = _from_dict(data, where).task  # the base's, or in a screening the method's own
+    if "seed" in inspect.signature(TASKS[task.name]).parameters:
         # The held-out set is drawn with the task's seed (the trainer defaults it to train.seed):
         # pin it to the base's, so every seed is scored on the same problems.
-        data.setdefault("task", {})["options"] = {"seed": base_cfg.train.seed, **base_cfg.task.options}
+        data.setdefault("task", {})["options"] = {"seed": base_cfg.train.seed, **task.options}
     return _from_dict(data, where)
 
 

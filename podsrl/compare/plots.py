@@ -3,7 +3,8 @@ area is the AUC) and against training wall-clock (right), seed mean and 95% band
 target dotted, and each method's first point at the target marked. Bottom: each method minus the
 baseline, paired by seed, in accuracy points: AUC (left) and final accuracy (right), the mean with
 its paired 95% t-interval, every seed's own difference as a dot, zero dashed; an interval that
-excludes zero is drawn solid and labelled with a star."""
+excludes zero is drawn solid and labelled with a star. A screening (each method its own task) has
+no baseline: its bottom panels say so."""
 
 from __future__ import annotations
 
@@ -54,8 +55,9 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     seeds = {len(e["runs"]) for e in report["methods"].values() if e["runs"]}  # a method not run yet draws no band
     band = "95% t-band over seeds" if seeds != {1} else f"band: {one_run_interval(report.get('eval_samples'))} (1 seed)"
     axes[0].set_ylabel("held-out accuracy %")
-    fig.suptitle(f"held-out accuracy, seed mean ({band}); below: method - {report['baseline']} paired by seed "
-                 "(*: the 95% interval excludes 0)")  # fmt: skip
+    below = ("a screening: each method its own task" if report.get("screening")
+             else f"below: method - {report['baseline']} paired by seed (*: the 95% interval excludes 0)")  # fmt: skip
+    fig.suptitle(f"held-out accuracy, seed mean ({band}); {below}")
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=8)
     colors = {name: f"C{i % 10}" for i, name in enumerate(report["methods"])}
@@ -90,6 +92,11 @@ def _plot_differences(ax, report: dict[str, Any], key: str, colors: dict[str, st
     """One row per method other than the baseline: its paired differences (points) on ``key``."""
     rows = [(name, (e.get("paired_vs_baseline") or {}).get(key)) for name, e in report["methods"].items()]
     rows = [(name, d) for name, d in rows if d and d["mean"] is not None]
+    if report.get("screening"):
+        ax.text(0.5, 0.5, "a screening: each method trained on its own task, no paired differences", ha="center", va="center",
+                transform=ax.transAxes)  # fmt: skip
+        ax.set(xticks=[], yticks=[])
+        return
     ax.axvline(0, color="gray", ls="--", lw=1)
     ax.set_xlabel(f"method - {report['baseline']}, accuracy points (line: 95% paired t-interval; o: seeds)")
     ax.grid(alpha=0.3, axis="x")

@@ -1,7 +1,9 @@
 """compare.json: the report rebuilt from the finished runs of a plan, on both axes (optimizer steps
 and training wall-clock), with the robust summaries (AUC and final accuracy, each over seeds and
 paired against the baseline by seed). It reads only the small run files (config.toml, eval.jsonl,
-metrics.jsonl, launch.jsonl, done.json), never checkpoints."""
+metrics.jsonl, launch.jsonl, done.json), never checkpoints. A screening (``compare.screening``: each
+method its own task) has no baseline: no target, speedups or paired differences, and per method its
+task and its accuracy before training (``start_accuracy``) beside the summaries."""
 
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ _SPEEDUP = {"step": "step_speedup", "train_seconds": "speedup"}
 SUMMARIES = {"auc": auc, "final_accuracy": final_accuracy}
 # ... and the one summary over a horizon the whole comparison shares (set in build_report).
 SUMMARY_KEYS = (*SUMMARIES, "time_auc")
+SIGNAL_START_STEPS = 5  # signal zero_variance_groups_start: over the first 5 steps (40 groups at B = 8), not 1 (8)
+SCREENING_NOTE = ("a screening (compare.screening = true): every method trained on its own task, so there is no baseline, "
+                  "target, speedup or paired difference; compare each method's accuracy before and after training")  # fmt: skip
 
 DEFINITIONS = {
     "peak": "max over evaluation points of the seed-mean accuracy curve (read on the axis evaluation is scheduled on: "
@@ -63,7 +68,9 @@ DEFINITIONS = {
               "early-stopping runs logged before podsrl reported that basis pooled every sampled rollout, which is biased "
               "towards the groups that ran to n: they are left out, runs[].reward_steps_left_out counts them); "
               "zero_variance_groups: share of the first B sampled groups whose "
-              "rewards are all equal (zero advantage, no gradient); kept_adv_var: population variance of the advantages the "
+              "rewards are all equal (zero advantage, no gradient); zero_variance_groups_start: the same over the run's "
+              f"first {SIGNAL_START_STEPS} steps only (how silent the task is to the model as it starts); "
+              "kept_adv_var: population variance of the advantages the "
               "update used (comparable between rules that normalise the same way: PODS re-normalises over the m kept, D3S "
               "keeps the full group's advantages, which are larger); tokens_in_loss: completion tokens of the kept rollouts "
               "that entered the loss, over all of theirs (below 1 with token selection); grad_norm: before clipping; rollouts: "
@@ -76,6 +83,10 @@ DEFINITIONS = {
               "runs without it: null); explored_silent: of the prompts sampled although predicted silent, the share that came "
               "back silent (the prediction's precision, the run's sums); epochs: passes over the training prompts by the "
               "run's last step (runs older than epochs: null)",
+    "screening": "true: a screening (compare.screening), each method trained on its own task (task: its name and "
+                 "options; dataset: a reasoning-gym task's dataset); no baseline, target, speedup or paired difference. "
+                 "start_accuracy: held-out accuracy at the evaluation before training (step 0), averaged over seeds; "
+                 "final_accuracy (at the budget) is the accuracy after",
     "device_sharing": "runs_per_device: the most runs that trained at once on one device (--parallel, --devices); above 1 "
                       "they shared its time, so wall-clock times are inflated by the sharing and the step axis is the fair one",
 }  # fmt: skip
@@ -90,16 +101,18 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
     """Rebuild the report from the finished runs of seeds 0..plan.seeds-1 in ``out``."""
     out = Path(out)
     names = [m.name for m in plan.methods]
-    if plan.baseline not in names:
+    if plan.baseline not in names and not plan.screening:
         names.append(plan.baseline)  # its finished runs, if any, set the target
     entries, rows, curves = _method_entries(plan, out, names)
 
-    base = entries.get(plan.baseline)
+    base = None if plan.screening else entries.get(plan.baseline)
     base_peak = base["peak_accuracy"] if base else None
     target = plan.target_fraction * base_peak if base_peak else None  # a peak of 0%: no target (below)
     base_at = {axis: first_reach(curves[plan.baseline][axis], target) if target is not None else None for axis in AXES}
     notes = []
-    if base_peak is None:
+    if plan.screening:
+        notes.append(SCREENING_NOTE)
+    elif base_peak is None:
         notes.append(f"no finished run of the baseline {plan.baseline!r}: no target, no steps, times or speedups")
     elif base_peak == 0:  # every evaluation 0%: a target of 0 is "met" at step 0, which says nothing
         notes.append(
@@ -113,12 +126,13 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         _add_to_target(entry, rows[name], curves[name], target, base_at)
     notes += _missing_seed_notes(plan, entries) + _reward_notes(entries)
     horizon = _add_time_auc(entries)
-    notes += _paired_differences(entries, plan.baseline)
+    notes += _paired_differences(entries, None if plan.screening else plan.baseline)
     sharing = _device_sharing(entries)
     notes += _sharing_notes(sharing)
     cfg = plan.config(plan.methods[0].name, 0)
     return {
-        "baseline": plan.baseline,
+        "baseline": None if plan.screening else plan.baseline,
+        "screening": plan.screening,
         "baseline_peak_accuracy": base_peak,
         "target_fraction": plan.target_fraction,
         "target_accuracy": target,
@@ -133,7 +147,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         "paired_excluding_zero": [
             f"{name} {key}" for name, e in entries.items() for key, d in (e["paired_vs_baseline"] or {}).items() if d["excludes_zero"]
         ],
-        "pairwise": _pairwise(entries, plan.baseline),
+        "pairwise": [] if plan.screening else _pairwise(entries, plan.baseline),
         "device_sharing": sharing,
         "commits": sorted({c for entry in entries.values() for run in entry["runs"] for c in run["commits"]}),
         "definitions": DEFINITIONS,
@@ -254,6 +268,10 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
     }
     if ci_note:
         entry["peak_ci_note"] = ci_note
+    if plan.screening:
+        starts = [r["accuracy"][0] for r in runs if r["step"] and r["step"][0] == 0]  # the evaluation before training
+        entry = {"task": {"name": cfg0.task.name, "options": cfg0.task.options}, "dataset": _dataset(cfg0),
+                 "start_accuracy": statistics.fmean(starts) if starts else None, **entry}  # fmt: skip
     return entry, rows_per_run, curves
 
 
@@ -299,6 +317,16 @@ def _peak(curves: dict[str, Curve], axis: str, seeds: int) -> tuple[tuple | None
     same_points = main.aligned_by == "index"  # then both axes share the points and the peak's index
     peak_at = {a: (curves[a].x[top[0]] if top and (a == main.axis or same_points) else None) for a in AXES}
     return top, ci, ci_note, peak_at
+
+
+def _dataset(cfg: Config) -> str | None:
+    """A reasoning-gym task's dataset (a mix: its names joined by '+'); None for other tasks."""
+    options = cfg.task.options
+    if cfg.task.name != "reasoning_gym":
+        return None
+    if options.get("dataset"):
+        return str(options["dataset"])
+    return "+".join(str(d.get("name")) for d in options.get("datasets") or [])
 
 
 def _summaries(runs: list[dict]) -> dict[str, Any]:
@@ -401,8 +429,8 @@ def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
     return out
 
 
-SIGNAL = ("reward", "zero_variance_groups", "kept_adv_var", "tokens_in_loss", "grad_norm", "rollouts", "prompts", "groups_with_signal",
-          "rows_run", "rollouts_per_signal_group", "prompts_skipped", "explored_silent", "epochs")  # fmt: skip
+SIGNAL = ("reward", "zero_variance_groups", "zero_variance_groups_start", "kept_adv_var", "tokens_in_loss", "grad_norm", "rollouts",
+          "prompts", "groups_with_signal", "rows_run", "rollouts_per_signal_group", "prompts_skipped", "explored_silent", "epochs")  # fmt: skip
 _SIGNAL_KEYS = {"zero_variance_groups": "zero_variance_groups", "kept_adv_var": "kept_adv_var", "grad_norm": "grad_norm",
                 "rollouts": "rollouts_generated", "groups_with_signal": "groups_with_signal", "prompts_skipped": "prompts_skipped"}  # fmt: skip
 
@@ -417,6 +445,10 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     out: dict[str, float | None] = {name: statistics.fmean(v) if (v := values(key)) else None for name, key in _SIGNAL_KEYS.items()}
     rewards = [v for r in metrics if (v := _reward(r, cfg)) is not None]
     out["reward"] = statistics.fmean(rewards) if rewards else None
+    start = {r["step"]: float(v) for r in metrics  # by step: a step logged again after a resume counts once
+             if isinstance(r.get("step"), int) and r["step"] <= SIGNAL_START_STEPS
+             and isinstance(v := r.get("zero_variance_groups"), (int, float)) and v == v}  # fmt: skip
+    out["zero_variance_groups_start"] = statistics.fmean(start.values()) if start else None
     B = cfg.train.prompts_per_step  # a row older than prompts_sampled sampled B prompts (no dynamic sampling then)
     prompts = [float(r.get("prompts_sampled", B)) for r in metrics if "step" in r]
     out["prompts"] = statistics.fmean(prompts) if prompts else None

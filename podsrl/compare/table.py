@@ -4,11 +4,15 @@ the speedups on both axes, and the cost of a step. Second, the robust summaries:
 accuracy with their intervals over seeds, and each method minus the baseline paired by seed with
 the paired t-interval, starred where it excludes zero; then every other pair of methods the same
 way. Third, the seed-mean held-out accuracy at each evaluation (at equal training minutes when evaluation
-is time-based). Fourth, what each method trained on (from metrics.jsonl). The report's notes follow."""
+is time-based). Fourth, what each method trained on (from metrics.jsonl). The report's notes follow.
+A screening (each method its own task: no baseline) replaces the first two with one table: per
+method its task, the accuracy before and after training, and how silent its first steps were."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from podsrl.compare.report import SIGNAL_START_STEPS
 
 
 def _format_phases(med: dict[str, float | None]) -> str:
@@ -32,6 +36,9 @@ def _reach(value: float | None, ci: list[float] | None, per_seed: list, has_targ
 
 
 def format_table(report: dict[str, Any]) -> str:
+    if report.get("screening"):
+        sections = [*_screening_table(report), "", *_curve_table(report), *_signal_table(report)]
+        return "\n".join(sections + [f"note: {n}" for n in report["notes"]])
     pct = f"{100 * report['target_fraction']:.0f}%"
     rows = [("method", "rule", "n", "m", "peak acc (95% CI)", f"step to {pct} {report['baseline']} peak", "step speedup",
              f"min to {pct} {report['baseline']} peak", "time speedup", "steps", "s/step (generate, update)")]  # fmt: skip
@@ -57,10 +64,7 @@ def format_table(report: dict[str, Any]) -> str:
         ))  # fmt: skip
     lines = _grid(rows)
     head = []
-    budget = " or ".join(
-        ([f"{report['budget_steps']} steps"] if report.get("budget_steps") else [])
-        + ([f"{report['budget_seconds'] / 60:.1f} min of training"] if report.get("budget_seconds") else [])
-    )
+    budget = _budget(report)
     if has_target:
         head.append(
             f"target: {pct} of {report['baseline']}'s peak {100 * report['baseline_peak_accuracy']:.1f}% = "
@@ -70,6 +74,36 @@ def format_table(report: dict[str, Any]) -> str:
                 "first evaluations at it]; speedup: the baseline's over the method's")  # fmt: skip
     sections = [*_summary_table(report), "", *_pairwise_table(report), *_curve_table(report), *_signal_table(report)]
     return "\n".join(head + lines + [""] + sections + [f"note: {n}" for n in report["notes"]])
+
+
+def _screening_table(report: dict[str, Any]) -> list[str]:
+    """A screening's methods (tasks): accuracy before and after training, the change, the peak, and
+    the share of silent groups over the first steps and over the run (compare.json)."""
+    rows = [("method", "task", "seeds", "acc before %", "acc after %", "change, points", "peak %", "silent groups, first steps",
+             "silent groups, all steps", "train reward", "steps")]  # fmt: skip
+    for name, e in report["methods"].items():
+        before, after = e.get("start_accuracy"), e["final_accuracy"]
+        sig = e.get("signal") or {}
+        rows.append((
+            name, e.get("dataset") or e["task"]["name"], str(len(e["runs"])), _fmt(before and 100 * before, "{:.1f}"),
+            _mean_ci(after, e["final_accuracy_ci95"]) if after is not None else "-",
+            "-" if before is None or after is None else f"{100 * (after - before):+.1f}",
+            _fmt(e["peak_accuracy"] and 100 * e["peak_accuracy"], "{:.1f}"),
+            _fmt(sig.get("zero_variance_groups_start"), "{:.0%}"), _fmt(sig.get("zero_variance_groups"), "{:.0%}"),
+            _fmt(sig.get("reward"), "{:.3f}"), ", ".join(map(str, e["steps"])) or "-",
+        ))  # fmt: skip
+    head = [f"screening: each method trained on its own task for {_budget(report)}; held-out accuracy before training (step 0) and after "
+            f"(at the budget), mean over seeds; silent groups: share of sampled groups with all rewards equal (no gradient), "
+            f"over the first {SIGNAL_START_STEPS} steps and over the run"]  # fmt: skip
+    return head + _grid(rows)
+
+
+def _budget(report: dict[str, Any]) -> str:
+    """"80 steps", "10.0 min of training", or both joined by "or"."""
+    return " or ".join(
+        ([f"{report['budget_steps']} steps"] if report.get("budget_steps") else [])
+        + ([f"{report['budget_seconds'] / 60:.1f} min of training"] if report.get("budget_seconds") else [])
+    )
 
 
 def _grid(rows: list[tuple[str, ...]]) -> list[str]:
