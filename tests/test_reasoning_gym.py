@@ -149,14 +149,15 @@ def test_declared_values_where_known():
     # Every score a perturbed answer gets is declared (within the float tolerance rewards are checked with).
     for ex in spell.train:
         for text in (ex.answer, ex.answer[:-1], ex.answer + "x", ex.answer[::-1], "", ex.answer[1:], ex.answer.upper()):
-            assert any(abs(grade(_tagged(text), ex) - v) <= 1e-6 for v in values), (ex.answer, text)
+            for completion in (_tagged(text), text, f"The answer is: {text}.", f"'{text}'"):  # tagged or extracted
+                assert any(abs(grade(completion, ex) - v) <= 1e-6 for v in values), (ex.answer, completion)
     sort = _task("word_sorting", config={"min_words": 3, "max_words": 4})
     assert set(task_values(sort)["correctness"]) == {0.0, 0.2, 1 / 4, 1 / 3, 0.5, 2 / 3, 3 / 4, 1.0}
     assert task_values(_task("chain_sum"))["correctness"] is None  # the length-ratio partial credit takes any value
     binary = _task("chain_sum", partial_credit=False)
     assert binary.grader == "reasoning_gym_binary" and task_values(binary) == {"correctness": (0.0, 1.0)}
     example = binary.train[0]
-    assert correctness(_tagged(example.answer), example) == 1.0 and correctness(f"{example.answer} it is", example) == 0.0
+    assert correctness(_tagged(example.answer), example) == 1.0 and correctness(_tagged(f"{example.answer} it is"), example) == 0.0
 
 
 def test_exact_early_stopping_follows_the_declared_values():
@@ -238,3 +239,117 @@ def test_a_dataset_without_a_reference_answer_raises_no_false_warning():
     task = _task("graph_color", num_train=3, num_eval=2)
     assert task.eval[0].answer == "" and ungraded_note(task.eval) is None
     assert correctness("<answer>not a colouring</answer>", task.eval[0]) == 0.0
+
+
+# The extracted answer (podsrl.grading.reasoning_gym.extract): a completion that states the answer in a
+# sentence is scored on the answer, as podsrl's own arithmetic task scores its final number.
+
+
+def _positive(task):
+    """A training example whose answer is a positive number (so "1" + answer is another number)."""
+    return next(ex for ex in task.train if not ex.answer.startswith("-"))
+
+
+@pytest.mark.parametrize("dataset", ["gcd", "basic_arithmetic", "chain_sum"])
+def test_a_number_stated_in_a_sentence_gets_full_credit(dataset):
+    example = _positive(_task(dataset))
+    a = example.answer
+    for completion in (a, f"The answer is {a}.", f"gcd = {a}", f"The GCD of 50 and 46 is {a}.", f"So, 3 + 4 = {a}.",
+                       f"**{a}**", f"First 7, then\n{a}", f"The answer is \\boxed{{{a}}}."):  # fmt: skip
+        assert grade(completion, example) == 1.0, completion
+    assert correctness(f"The answer is {int(a) + 1}.", example) == 0.0  # a wrong number
+    assert correctness(f"{a} + 1 = {int(a) + 1}", example) == 0.0  # the final number counts
+    assert correctness("I do not know.", example) == 0.0
+
+
+def test_a_word_answer_after_answer_is_gets_full_credit():
+    for dataset, config in (("spell_backward", {}), ("word_sorting", {"min_words": 3, "max_words": 3}), ("letter_counting", {})):
+        example = _task(dataset, config=config).train[0]
+        for completion in (f"The answer is: {example.answer}.", f"Answer: {example.answer}", f'"{example.answer}"',
+                           f"Let me think.\n{example.answer}", f"The answer is **{example.answer}**!"):  # fmt: skip
+            assert grade(completion, example) == 1.0, (dataset, completion)
+        assert grade(f"The answer is: {example.answer}0.", example) < 1.0, dataset  # another answer
+
+
+def test_what_is_extracted():
+    extract = rg_grading.extract
+    assert extract("The GCD of 50 and 46 is 2.", "2") == "2"
+    assert extract("7 - 9 = -2", "-2") == "-2" and extract("It is 1,234.", "1234") == "1234"
+    assert extract("<answer>about 2</answer> or 3", "2") == "about 2"  # a tag is the answer as written (reasoning-gym's)
+    assert extract("no number here", "2") == "no number here"  # no number: the text's answer, for the checker to refuse
+    assert extract("The word is:\n'olleh'.", "olleh") == "olleh"
+    assert extract("The answer is: Smith has to perform.", "Smith has to perform.") == "Smith has to perform."  # its own period kept
+    assert extract("Reordered: Smith has to perform.", "Smith has to perform.") == "Reordered: Smith has to perform."  # no marker: the line
+    assert extract("The answer is 1.7e-22", "1.7e-22") == "1.7e-22"  # scientific notation is not a number podsrl reads: text
+    grid = "1 2\n3 4"
+    assert extract(f"Here:\n{grid}\n", grid) == f"Here:\n{grid}"  # several lines: the whole completion (the last line is not the grid)
+    assert extract("  anything  ", None) == "anything"  # no reference (a checker of many answers): the whole completion
+    assert extract("  ", "2") is None and extract("<answer> </answer>", "x") is None
+
+
+def test_partial_credit_is_the_datasets_on_the_extracted_answer():
+    example = _positive(_task("chain_sum"))
+    a = example.answer
+    # reasoning-gym's default: len(reference) / len(answer) when the answer holds the reference.
+    assert correctness(f"The answer is {a}0.", example) == pytest.approx(len(a) / len(a + "0"))
+    assert correctness(_tagged(f"{a} is it"), example) == pytest.approx(len(a) / len(f"{a} is it"))  # a tag: as written
+    spell = _task("spell_backward").train[0]
+    b = spell.answer
+    assert correctness(f"The answer is: {b[:-1]}#.", spell) == pytest.approx((len(b) - 1) / len(b))
+    binary = _task("chain_sum", partial_credit=False)
+    assert correctness(f"The answer is {binary.train[0].answer}.", binary.train[0]) == 1.0
+
+
+def test_held_out_accuracy_reads_the_sentence_too():
+    from tests.test_graders import _Answering
+    from podsrl.train.evaluate import evaluate
+
+    task = _task("gcd", num_train=5, num_eval=4)
+    answers = [f"The GCD is {ex.answer}." if i < 3 else f"The GCD is {int(ex.answer) + 1}." for i, ex in enumerate(task.eval)]
+    assert evaluate(_Answering(answers), [[i] for i in range(4)], task.eval).accuracy == 0.75
+
+
+@pytest.mark.slow
+def test_every_datasets_reference_in_a_sentence_is_graded_right():
+    """Across reasoning-gym's datasets (default settings, a few problems each; 11 s), the reference
+    written alone, after "The answer is: ", and as a tag's content gets full credit from the dataset's
+    checker, and text that is no answer gets a grade (a checker's exception is a 0.0)."""
+    failures = []
+    for name in rg_task.dataset_names():
+        try:
+            task = _task(name, num_train=3, num_eval=1)
+        except ConfigError:
+            continue  # a dataset that needs data or settings not given here
+        for ex in task.train:
+            if not ex.answer or "\n" in ex.answer.strip():
+                continue
+            for completion in (ex.answer, _tagged(ex.answer), f"The answer is: {ex.answer}"):
+                if grade(completion, ex) < 1.0:
+                    failures.append((name, ex.answer, completion))
+            assert 0.0 <= grade("I do not know.", ex) <= 1.0, name  # (game_of_life_halting's checker: 1.0, bool("False"))
+    assert not failures, failures
+
+
+def test_a_checker_that_raises_on_an_answer_scores_it_zero():
+    """prime_factorization's checker calls int() on each factor, so an answer that is a sentence
+    raised ValueError inside the reward."""
+    example = _task("prime_factorization", num_train=2, num_eval=1).train[0]
+    assert correctness("I do not know.", example) == 0.0
+    assert correctness(f"The answer is: {example.answer}", example) == 1.0
+
+
+def test_operators_without_their_weights_get_even_weights():
+    """simple_equations' default operators_weights has 3 entries (for + - *): operators ["+", "-"] alone
+    crashed when its items were generated (random.choices: weights and population differ)."""
+    task = _task("simple_equations", config={"operators": ["+", "-"], "min_terms": 2, "max_terms": 2})
+    assert task.train[0].data["config"]["operators_weights"] == [0.5, 0.5]
+    assert all("*" not in ex.data["entry"]["metadata"]["equation"] for ex in task.train)
+    kept = _task("simple_equations", config={"operators": ["+", "-", "*"]})  # the defaults fit: kept as they are
+    assert "operators_weights" not in kept.train[0].data["config"]
+    complex_ = _task("complex_arithmetic", config={"operations": ["+", "*"]})
+    assert complex_.train[0].data["config"]["operations_weights"] == [0.5, 0.5]
+
+
+def test_an_item_reasoning_gym_cannot_generate_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"could not generate simple_equations's item 0.*weights.*task.options.config: simple_equations's operators has 2 entries and operators_weights 3"):
+        _task("simple_equations", config={"operators": ["+", "-"], "operators_weights": [0.4, 0.4, 0.2]})

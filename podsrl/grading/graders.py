@@ -28,7 +28,7 @@ The built-in graders (`GRADERS`), each 0.0 or 1.0:
   words ("Paris", "New York"): ``text`` (math-verify would read "Paris" as p*a*r*i*s, which "Pairs"
   equals); anything else ("x+1", "\\sqrt{2}", "(-\\infty, 3]"): the answer written exactly as the
   reference (case kept) is right, else math-verify decides, else ``text``.
-- ``reasoning_gym``, ``reasoning_gym_binary``: the reasoning-gym dataset's own `score_answer`
+- ``reasoning_gym``, ``reasoning_gym_binary``: the reasoning-gym dataset's own `score_answer` on the extracted answer
   (:mod:`podsrl.grading.reasoning_gym`), with its partial credit, or 1.0 only for full credit.
 
 A user grader is ``"module:function"`` or ``"path/to/file.py:function"``, loaded as a user reward is

@@ -4,9 +4,42 @@ Each reasoning-gym dataset scores an answer with its `score_answer(answer, entry
 [0, 1], and some give partial credit (word_sorting: the share of words in the right place; the
 library's default: len(reference) / len(answer) when the answer contains the reference). podsrl's
 graders ``reasoning_gym`` (that score) and ``reasoning_gym_binary`` (1.0 for full credit, else 0.0)
-call it on the extracted answer (:func:`extract`): the content of the last `<answer>...</answer>`,
-reasoning-gym's own answer format, else the whole completion, stripped (so a model asked for the
-answer alone, ``answer_format = "plain"``, is scored on what it wrote).
+call it on the completion's extracted answer (:func:`extract`), the same for the reward and for
+held-out accuracy, whichever ``answer_format`` the task asked for:
+
+1. the content of the last `<answer>...</answer>`, stripped, as written (reasoning-gym's own answer
+   format: "<answer>about 2</answer>" is scored as "about 2", partial credit and all);
+2. else, when the example's reference answer is a number as text (an integer, a decimal, a
+   fraction: one that podsrl's numeric extraction reads back whole, so not "1.7e-22"), the
+   completion's final number by podsrl's numeric extraction, the one the arithmetic task's
+   correctness uses (:func:`podsrl.grading.answers.extract_answer`: after "####", in the last
+   `\\boxed{}`, else the last number; normalised, "1,234." -> "1234"): "12", "The answer is 12.",
+   "gcd = 12" and "6 + 6 = 12" all give "12";
+3. else, when the reference is one line of text (a word, a list, a sentence), podsrl's text
+   extraction, the one the ``text`` grader uses (:func:`podsrl.grading.graders.answer_text`: after
+   "####", in the last `\\boxed{}`, else the last non-empty line, from after its last "answer is" /
+   "answer:"), stripped of surrounding whitespace, quotes, markdown emphasis and sentence
+   punctuation, except what the reference itself begins or ends with ("Smith has to perform."
+   keeps its period): "The answer is: olleh." gives "olleh"; also a number's when step 2 finds
+   no number (the checker then refuses what it gets);
+4. else (a reference of several lines, a grid, where the last line would cut it; or none, a
+   checker that accepts many answers) the whole completion, stripped, as reasoning-gym's checker
+   of such answers reads it.
+
+An empty result is None, which every checker scores 0. A checker that raises on an answer it cannot
+read (prime_factorization's int() on a sentence) scores it 0.0, as reasoning-gym's own would refuse it.
+
+Where podsrl differs from reasoning-gym's `reasoning_gym.utils.extract_answer` (the last
+`<answer>` tag's content, stripped, else None, so 0 for any untagged completion) and why: podsrl
+scores an untagged completion too (steps 2-4), because a small model asked for the answer alone
+(``answer_format = "plain"``) answers in a sentence ("The GCD of 50 and 46 is 2."), and a checker
+given the whole sentence gives it 0, or a sliver of partial credit for its length, although the
+answer is right: the embedded model's cheap checks scored 0-5% on every dataset that way while up
+to 70% of its completions held the right answer (results/screen-reasoning-gym/README.md). The
+reward is then the problem's answer, not the sentence's length, as in podsrl's arithmetic task.
+podsrl's tag pattern is reasoning-gym's but for the optional space it allows inside the tags,
+which podsrl strips with the rest. Partial credit is the dataset's, on the extracted answer
+(reasoning-gym's default on "The answer is 120." for a reference "12": "120" holds "12", 2/3).
 
 What scoring an example needs travels with it, in ``Example.data`` (set by
 :mod:`podsrl.tasks.reasoning_gym`): ``dataset`` (the dataset that generated it, also inside a mix),
@@ -31,6 +64,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from podsrl.errors import ConfigError
+from podsrl.grading.answers import extract_answer, parse_number
 
 if TYPE_CHECKING:  # a leaf below podsrl.tasks, whose reasoning_gym loader imports this module
     from podsrl.tasks.types import Example
@@ -51,19 +85,62 @@ def require() -> Any:
     return reasoning_gym
 
 
-def extract(completion: str) -> str | None:
-    """The answer reasoning-gym scores: the last `<answer>...</answer>`'s content, else the whole
-    completion; stripped, None when empty."""
+def extract(completion: str, reference: str | None) -> str | None:
+    """The answer of ``completion`` that reasoning-gym's checker scores, given the example's
+    reference answer (None: it has none); None when empty. The rules, in order, are the module
+    docstring's."""
+    # Imported here: graders imports podsrl.tasks, whose reasoning_gym loader imports this module.
+    from podsrl.grading.graders import _SURROUNDING, answer_text
+
     tags = _ANSWER_TAG.findall(completion)
-    answer = (tags[-1] if tags else completion).strip()
-    return answer or None
+    if tags:
+        return tags[-1].strip() or None
+    reference = None if reference is None else str(reference)
+    if reference is None or "\n" in reference.strip():
+        return completion.strip() or None
+    if _is_number(reference):
+        number = extract_answer(completion)
+        if number is not None:
+            return number
+    return _unwrap(answer_text(completion), reference, _SURROUNDING) or None
 
 
 def score(completion: str, example: Example) -> float:
-    """The example's dataset's `score_answer` on the completion's extracted answer."""
+    """The example's dataset's `score_answer` on the completion's extracted answer; 0.0 when the
+    checker raises on it (an answer it cannot read)."""
     data = _data(example)
     scorer = _scorer(data["dataset"], json.dumps(data.get("config") or {}, sort_keys=True))
-    return float(scorer.score_answer(extract(completion), data["entry"]))
+    entry = data["entry"]
+    answer = extract(completion, entry.get("answer"))
+    try:
+        return float(scorer.score_answer(answer, entry))
+    except Exception:  # noqa: BLE001 - e.g. prime_factorization's int() on "The answer is: 2 x 3"
+        return 0.0
+
+
+def _is_number(reference: str) -> bool:
+    """Whether the reference is a number that podsrl's numeric extraction reads back whole ("12",
+    "-0.5", "3/4", "$244/607$"; not "1.7e-22", whose "e-22" it would read as another number)."""
+    value = parse_number(reference)
+    if value is None:
+        return False
+    extracted = extract_answer(reference)
+    return extracted is not None and parse_number(extracted) == value
+
+
+def _unwrap(text: str, reference: str, surrounding: str) -> str:
+    """``text`` without the ``surrounding`` characters around it (the ``text`` grader's: quotes,
+    emphasis, sentence punctuation, whitespace), but with those the reference itself begins or ends
+    with, where ``text`` has them there ("perform." for a reference "perform.")."""
+    core = text.strip(surrounding)
+    if not core:
+        return ""
+    start = text.index(core)
+    before, after = text[:start], text[start + len(core) :]
+    ref_core = reference.strip(surrounding)
+    lead = reference[: reference.index(ref_core)] if ref_core else ""
+    trail = reference[reference.index(ref_core) + len(ref_core) :] if ref_core else ""
+    return (lead if lead and before.endswith(lead) else "") + core + (trail if trail and after.startswith(trail) else "")
 
 
 def score_values(examples: Sequence[Example]) -> tuple[float, ...] | None:

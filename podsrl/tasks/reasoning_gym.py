@@ -5,6 +5,12 @@ Options: `dataset` (one dataset by name, e.g. "chain_sum") with `config` (its co
 (a weighted mix, reasoning-gym's composite dataset: a list of {name, weight = 1, config = {}}
 tables); `num_train`, `num_eval`, `seed`; `answer_format` ("tags" or "plain"); `partial_credit`.
 
+A list setting given without its weights ("operators" without "operators_weights", in
+simple_equations and complex_arithmetic) gets even weights when the dataset's default weights do not
+fit it (reasoning-gym would fail at its first item, weights and choices differing in number); where
+they fit they are kept. Any other failure of reasoning-gym to generate an item from the settings it
+accepted is a ConfigError naming the dataset, its settings and the error.
+
 Problems. `num_train` problems are items 0..num_train-1 of the dataset built with a training seed,
 the held-out ones are items of the same dataset built with an evaluation seed (both derived from
 `seed` by hashing, so different seeds give different problems and one seed always the same). Two
@@ -20,8 +26,10 @@ Prompt. The dataset's question (which says what form the answer takes: "a comma-
 reasoning-gym's convention, "Give your final answer between <answer> and </answer> tags.", and no
 system prompt; with ``"plain"``, "Give only the final answer." and the system prompt "Answer with
 only the final answer." (a small model that cannot keep to tags). Either way the answer scored is
-the last `<answer>` tag's content if there is one, else the whole completion
-(:func:`podsrl.grading.reasoning_gym.extract`).
+the last `<answer>` tag's content if there is one, else the answer podsrl extracts: the final number
+when the reference is a number ("The GCD of 50 and 46 is 2." scores "2"), else the last line's
+answer ("The answer is: olleh." scores "olleh"), the whole completion for a reference of several
+lines (:func:`podsrl.grading.reasoning_gym.extract`).
 
 Grading. The task's grader is the dataset's own `score_answer` (:mod:`podsrl.grading.reasoning_gym`),
 so the `correctness` reward is that score, partial credit included (``partial_credit = false``: 1.0
@@ -45,14 +53,16 @@ OPTION_HELP = {
     "dataset": "one reasoning-gym dataset by name, e.g. 'chain_sum', 'leg_counting', 'letter_counting', 'spell_backward', "
                "'word_sorting', 'gcd', 'countdown', 'knights_knaves', 'mini_sudoku' (an unknown name lists them all)",
     "config": "that dataset's own settings (difficulty), e.g. {min_terms = 2, max_terms = 2, max_digits = 1} for chain_sum: "
-              "the fields of its reasoning-gym config class; seed and size come from seed, num_train and num_eval",
+              "the fields of its reasoning-gym config class; seed and size come from seed, num_train and num_eval; a list "
+              "given without its weights (operators without operators_weights) gets even weights if the default ones do not fit",
     "datasets": "instead of dataset: a weighted mix (reasoning-gym's composite), e.g. [{name = 'chain_sum', weight = 2, "
                 "config = {max_terms = 3}}, {name = 'leg_counting'}]; weight defaults to 1, config to {}",
     "num_train": "training problems: items 0..num_train-1 of the dataset built with a training seed (they may repeat)",
     "num_eval": "held-out problems, from an evaluation seed; one whose question is a training question is skipped",
     "seed": "the draw of both splits (none given: train.seed)",
     "answer_format": "'tags': ask for the answer between <answer> and </answer> (reasoning-gym's convention) | 'plain': ask "
-                     "for the answer alone; either way the last tag's content is scored, else the whole completion",
+                     "for the answer alone; either way the last tag's content is scored, else the final number (a numeric "
+                     "reference) or the last line's answer ('The answer is: X.' scores X)",
     "partial_credit": "true: the reward is the dataset's score_answer, partial credit included (held-out accuracy counts full "
                       "credit) | false: 1.0 for full credit, else 0.0 (declared values for every dataset: exact early stopping)",
 }  # fmt: skip
@@ -181,7 +191,36 @@ def _spec(name: object, weight: object, config: object, where: str) -> _Spec:
             raise ConfigError(f"task 'reasoning_gym': {name}'s config sets {key!r}, which the task sets from its option {option}; drop it")
         if key not in fields:
             raise ConfigError(f"task 'reasoning_gym': {name}'s config has no setting {key!r}; its settings: {', '.join(fields)}")
-    return _Spec(name, float(weight), dict(config))
+    return _Spec(name, float(weight), _even_weights(name, dict(config)))
+
+
+def _weighted_lists(name: str) -> dict[str, str]:
+    """The dataset's list settings with a weight per entry, by their defaults: {"operators":
+    "operators_weights"} for simple_equations (arc_agi's rotations_weights, one entry longer than
+    rotations, is no such pair)."""
+    from reasoning_gym.factory import DATASETS
+
+    defaults = DATASETS[name][1]()
+    pairs = {}
+    for field in dataclasses.fields(defaults):
+        weights = f"{field.name}_weights"
+        values, given = getattr(defaults, field.name), getattr(defaults, weights, None)
+        if isinstance(values, (list, tuple)) and isinstance(given, (list, tuple)) and len(values) == len(given):
+            pairs[field.name] = weights
+    return pairs
+
+
+def _even_weights(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with even weights for a weighted list given without its weights whose default weights
+    do not fit it (module docstring); the defaults are kept where they fit."""
+    from reasoning_gym.factory import DATASETS
+
+    defaults = DATASETS[name][1]()
+    for key, weights in _weighted_lists(name).items():
+        values = config.get(key)
+        if weights not in config and isinstance(values, (list, tuple)) and values and len(values) != len(getattr(defaults, weights)):
+            config[weights] = [1 / len(values)] * len(values)
+    return config
 
 
 def _build(specs: list[_Spec], *, seed: int, size: int) -> Any:
@@ -200,7 +239,10 @@ def _build(specs: list[_Spec], *, seed: int, size: int) -> Any:
 
 
 def _example(source: Any, specs: list[_Spec], split: str, index: int) -> Example:
-    entry = source[index]
+    try:
+        entry = source[index]
+    except Exception as err:  # noqa: BLE001 - any failure of reasoning-gym's generator on this configuration
+        raise ConfigError(_generation_error(specs, index, err)) from None
     name = entry["metadata"]["source_dataset"]
     config = next(s.config for s in specs if s.name == name)
     answer = entry["answer"]
@@ -211,6 +253,22 @@ def _example(source: Any, specs: list[_Spec], split: str, index: int) -> Example
         grader="reasoning_gym",
         data={"dataset": name, "config": config, "entry": entry},
     )
+
+
+def _generation_error(specs: list[_Spec], index: int, err: Exception) -> str:
+    """What to say when reasoning-gym accepted a configuration but cannot generate an item from it."""
+    names = ", ".join(s.name for s in specs)
+    where = "task.options.config" if len(specs) == 1 else "the config of each entry of task.options.datasets"
+    hints = []
+    for spec in specs:
+        for key, weights in _weighted_lists(spec.name).items():
+            if key in spec.config and weights in spec.config and len(spec.config[key]) != len(spec.config[weights]):
+                hints.append(f"{spec.name}'s {key} has {len(spec.config[key])} entries and {weights} {len(spec.config[weights])}: "
+                             f"give one weight per entry, or leave {weights} out for even weights")  # fmt: skip
+    fix = "; ".join(hints) or "check its settings against the dataset's (`podsrl config task --task.name=reasoning_gym` names them)"
+    given = {spec.name: spec.config for spec in specs}
+    return (f"task 'reasoning_gym': reasoning-gym could not generate {names}'s item {index} with the settings {given} "
+            f"({type(err).__name__}: {err}); {where}: {fix}")  # fmt: skip
 
 
 def _derived_seed(split: str, seed: int) -> int:
