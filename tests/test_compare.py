@@ -469,7 +469,8 @@ def test_reasoning_gym_presets_load_and_set_up():
     assert screen.screening and screen.seeds == 1 and len(screen.all_methods) == 10
     for name in screen.all_methods:
         cfg = screen.config(name, 0)
-        assert cfg.task.name == "reasoning_gym" and cfg.task.options["dataset"] == name and cfg.task.options["partial_credit"]
+        assert cfg.task.name == "reasoning_gym" and name.startswith(cfg.task.options["dataset"]) and cfg.task.options["partial_credit"]
+        assert cfg.task.options["answer_format"] == "plain" and cfg.rollout.max_new_tokens == 32  # the answer is read in a sentence
         assert (cfg.select.rule, cfg.rollout.n, cfg.select.m, cfg.train.max_seconds, cfg.eval.every_seconds) == ("max_variance", 16, 4, 300.0, 100.0)
     plan = compare.load_plan(ROOT / "configs" / "compare-reasoning-gym.toml")
     compare.plan.check_setup(plan)
@@ -481,6 +482,7 @@ def test_reasoning_gym_presets_load_and_set_up():
     assert skip.prompts.skip_silent and skip.rollout.dynamic_sampling and skip.rollout.max_gen_batches == 4
     cfg = plan.config("d3s_intra", 2)
     assert (cfg.train.max_seconds, cfg.eval.every_seconds, cfg.eval.max_problems, cfg.select.token_fraction) == (600.0, 120.0, 100, 0.5)
+    assert cfg.rollout.max_new_tokens == 32  # the screening's
 
 
 def test_two_digit_preset_has_headroom_settings():

@@ -7,10 +7,13 @@ seed + 1e6 x call), engine calls of at least 64 completions and grader (podsrl.t
 called as podsrl.train.loop.run_eval calls it), with one engine for every check (the model is the
 same) so that vLLM starts once; the engine's generate is wrapped to keep the completions.
 
-"parseable": the answer reasoning-gym scores (podsrl.grading.reasoning_gym.extract: the last
-<answer> tag's content, else the whole completion) has the form of the dataset's answers (SHAPES: a
-bare number, a single word, a comma-separated list of words, a JSON-style list of quoted numbers),
-whether right or wrong; "tagged": the completion holds an <answer>...</answer> pair; "contains": the
+"parseable": the answer the dataset's checker scores (podsrl.grading.reasoning_gym.extract: the last
+<answer> tag's content, else the final number for a numeric reference, else the last line's answer;
+before commit 9a392f1, the last tag's content, else the whole completion) has the form of
+the dataset's answers (SHAPES: a bare number, a single word, a comma-separated list of words, a
+JSON-style list of quoted numbers), whether right or wrong; "alone": the whole completion, stripped of
+surrounding whitespace, quotes and punctuation, has that form (the model wrote the answer alone, as
+the plain instruction asks); "tagged": the completion holds an <answer>...</answer> pair; "contains": the
 reference answer appears in the completion (a number not inside a longer one; other answers as a
 case-insensitive substring): the model knows it but does not write it alone; "reward": the mean of
 the dataset's own score_answer with partial credit (task option partial_credit = true).
@@ -85,6 +88,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from podsrl import config as config_mod
+    from podsrl.grading.graders import _SURROUNDING
     from podsrl.grading.reasoning_gym import extract, score
     from podsrl.train.evaluate import evaluate
     from podsrl.train.loop import _min_call, build_task, prompt_ids, setup
@@ -93,7 +97,9 @@ def main() -> int:
         dataset, config, num_train, num_eval, _ = CANDIDATES[name]
         prompts = {"system_prompt": "Answer with only the final number.", "instruction": "Give only the final number."} if fmt == "number" else {}
         if fmt == "custom":
-            prompts = {"system_prompt": args.system, "instruction": args.instruction}
+            # "" is no system prompt: podsrl's config reads "none" as the task's own (the first cheap
+            # checks' "--system none" kept the task's "Answer with only the final answer.": README).
+            prompts = {"system_prompt": "" if args.system == "none" else args.system, "instruction": args.instruction}
         return config_mod.from_dict({
             "task": {"name": "reasoning_gym", "options": {"dataset": dataset, "config": config, "num_train": num_train,
                                                            "num_eval": num_eval, "answer_format": "tags" if fmt == "tags" else "plain",
@@ -129,22 +135,23 @@ def main() -> int:
                          samples=cfg.eval.samples, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.train.seed,
                          min_call=_min_call(s))  # fmt: skip
             shape = SHAPES[CANDIDATES[name][4]]
-            answers = [extract(t) or "" for t in captured]
-            parseable = sum(bool(shape.match(a)) for a in answers) / len(answers)
-            tagged = sum("<answer>" in t and "</answer>" in t for t in captured) / len(captured)
             refs = [examples[i // cfg.eval.samples] for i in range(len(captured))]
+            answers = [extract(t, ex.answer or None) or "" for t, ex in zip(captured, refs)]
+            parseable = sum(bool(shape.match(a)) for a in answers) / len(answers)
+            alone = sum(bool(shape.match(t.strip(_SURROUNDING))) for t in captured) / len(captured)
+            tagged = sum("<answer>" in t and "</answer>" in t for t in captured) / len(captured)
             contains = sum(_contains(t, ex.answer, CANDIDATES[name][4]) for t, ex in zip(captured, refs)) / len(captured)
             reward = sum(score(t, ex) for t, ex in zip(captured, refs)) / len(captured)
             row = {"name": name, "dataset": CANDIDATES[name][0], "config": CANDIDATES[name][1], "format": fmt,
                    "accuracy": r.accuracy, "ci95": [r.ci_low, r.ci_high], "pass_at_k": r.pass_at_k, "parseable": parseable,
-                   "tagged": tagged, "contains": contains, "reward": reward, "mean_length": r.mean_length, "truncated": r.truncated, "problems": r.problems,
+                   "alone": alone, "tagged": tagged, "contains": contains, "reward": reward, "mean_length": r.mean_length, "truncated": r.truncated, "problems": r.problems,
                    "seconds": time.perf_counter() - start, "temperature": cfg.eval.temperature, "samples": cfg.eval.samples,
                    "max_new_tokens": cfg.rollout.max_new_tokens,
                    "examples": [{"question": examples[i // cfg.eval.samples].question[-120:], "answer": examples[i // cfg.eval.samples].answer,
                                  "completion": captured[i]} for i in range(min(len(captured), args.keep))]}  # fmt: skip
             results.append(row)
             print(f"{name:18s} {fmt:5s} acc {100 * r.accuracy:5.1f}%  pass@{args.samples} {100 * r.pass_at_k[f'pass@{args.samples}']:5.1f}%  "
-                  f"parseable {100 * parseable:5.1f}%  tagged {100 * tagged:5.1f}%  contains {100 * contains:5.1f}%  reward {reward:.3f}  len {r.mean_length:4.1f}  trunc {100 * r.truncated:4.1f}%  "
+                  f"parseable {100 * parseable:5.1f}%  alone {100 * alone:5.1f}%  tagged {100 * tagged:5.1f}%  contains {100 * contains:5.1f}%  reward {reward:.3f}  len {r.mean_length:4.1f}  trunc {100 * r.truncated:4.1f}%  "
                   f"{row['seconds']:.0f} s", flush=True)  # fmt: skip
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
