@@ -19,7 +19,7 @@ number is compared as text, ignoring case and runs of whitespace.
 import re
 from fractions import Fraction
 
-__all__ = ["answers_match", "ends_with_number", "extract_answer", "last_boxed", "parse_number"]
+__all__ = ["SURROUNDING", "answer_text", "answers_match", "ends_with_number", "extract_answer", "last_boxed", "parse_number"]
 
 _PLAIN = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"  # 1,234.5 | 1234 | .5
 _LATEX_FRAC = r"\\[dt]?frac\{\s*-?(?:\d+(?:\.\d+)?)\s*\}\{\s*-?(?:\d+(?:\.\d+)?)\s*\}"
@@ -133,3 +133,32 @@ def _normalise(number: str) -> str:
 
 def _text_key(text: str) -> str:
     return " ".join(text.split()).rstrip(".").casefold()
+
+
+# The text grader's reading of a completion (podsrl.grading.graders' ``text``; reasoning-gym's
+# extraction uses it too): here, in the leaf, so that both import it from below.
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_MARKER = re.compile(r"answer\s*(?:is|:)", re.IGNORECASE)
+SURROUNDING = " \t\r\n\"'`.,;:!?*_$\u201c\u201d\u2018\u2019\u00ab\u00bb"  # stripped around a text answer
+
+
+def answer_text(completion: str) -> str:
+    """The part of a completion that holds its answer, for the ``text`` grader: the text after the
+    last "####" (its first line), the last `\\boxed{}`, the last `<answer>...</answer>`, else the last
+    non-empty line, from after its last "answer is" / "answer:" if it has one."""
+    if "####" in completion:
+        tail = completion.rsplit("####", 1)[1].strip()
+        if tail:
+            return tail.splitlines()[0]
+    boxed = last_boxed(completion)
+    if boxed is not None:
+        return boxed
+    tags = _ANSWER_TAG.findall(completion)
+    if tags:
+        return tags[-1]
+    lines = [line for line in completion.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1]
+    markers = list(_MARKER.finditer(last))
+    return last[markers[-1].end() :] if markers else last

@@ -51,7 +51,7 @@ from functools import lru_cache
 
 from podsrl.errors import ConfigError
 from podsrl.grading import equivalence
-from podsrl.grading.answers import answers_match, extract_answer, last_boxed, parse_number
+from podsrl.grading.answers import SURROUNDING, answer_text, answers_match, extract_answer, last_boxed, parse_number
 from podsrl.tasks.types import Example
 
 __all__ = ["GRADERS", "answer_text", "check_grader", "get_grader", "grade", "grade_values", "is_right", "text_key", "ungraded"]
@@ -60,11 +60,8 @@ Grader = Callable[[str, Example], float]
 
 # A reference of words, compared as text.
 _WORDS = re.compile(r"[^\W\d_]{2,}(?:[\s'-]+[^\W\d_]+)*\.?")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_MARKER = re.compile(r"answer\s*(?:is|:)", re.IGNORECASE)
 _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}")
 # What surrounds an answer without being part of it: quotes, sentence punctuation, markdown emphasis, `$`.
-_SURROUNDING = " \t\r\n\"'`.,;:!?*_$\u201c\u201d\u2018\u2019\u00ab\u00bb"
 
 
 def numeric(completion: str, example: Example) -> float:
@@ -223,35 +220,13 @@ def ungraded_note(examples: Sequence[Example]) -> str | None:
     )
 
 
-def answer_text(completion: str) -> str:
-    """The part of a completion that holds its answer, for the ``text`` grader: the text after the
-    last "####" (its first line), the last `\\boxed{}`, the last `<answer>...</answer>`, else the last
-    non-empty line, from after its last "answer is" / "answer:" if it has one."""
-    if "####" in completion:
-        tail = completion.rsplit("####", 1)[1].strip()
-        if tail:
-            return tail.splitlines()[0]
-    boxed = last_boxed(completion)
-    if boxed is not None:
-        return boxed
-    tags = _ANSWER_TAG.findall(completion)
-    if tags:
-        return tags[-1]
-    lines = [line for line in completion.splitlines() if line.strip()]
-    if not lines:
-        return ""
-    last = lines[-1]
-    markers = list(_MARKER.finditer(last))
-    return last[markers[-1].end() :] if markers else last
-
-
 def text_key(text_: str, *, casefold: bool = True) -> str:
     """``text_`` as the ``text`` grader compares it: LaTeX `\\text{}` unwrapped, surrounding quotes,
     punctuation and whitespace stripped, runs of whitespace made one space, case folded."""
     previous = None
     while previous != text_:  # nested \text{\textbf{..}}
         previous, text_ = text_, _TEXT_MACRO.sub(r"\1", text_)
-    text_ = " ".join(text_.strip(_SURROUNDING).split())
+    text_ = " ".join(text_.strip(SURROUNDING).split())
     return text_.casefold() if casefold else text_
 
 

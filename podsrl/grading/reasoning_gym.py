@@ -16,7 +16,7 @@ held-out accuracy, whichever ``answer_format`` the task asked for:
    `\\boxed{}`, else the last number; normalised, "1,234." -> "1234"): "12", "The answer is 12.",
    "gcd = 12" and "6 + 6 = 12" all give "12";
 3. else, when the reference is one line of text (a word, a list, a sentence), podsrl's text
-   extraction, the one the ``text`` grader uses (:func:`podsrl.grading.graders.answer_text`: after
+   extraction, the one the ``text`` grader uses (:func:`podsrl.grading.answers.answer_text`: after
    "####", in the last `\\boxed{}`, else the last non-empty line, from after its last "answer is" /
    "answer:"), stripped of surrounding whitespace, quotes, markdown emphasis and sentence
    punctuation, except what the reference itself begins or ends with ("Smith has to perform."
@@ -64,7 +64,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from podsrl.errors import ConfigError
-from podsrl.grading.answers import extract_answer, parse_number
+from podsrl.grading.answers import SURROUNDING, answer_text, extract_answer, parse_number
 
 if TYPE_CHECKING:  # a leaf below podsrl.tasks, whose reasoning_gym loader imports this module
     from podsrl.tasks.types import Example
@@ -89,9 +89,6 @@ def extract(completion: str, reference: str | None) -> str | None:
     """The answer of ``completion`` that reasoning-gym's checker scores, given the example's
     reference answer (None: it has none); None when empty. The rules, in order, are the module
     docstring's."""
-    # Imported here: graders imports podsrl.tasks, whose reasoning_gym loader imports this module.
-    from podsrl.grading.graders import _SURROUNDING, answer_text
-
     tags = _ANSWER_TAG.findall(completion)
     if tags:
         return tags[-1].strip() or None
@@ -102,7 +99,7 @@ def extract(completion: str, reference: str | None) -> str | None:
         number = extract_answer(completion)
         if number is not None:
             return number
-    return _unwrap(answer_text(completion), reference, _SURROUNDING) or None
+    return _unwrap(answer_text(completion), reference, SURROUNDING) or None
 
 
 def score(completion: str, example: Example) -> float:
