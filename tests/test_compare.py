@@ -485,6 +485,30 @@ def test_reasoning_gym_presets_load_and_set_up():
     assert cfg.rollout.max_new_tokens == 32  # the screening's
 
 
+def test_prompt_and_sampler_presets_share_their_float32_arms():
+    """configs/compare-prompts.toml (issue 44) and configs/compare-sampler.toml (issue 46) resolve,
+    pass the set-up checks, and give grpo and pods_n8 the same config in both, so those runs are
+    trained once and copied into the sampler comparison (results/compare-sampler/README.md)."""
+    prompts = compare.load_plan(ROOT / "configs" / "compare-prompts.toml")
+    sampler = compare.load_plan(ROOT / "configs" / "compare-sampler.toml")
+    for plan in (prompts, sampler):
+        compare.plan.check_setup(plan)
+        assert plan.seeds == 3 and plan.baseline == "grpo"
+    assert list(prompts.all_methods) == ["grpo", "grpo_dynamic", "grpo_dynamic_skip", "pods_n8", "pods_n8_skip", "pods_n16_dynamic_skip"]
+    assert list(sampler.all_methods) == ["grpo", "grpo_bf16", "grpo_bf16_is", "pods_n8", "pods_n8_bf16", "pods_n8_bf16_is"]
+    for name in ("grpo", "pods_n8"):
+        for seed in range(3):
+            assert prompts.config(name, seed) == sampler.config(name, seed)
+    for name, correct in (("grpo_bf16", False), ("grpo_bf16_is", True), ("pods_n8_bf16", False), ("pods_n8_bf16_is", True)):
+        cfg = sampler.config(name, 0)
+        assert cfg.rollout.sampler_dtype == "bfloat16" and cfg.rollout.importance_sampling_correction is correct
+        assert (cfg.train.max_seconds, cfg.eval.every_seconds, cfg.task.options["num_train"]) == (600.0, 120.0, 400)
+    assert sampler.config("grpo", 0).rollout.sampler_dtype == "float32" and sampler.config("grpo", 0).rollout.importance_sampling_correction
+    skip = prompts.config("pods_n16_dynamic_skip", 1)
+    assert skip.prompts.skip_silent and skip.rollout.dynamic_sampling and (skip.rollout.n, skip.select.m) == (16, 4)
+    assert not prompts.config("grpo_dynamic", 0).prompts.skip_silent
+
+
 def test_two_digit_preset_has_headroom_settings():
     plan = compare.load_plan(ROOT / "configs" / "compare-2digit.toml")
     assert list(plan.all_methods) == ["grpo", "pods_max_variance", "pods_random", "pods_max_reward", "d3s_intra", "d3s_cross"]
