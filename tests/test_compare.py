@@ -374,13 +374,13 @@ def test_default_comparison_matches_configs_compare_toml():
 # ----------------------------------------------------------------------------------- end to end
 
 
-def _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file, *, max_seconds):
+def _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file):
     """A [compare] TOML on the tiny model: GRPO (n = m = 2) and PODS max-variance (n = 4, m = 2), one
     seed, 2 steps, evaluated after each."""
     from conftest import tiny_config_dict
 
     base = tiny_config_dict(tiny_model_dir, reward_file)
-    base["train"].update(max_steps=2, max_seconds=max_seconds, checkpoint_every=0)
+    base["train"].update(max_steps=2, max_seconds=None, checkpoint_every=0)
     base["eval"].update(every_steps=1)
     data = {**base, "compare": {"seeds": 1, "methods": {
         "grpo": {"select.rule": "all", "rollout.n": 2, "select.m": 2},
@@ -393,15 +393,26 @@ def _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file, *, max_second
 
 @pytest.mark.usefixtures("one_thread")
 def test_tiny_comparison_end_to_end_and_rerun_skips(tmp_path, tiny_model_dir, reward_file, capsys):
-    path = _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file, max_seconds=600.0)
+    """Two real runs trained at once (``--parallel 2``: they share the machine's one device, so the
+    peak is read on the step axis), the report and its figure; the same command again skips both,
+    and ``--report-only`` rebuilds the report. One comparison serves both (it was two tests, one
+    sequential and one parallel, each training both runs: issue 45); the sequential launcher runs
+    real runs in test_a_failing_run_stops_the_comparison_with_its_exit_code and the docs' compare
+    commands (tests/test_docs.py), fake ones in the concurrency tests below."""
+    path = _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file)
     out = tmp_path / "cmp"
-    args = argparse.Namespace(config=str(path), out=str(out), seeds=None, methods=None, report_only=False)
+    args = argparse.Namespace(config=str(path), out=str(out), seeds=None, methods=None, report_only=False, parallel=2, devices=None)
     assert compare.main(args, []) == 0
     report = json.loads((out / "compare.json").read_text())
+    assert report["device_sharing"]["runs_per_device"] == 2 and report["peak_axis"] == "step"
     for name in ("grpo", "pods_max_variance"):
         entry = report["methods"][name]
-        assert entry["steps"] == [2] and len(entry["runs"][0]["accuracy"]) == 3  # at start, step 1, end
+        assert entry["steps"] == [2] and entry["runs"][0]["step"] == [0, 1, 2] and len(entry["runs"][0]["accuracy"]) == 3  # at start, step 1, end
+        assert entry["curves"]["step"]["x"] == [0, 1, 2]
+        # A target exists only where the baseline scored (the tiny random model may not: a peak of 0%).
+        assert (entry["steps_to_target"] is not None) == (report["baseline_peak_accuracy"] > 0)
         assert (out / "runs" / name / "seed0" / compare.DONE_FILE).is_file()
+        assert (out / "runs" / name / "seed0" / "train.log").stat().st_size > 0
     assert (out / "compare.png").stat().st_size > 0
     capsys.readouterr()
     assert compare.main(args, []) == 0  # everything finished: skipped, report rebuilt
@@ -679,23 +690,6 @@ def test_concurrency_settings_are_checked(tmp_path):
                                                   "model": {"device": "cuda:1"}})  # fmt: skip
     with pytest.raises(ConfigError, match="model.device='cuda:1'.*set model.device to auto or cuda"):
         compare.run_all(pinned, tmp_path / "out", devices=["0"])
-
-
-@pytest.mark.usefixtures("one_thread")
-def test_tiny_comparison_in_parallel(tmp_path, tiny_model_dir, reward_file):
-    path = _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file, max_seconds=None)
-    out = tmp_path / "cmp"
-    args = argparse.Namespace(config=str(path), out=str(out), seeds=None, methods=None, report_only=False, parallel=2, devices=None)
-    assert compare.main(args, []) == 0
-    report = json.loads((out / "compare.json").read_text())
-    assert report["device_sharing"]["runs_per_device"] == 2 and report["peak_axis"] == "step"
-    for name in ("grpo", "pods_max_variance"):
-        entry = report["methods"][name]
-        assert entry["steps"] == [2] and entry["runs"][0]["step"] == [0, 1, 2]
-        assert entry["curves"]["step"]["x"] == [0, 1, 2]
-        # A target exists only where the baseline scored (the tiny random model may not: a peak of 0%).
-        assert (entry["steps_to_target"] is not None) == (report["baseline_peak_accuracy"] > 0)
-        assert (out / "runs" / name / "seed0" / "train.log").stat().st_size > 0
 
 
 def test_a_method_with_unfinished_seeds_is_noted_under_the_table(tmp_path):
