@@ -4,7 +4,9 @@
   1 (max abs diff <= 1e-5) for max_variance, d3s_intra with token selection and d3s_cross, with
   "ddp" (full fine-tuning and LoRA) and "fsdp", and with the DAPO filter leaving rank 1 nothing.
 - ``torchrun --nproc-per-node=2 -m podsrl train`` end to end: one metrics line per step, a
-  checkpoint, ``--resume`` continues, ``podsrl eval --run`` reads it.
+  checkpoint, the exported model (rank 0's), ``--resume`` continues, ``podsrl eval --run`` reads it
+  and gets the 2-rank evaluation's numbers; FSDP's run is started by ``accelerate launch``, with
+  gradient checkpointing.
 - Bad launches are configuration errors that name the field.
 - Every process launched here runs in strict mode (tests/dist_worker.py,
   ``hold_collectives_to_placement``): each tensor podsrl hands to a torch.distributed collective must
@@ -137,23 +139,56 @@ def test_skipping_zero_advantage_rows_changes_nothing(step_results, case, world)
 # ------------------------------------------------------------------------------ end to end
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def _accelerate_launch(*args: str) -> subprocess.CompletedProcess:
+    """``accelerate launch`` on 2 processes (on this CPU ``--multi_gpu`` starts gloo ranks) of ``args``,
+    which start with a script (tests/dist_worker.py for ``-m podsrl``, as ``_torchrun`` does)."""
+    pytest.importorskip("accelerate")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=2", "--num_machines=1",
+           "--main_process_port=0", *args]  # fmt: skip
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.mark.parametrize("parallel", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])
 def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file, parallel):
+    """A run on 2 processes end to end: trained (2 steps, evaluated at 0 and 2 on both ranks, a
+    checkpoint, the exported model), resumed under torchrun for a third step, evaluated by ``podsrl
+    eval --run`` in one process. One run serves what four tests launched (issue 45):
+
+    - FSDP's first run is started by ``accelerate launch`` with gradient checkpointing:
+      accelerate sets torchrun's environment, so podsrl runs under it unchanged;
+    - the exported model/ of a run on two processes is its last checkpoint, written by rank 0
+      alone, and loads as a Hugging Face model with the checkpoint's logits;
+    - the evaluation split over 2 ranks (3 problems: uneven blocks) at the end of the resumed run
+      gives the numbers ``podsrl eval --run`` gets in one process from the same checkpoint.
+
+    "ddp" is slow: the default suite runs DDP on 2 processes in tests/test_faults.py (train, stop,
+    checkpoint, exact resume), docs/distributed.md's torchrun command (tests/test_docs.py) and the
+    one-step cases above; FSDP here."""
     from podsrl.config import to_toml
+    from test_export import _auto_model, _checkpoint_policy, _max_diff
 
     overrides = {**BASE, "train.checkpoint_every": 2, "distributed.parallel": parallel}
+    if parallel == "fsdp":
+        overrides["model.gradient_checkpointing"] = True
     cfg = from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))
     config = tmp_path / "run.toml"
     config.write_text(to_toml(cfg))
     run = tmp_path / "run"
-    first = _torchrun("-m", "podsrl", "train", str(config), "--out", str(run), "--no-plot")
+    train = ("-m", "podsrl", "train", str(config), "--out", str(run), "--no-plot")
+    first = _accelerate_launch(str(WORKER), *train) if parallel == "fsdp" else _torchrun(*train)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert f"2 processes (gloo, {parallel})" in first.stdout
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["world_size"] == 2 for r in rows)
     assert (run / "checkpoints" / "step-000002" / "weights.safetensors").is_file()
     assert first.stdout.count("held-out accuracy") == 1  # rank 0 alone reports
     evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 2] and evals[0]["problems"] == 3
+    assert first.stdout.count("exported to") == 1  # rank 0 alone
+    exported = load_file(str(run / "model" / "model.safetensors"))
+    trained = load_file(str(run / "checkpoints" / "step-000002" / "weights.safetensors"))
+    assert exported.keys() == trained.keys() and all(torch.equal(exported[k], trained[k]) for k in trained)
+    assert _max_diff(_auto_model(run / "model"), _checkpoint_policy(run, 2)) <= 1e-5
 
     again = _torchrun("-m", "podsrl", "train", "--resume", str(run), "--train.max_steps=3", "--no-plot")
     assert again.returncode == 0, again.stderr[-3000:]
@@ -167,9 +202,16 @@ def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file, paral
         weights = load_file(str(run / "checkpoints" / "step-000003" / "weights.safetensors"))
         assert weights["model.embed_tokens.weight"].shape[1] == AutoConfig.from_pretrained(tiny_model_dir).hidden_size
 
-    ev = subprocess.run([sys.executable, "-m", "podsrl", "eval", "--run", str(run)], env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    one = tmp_path / "one.json"
+    ev = subprocess.run([sys.executable, "-m", "podsrl", "eval", "--run", str(run), "--json", str(one)], env=_env(), capture_output=True,
+                        text=True, timeout=300, cwd=ROOT)  # fmt: skip
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert "step-000003" in ev.stdout and "accuracy:" in ev.stdout
+    sharded = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()][-1]
+    assert sharded["step"] == 3
+    alone = json.loads(one.read_text())
+    for key in ("accuracy", "problems", "mean_length", "truncated", "pass_at_k"):
+        assert alone[key] == sharded[key], key
 
 
 def test_torchrun_with_early_stop(tmp_path, tiny_model_dir, reward_file):
@@ -194,36 +236,6 @@ def test_torchrun_with_early_stop(tmp_path, tiny_model_dir, reward_file):
     B = BASE["train.prompts_per_step"]
     assert rows and all(r["world_size"] == 2 and 2 * B <= r["rollouts_generated"] <= n * B and r["sample_rounds"] >= 1 for r in rows)
     assert all(r["rollouts_generated"] < n * B for r in rows), [r["rollouts_generated"] for r in rows]  # some group stopped early
-
-
-def test_sharded_greedy_eval_equals_one_process(tmp_path, tiny_model_dir, reward_file):
-    """Evaluation split over 2 ranks (5 problems: uneven blocks) gives one process's numbers."""
-    script = tmp_path / "ev.py"
-    script.write_text(
-        "import json, sys, torch\n"
-        "sys.path.insert(0, %r)\n"
-        "from conftest import exit_without_teardown, tiny_config_dict\n"
-        "from dist_worker import hold_collectives_to_placement\n"
-        "hold_collectives_to_placement()\n"
-        "from podsrl.train import distributed, loop as trainer\n"
-        "from podsrl.run.checkpoint import TrainState\n"
-        "from podsrl.config import from_dict\n"
-        "torch.set_num_threads(1)\n"
-        "cfg = from_dict(tiny_config_dict(%r, %r, **{'eval.max_problems': 5}))\n"
-        "d = distributed.init(cfg)\n"
-        "s = trainer.setup(cfg, d)\n"
-        "r = trainer.run_eval(s, TrainState())\n"
-        "if d.is_main: open(sys.argv[1], 'w').write(json.dumps(r.to_dict()))\n"
-        "d.close()\n"
-        "exit_without_teardown()\n" % (str(Path(__file__).parent), str(tiny_model_dir), str(reward_file))
-    )
-    alone = subprocess.run([sys.executable, str(script), str(tmp_path / "one.json")], env=_env(), capture_output=True, text=True, timeout=300)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    two = _torchrun(str(script), str(tmp_path / "two.json"))
-    assert two.returncode == 0, two.stderr[-3000:]
-    one, both = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
-    for key in ("accuracy", "problems", "mean_length", "truncated", "pass_at_k"):
-        assert one[key] == both[key], key
 
 
 def test_only_rank_0_checks_the_run_directory(tmp_path, make_config, monkeypatch):
@@ -515,25 +527,6 @@ def test_vllm_per_rank_with_fsdp(tmp_path):
     again = _torchrun("-m", "podsrl", "train", "--resume", str(run), "--no-plot", "--train.max_steps=3", timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
-
-
-def test_accelerate_launch_fsdp_with_gradient_checkpointing(tmp_path, tiny_model_dir, reward_file):
-    """``accelerate launch`` sets torchrun's environment, so podsrl runs under it unchanged; here
-    with FSDP and gradient checkpointing (on this CPU accelerate's ``--multi_gpu`` starts gloo ranks)."""
-    pytest.importorskip("accelerate")
-    from podsrl.config import to_toml
-
-    overrides = {**BASE, "distributed.parallel": "fsdp", "model.gradient_checkpointing": True}
-    config = tmp_path / "run.toml"
-    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
-    run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=2", "--num_machines=1",
-           "--main_process_port=0", str(WORKER), "-m", "podsrl", "train", str(config), "--out", str(run), "--no-plot"]  # fmt: skip
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 processes (gloo, fsdp)" in done.stdout
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and all(r["world_size"] == 2 for r in rows)
 
 
 # ------------------------------------------------------------------------------ on a GPU (NCCL)

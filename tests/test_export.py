@@ -5,7 +5,8 @@ the model card, pushing to the Hub (mocked: no network here), ``podsrl eval --mo
 The runs are the tiny random model of conftest.py (2 steps, full fine-tuning and LoRA). The central
 check: the exported directory, loaded the way users load it (``AutoModelForCausalLM``, PEFT), gives
 the checkpoint's logits on a fixed input (max abs diff <= 1e-5 in float32); the measured differences
-are printed (``pytest -s``).
+are printed (``pytest -s``). A run on two processes exports its checkpoint in
+tests/test_distributed.py's end-to-end run.
 """
 
 from __future__ import annotations
@@ -450,26 +451,6 @@ def test_eval_model_mistakes(lora_run, tmp_path):
     assert run_cli(["export", str(lora_run), "--out", str(out), "--adapter-only"])[0] == 0
     code, _, err = run_cli(["eval", "--model", str(out)])
     assert_user_error(code, err, "LoRA adapter alone")
-
-
-# ------------------------------------------------------------------------------ several processes
-
-
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_a_run_on_two_processes_exports_its_checkpoint(tmp_path, tiny_model_dir, reward_file, parallel):
-    from test_distributed import BASE, _torchrun
-
-    overrides = {**BASE, "train.max_steps": 1, "eval.at_start": False, "eval.at_end": False, "distributed.parallel": parallel}
-    config = tmp_path / "run.toml"
-    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
-    run = tmp_path / "run"
-    done = _torchrun("-m", "podsrl", "train", str(config), "--out", str(run), "--no-plot")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("exported to") == 1  # rank 0 alone
-    exported = load_file(str(run / "model" / "model.safetensors"))
-    trained = load_file(str(run / "checkpoints" / "step-000001" / "weights.safetensors"))
-    assert exported.keys() == trained.keys() and all(torch.equal(exported[k], trained[k]) for k in trained)
-    assert _max_diff(_auto_model(run / "model"), _checkpoint_policy(run, 1)) <= 1e-5
 
 
 # ------------------------------------------------------------------------------ podsrl env
