@@ -133,6 +133,48 @@ def exit_without_teardown() -> None:
     os._exit(0)
 
 
+# ---------------------------------------------------------- one optimizer step, on 1 process and on 2
+
+DIST_STEP_CASES: dict[str, dict] = {}
+
+
+def dist_step_cases(cases: dict[str, dict]) -> dict[str, dict]:
+    """Add ``cases`` (name -> a tests/dist_worker.py case) to those the session's ``dist_steps`` runs,
+    and return them. A test module calls it at import, so the cases of every collected module are
+    known before the first test runs. A name starting with "fsdp" gets its world-1 reference from
+    torchrun with 1 process (FSDP needs a launcher), the others from one plain process."""
+    clash = [name for name in cases.keys() & DIST_STEP_CASES.keys() if cases[name] != DIST_STEP_CASES[name]]
+    assert not clash, f"two test modules define different tests/dist_worker.py cases named {sorted(clash)}"
+    DIST_STEP_CASES.update(cases)
+    return cases
+
+
+@pytest.fixture(scope="session")
+def dist_steps(tmp_path_factory, tiny_model_dir, reward_file) -> Path:
+    """The directory where tests/dist_worker.py wrote ``<case>-w1`` and ``<case>-w2`` (the weights
+    after the step and its metrics) for every case of :func:`dist_step_cases`. Three launches for
+    the whole session (one plain process, torchrun with 1 process for FSDP's references, torchrun
+    with 2), whichever modules' cases they run: each launch costs seconds of start-up on a CPU,
+    about 10 s for torchrun's two ranks, and the cases of test_distributed.py and
+    test_dynamic_sampling.py each paid for three (issue 45)."""
+    import subprocess
+
+    from test_distributed import WORKER, _env, _torchrun, worker_spec
+
+    out = tmp_path_factory.mktemp("dist-steps")
+    cases = dict(DIST_STEP_CASES)
+    single = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
+    fsdp = {k: v for k, v in cases.items() if k.startswith("fsdp")}
+    alone = subprocess.run([sys.executable, str(WORKER), str(worker_spec(out / "spec1.json", tiny_model_dir, reward_file, out, single))],
+                           env=_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    one = _torchrun(str(WORKER), str(worker_spec(out / "spec_fsdp1.json", tiny_model_dir, reward_file, out, fsdp)), nproc=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _torchrun(str(WORKER), str(worker_spec(out / "spec.json", tiny_model_dir, reward_file, out, cases)), nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    return out
+
+
 def tiny_config_dict(model_dir: Path, reward_file: Path, **overrides: Any) -> dict:
     """The nested dict of a small, fast run of the tiny model; ``overrides`` use "section.key"
     names (``**{"select.m": 3}``) and replace or add single settings."""

@@ -31,7 +31,7 @@ from podsrl.train import distributed
 from podsrl.config import from_dict
 from podsrl.errors import ConfigError
 
-from conftest import tiny_config_dict
+from conftest import dist_step_cases, tiny_config_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).parent / "dist_worker.py"
@@ -80,38 +80,26 @@ def worker_spec(path: Path, model: Path, reward: Path, out: Path, cases: dict) -
     return path
 
 
-@pytest.fixture(scope="module")
-def step_results(tmp_path_factory, tiny_model_dir, reward_file):
-    out = tmp_path_factory.mktemp("dist-steps")
-    cases = {}
-    for name, overrides in CASES.items():
-        case = {"overrides": {**BASE, **overrides}, "uniform_second_half": name.endswith("rank1_empty") or "_uniform_" in name}
-        if name.startswith("fsdp"):  # FSDP needs a launcher: its reference is torchrun with 1 process
-            case["overrides"]["model.lora"] = False
-        cases[name] = case
-    spec = worker_spec(out / "spec.json", tiny_model_dir, reward_file, out, cases)
-    single = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
-    spec1 = worker_spec(out / "spec1.json", tiny_model_dir, reward_file, out, single)
-    alone = subprocess.run([sys.executable, str(WORKER), str(spec1)], env=_env(), capture_output=True, text=True, timeout=300)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    fsdp = {k: v for k, v in cases.items() if k.startswith("fsdp")}
-    spec_f = worker_spec(out / "spec_fsdp1.json", tiny_model_dir, reward_file, out, fsdp)
-    one = _torchrun(str(WORKER), str(spec_f), nproc=1)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = _torchrun(str(WORKER), str(spec), nproc=2)
-    assert two.returncode == 0, two.stderr[-3000:]
-    return out
+def _step_case(name: str, overrides: dict) -> dict:
+    case = {"overrides": {**BASE, **overrides}, "uniform_second_half": name.endswith("rank1_empty") or "_uniform_" in name}
+    if name.startswith("fsdp"):  # FSDP needs a launcher: its reference is torchrun with 1 process
+        case["overrides"]["model.lora"] = False
+    return case
+
+
+# Run once a session for every module's cases (conftest.py's dist_steps).
+dist_step_cases({name: _step_case(name, overrides) for name, overrides in CASES.items()})
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_two_ranks_step_equals_one(step_results, case):
-    one = load_file(str(step_results / f"{case}-w1.safetensors"))
-    two = load_file(str(step_results / f"{case}-w2.safetensors"))
+def test_two_ranks_step_equals_one(dist_steps, case):
+    one = load_file(str(dist_steps / f"{case}-w1.safetensors"))
+    two = load_file(str(dist_steps / f"{case}-w2.safetensors"))
     assert one.keys() == two.keys() and one
     diff = max(float((one[k] - two[k]).abs().max()) for k in one)
     assert diff <= 1e-5, f"{case}: max abs weight difference {diff:.2e}"
-    m1 = json.loads((step_results / f"{case}-w1.json").read_text())
-    m2 = json.loads((step_results / f"{case}-w2.json").read_text())
+    m1 = json.loads((dist_steps / f"{case}-w1.json").read_text())
+    m2 = json.loads((dist_steps / f"{case}-w2.json").read_text())
     for key in ("kept", "reward_mean", "reward_kept_mean", "zero_variance_groups", "tokens_total", "tokens_kept", "completion_len"):
         assert m1[key] == pytest.approx(m2[key], rel=1e-6, abs=1e-9), key
     assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-4)
@@ -122,15 +110,15 @@ def test_two_ranks_step_equals_one(step_results, case):
 
 @pytest.mark.parametrize("case", ["d3s_tokens_uniform", "fsdp_uniform"])
 @pytest.mark.parametrize("world", [1, 2])
-def test_skipping_zero_advantage_rows_changes_nothing(step_results, case, world):
+def test_skipping_zero_advantage_rows_changes_nothing(dist_steps, case, world):
     """The same step with and without skipping the rows whose advantage is 0 (all of rank 1's)."""
-    skip = load_file(str(step_results / f"{case}_skip-w{world}.safetensors"))
-    full = load_file(str(step_results / f"{case}_noskip-w{world}.safetensors"))
+    skip = load_file(str(dist_steps / f"{case}_skip-w{world}.safetensors"))
+    full = load_file(str(dist_steps / f"{case}_noskip-w{world}.safetensors"))
     for k in full:
         err = float((skip[k] - full[k]).norm() / full[k].norm().clamp(min=1e-12))
         assert err < 1e-6, f"{case} on {world} process(es): {k} relative difference {err:.1e}"
-    m_skip = json.loads((step_results / f"{case}_skip-w{world}.json").read_text())
-    m_full = json.loads((step_results / f"{case}_noskip-w{world}.json").read_text())
+    m_skip = json.loads((dist_steps / f"{case}_skip-w{world}.json").read_text())
+    m_full = json.loads((dist_steps / f"{case}_noskip-w{world}.json").read_text())
     assert m_skip["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5)
     assert m_skip["tokens_kept"] == m_full["tokens_kept"] and m_skip["tokens_total"] == m_full["tokens_total"]
     assert m_full["rows_run"] == m_full["kept"] == 8 and m_skip["rows_run"] <= 4  # the uniform half: none ran

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,8 +31,8 @@ from podsrl.run import checkpoint as ckpt
 from podsrl.run.metrics import read_jsonl
 from podsrl.train import loop as trainer
 
-from conftest import tiny_config_dict
-from test_distributed import WORKER, _env, _torchrun, worker_spec
+from conftest import dist_step_cases, tiny_config_dict
+from test_distributed import _torchrun
 from test_early_stop import _chi_square_same
 
 nan = math.nan
@@ -333,29 +331,19 @@ DIST_CASES = {
     "dynamic_d3s_cross": {"select.rule": "d3s_cross"},
     "fsdp_dynamic": {"distributed.parallel": "fsdp", "model.lora": False},
 }
+# Run with test_distributed.py's one-step cases, in the same launches (conftest.py's dist_steps).
+dist_step_cases({name: {"overrides": {**DIST_BASE, **o}, "uniform_second_half": True} for name, o in DIST_CASES.items()})
 
 
-def test_two_ranks_fill_the_step_as_one_process(tmp_path, tiny_model_dir, reward_file):
+def test_two_ranks_fill_the_step_as_one_process(dist_steps):
     """Rank 1's groups are all silent (tests/dist_worker.py's FixedEngine): the step samples a
     second batch and trains on rank 0's four groups; rank 1 runs the same batches and collectives
     and trains nothing. The weights equal one process's ("fsdp": torchrun with 1 process)."""
-    cases = {name: {"overrides": {**DIST_BASE, **o}, "uniform_second_half": True} for name, o in DIST_CASES.items()}
-
-    def spec(names: list[str]) -> Path:
-        return worker_spec(tmp_path / f"spec-{len(names)}-{names[0]}.json", tiny_model_dir, reward_file, tmp_path, {k: cases[k] for k in names})
-
-    plain = [k for k in cases if not k.startswith("fsdp")]
-    alone = subprocess.run([sys.executable, str(WORKER), str(spec(plain))], env=_env(), capture_output=True, text=True, timeout=300)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    one = _torchrun(str(WORKER), str(spec(["fsdp_dynamic"])), nproc=1)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = _torchrun(str(WORKER), str(spec(list(cases))), nproc=2)
-    assert two.returncode == 0, two.stderr[-3000:]
-    for name in cases:
-        w1, w2 = load_file(str(tmp_path / f"{name}-w1.safetensors")), load_file(str(tmp_path / f"{name}-w2.safetensors"))
+    for name in DIST_CASES:
+        w1, w2 = load_file(str(dist_steps / f"{name}-w1.safetensors")), load_file(str(dist_steps / f"{name}-w2.safetensors"))
         diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
         assert diff <= 1e-5, f"{name}: max abs weight difference {diff:.2e}"
-        m1, m2 = (json.loads((tmp_path / f"{name}-w{w}.json").read_text()) for w in (1, 2))
+        m1, m2 = (json.loads((dist_steps / f"{name}-w{w}.json").read_text()) for w in (1, 2))
         for key in ("gen_batches", "prompts_sampled", "groups_with_signal", "kept", "rollouts_generated", "reward_mean", "tokens_total"):
             assert m1[key] == pytest.approx(m2[key], rel=1e-6), (name, key)
         assert m2["gen_batches"] == 2 and m2["groups_with_signal"] == 4 and m2["world_size"] == 2

@@ -24,14 +24,13 @@ import torch
 from safetensors.torch import load_file
 
 from podsrl import envinfo
-from podsrl.config import from_dict, to_toml
+from podsrl.config import from_dict
 from podsrl.errors import ConfigError
 from podsrl.models import load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import export
 from podsrl.train import loop as trainer
 
-from conftest import tiny_config_dict
 from test_cli import assert_user_error, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")
