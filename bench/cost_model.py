@@ -32,6 +32,13 @@ at that step, the median over the seeds).
 
 Predictions, from the same fitted costs:
 
+- **prompt selection** (``prompts.skip_silent``): a skipped prompt is replaced by the stream's next
+  one, so a batch still samples B prompts; what skipping changes is the share of groups with a
+  signal: more rows to update a step (F, as measured) and, with dynamic sampling, fewer further
+  batches to fill the step (C and R, as measured). The model needs no term of its own for it; the
+  first table adds the share of the prompts read that were skipped and the rollouts generated per
+  group with a signal. On the GPU-like sampler below a call costs about the same for any R up to K,
+  so there what skipping saves is the further batches (C) it spares dynamic sampling.
 - **exact skipping** (``optim.skip_zero_advantage``): as measured (``tokens_run``) for a run that
   skipped; for one that did not, F = S = tokens_total x (1 - zero_variance_groups). This
   holds for binary rewards under GRPO, max-variance and D3S: a kept row's advantage is exactly 0 iff
@@ -121,6 +128,21 @@ def load(runs: Path, seeds: list[int]) -> dict[str, list[list[dict]]]:
     return out
 
 
+def skip_share(runs: list[list[dict]]) -> float:
+    """The share of the prompts read from the stream that prompt selection skipped before sampling
+    (``prompts.skip_silent``; metrics ``prompts_skipped`` and ``prompts_sampled``), over every step
+    of every seed: 0 for a run without it (the module docstring says how the model carries it)."""
+    skipped = sum(st.get("prompts_skipped", 0) for run in runs for st in run)
+    sampled = sum(st.get("prompts_sampled", 0) for run in runs for st in run)
+    return skipped / (skipped + sampled) if skipped + sampled else 0.0
+
+
+def rollouts_per_signal_group(runs: list[list[dict]]) -> float:
+    """Rollouts generated per group trained on with a signal, over every step of every seed."""
+    signal = sum(st.get("groups_with_signal", 0) for run in runs for st in run)
+    return sum(st["R"] for run in runs for st in run) / signal if signal else math.inf
+
+
 def fit(data: dict[str, list[list[dict]]]) -> dict[str, float]:
     steps = [st for seeds in data.values() for run in seeds for st in run]
     C = np.array([st["C"] for st in steps], dtype=float)
@@ -205,16 +227,18 @@ def main() -> None:
         skip = time_to(runs, target[method], k, skip=True)
         zero = statistics.mean(st["zero_variance_groups"] for run in runs for st in run)
         row = dict(method=method, seeds=len(runs), step=target[method], zero=zero, measured=measured, model=model, skip=skip,
+                   skipped=skip_share(runs), per_signal=rollouts_per_signal_group(runs),
                    speed_measured=t_base["measured"] / measured, speed_model=t_base["model"] / model, speed_skip=t_base["skip"] / skip)  # fmt: skip
         for rho in [*args.rho, rho_here]:
             row[f"rho {rho:g}"] = (time_to(data[base], target[base], k, skip=True, rho=rho) / time_to(runs, target[method], k, skip=True, rho=rho))
         rows.append(row)
         speedups[method] = row["speed_skip"]
         errors.append(abs(model / measured - 1))
-    print(f"{'method':>18} {'seeds':>5} {'step':>4} {'zero-var':>8} {'measured min':>12} {'model min':>9} "
-          f"{'speedup measured':>16} {'model':>6} {'with skipping':>13}")  # fmt: skip
+    print(f"{'method':>18} {'seeds':>5} {'step':>4} {'zero-var':>8} {'skipped':>7} {'R/signal':>8} {'measured min':>12} "
+          f"{'model min':>9} {'speedup measured':>16} {'model':>6} {'with skipping':>13}")  # fmt: skip
     for r in rows:
-        print(f"{r['method']:>18} {r['seeds']:>5} {r['step']:>4.0f} {r['zero']:>8.2f} {r['measured'] / 60:>12.1f} {r['model'] / 60:>9.1f} "
+        print(f"{r['method']:>18} {r['seeds']:>5} {r['step']:>4.0f} {r['zero']:>8.2f} {r['skipped']:>7.2f} {r['per_signal']:>8.1f} "
+              f"{r['measured'] / 60:>12.1f} {r['model'] / 60:>9.1f} "
               f"{r['speed_measured']:>15.2f}x {r['speed_model']:>5.2f}x {r['speed_skip']:>12.2f}x")  # fmt: skip
     rhos = [*args.rho, 0.0, 1.0, rho_here, 10.0, H100_RHO]
     print("\nspeedup vs GRPO with skipping, at the same step counts, as sampling gets cheaper (rho = s/u):")
