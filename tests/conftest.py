@@ -175,6 +175,43 @@ def dist_steps(tmp_path_factory, tiny_model_dir, reward_file) -> Path:
     return out
 
 
+# ------------------------------------------ podsrl train on 2 ranks: sampling and prompt decisions
+
+# A binary reward that leaves every problem with an even answer silent (0 on each rollout).
+PARITY_SOURCE = "def parity(completion, example):\n    return 0.0 if int(example.answer) % 2 == 0 else float(len(completion) % 2)\n\n\nparity.reward_values = (0.0, 1.0)\n"
+# The run's settings: 12 training prompts (so several epochs), steps that sample further batches until 4
+# groups have a signal (at most 3), each group stopped early in rounds of 2 of its 8 rollouts, and the
+# prompts that were silent skipped.
+SAMPLING_RUN = {
+    "task.options": {"ops": ["+"], "min_digits": 1, "max_digits": 1, "num_train": 12, "num_eval": 4},
+    "train.prompts_per_step": 4, "train.max_steps": 6, "rollout.n": 8, "rollout.early_stop": "exact", "rollout.round_size": 2,
+    "rollout.dynamic_sampling": True, "rollout.max_gen_batches": 3, "select.rule": "max_variance", "select.m": 2,
+    "optim.micro_batch_size": 2, "prompts.skip_silent": True, "prompts.explore": 0.2, "prompts.explore_min": 0.05,
+    "eval.at_start": False, "eval.at_end": False, "train.export_model": False,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def two_rank_sampling_run(tmp_path_factory, tiny_model_dir, reward_file, write_module) -> Path:
+    """A directory holding ``run`` (``podsrl train`` of :data:`SAMPLING_RUN` with the parity reward,
+    on 2 gloo ranks under torchrun) and ``ranks`` (``rank0.jsonl``, ``rank1.jsonl``: what each rank's
+    sample_step decided every step, tests/record_ranks.py). One run for the session serves
+    test_dynamic_sampling.py (the ranks take the same sampling decisions) and test_prompts.py (the
+    same prompt decisions): each launched its own run, ~14 s apiece on a quiet 2-core CPU (issue 45)."""
+    from podsrl.config import from_dict, to_toml
+    from test_distributed import _torchrun
+
+    out = tmp_path_factory.mktemp("two-rank-sampling")
+    parity = write_module("parity", PARITY_SOURCE)
+    config = out / "run.toml"
+    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **SAMPLING_RUN, **{"reward.names": [f"{parity}:parity"]}))))
+    (out / "ranks").mkdir()
+    script = Path(__file__).parent / "record_ranks.py"
+    done = _torchrun(str(script), str(out / "ranks"), "train", str(config), "--out", str(out / "run"), "--no-plot")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 def tiny_config_dict(model_dir: Path, reward_file: Path, **overrides: Any) -> dict:
     """The nested dict of a small, fast run of the tiny model; ``overrides`` use "section.key"
     names (``**{"select.m": 3}``) and replace or add single settings."""

@@ -202,13 +202,17 @@ def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file, paral
         assert alone[key] == sharded[key], key
 
 
+@pytest.mark.slow
 def test_torchrun_with_early_stop(tmp_path, tiny_model_dir, reward_file):
     """Exact early stopping in rounds: each rank samples its own block, no collective per round,
     and groups really stop early. max_variance with m = 2 on a binary reward stops a group once it
     holds one reward of each value; the parity of a random model's completion text is close to a
     fair coin, so a group of n = 8 in rounds of 2 runs to n only if its first 6 rewards are equal
     (about 1 in 32 for a fair coin): near-certain that some of the 4 groups of a step stop early,
-    and certain under the fixed seed (issue 36: the test accepted a run that never stopped)."""
+    and certain under the fixed seed (issue 36: the test accepted a run that never stopped).
+    Slow: the default suite runs exact early stopping on 2 ranks in conftest.py's
+    two_rank_sampling_run, inside dynamic sampling (test_dynamic_sampling.py's
+    test_torchrun_train_with_dynamic_sampling_and_early_stopping)."""
     from podsrl.config import to_toml
 
     rewards = tmp_path / "parity.py"

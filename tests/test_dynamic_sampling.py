@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from podsrl.config import from_dict, to_toml
 from podsrl.core.downsample import DownsampleSpec, downsample, group_signal, groups_with_signal, has_signal
 from podsrl.core.early_stop import stop_criterion
 from podsrl.core.selection import RULES
@@ -31,8 +29,7 @@ from podsrl.run import checkpoint as ckpt
 from podsrl.run.metrics import read_jsonl
 from podsrl.train import loop as trainer
 
-from conftest import dist_step_cases, tiny_config_dict
-from test_distributed import _torchrun
+from conftest import SAMPLING_RUN, dist_step_cases
 from test_early_stop import _chi_square_same
 
 nan = math.nan
@@ -350,56 +347,17 @@ def test_two_ranks_fill_the_step_as_one_process(dist_steps):
         assert m2["zero_variance_groups"] == 0.5  # of the first batch: a fixed-n run's figure
 
 
-# Runs ``podsrl train`` in strict mode (tests/dist_worker.py), each rank writing what its sample_step
-# returned, one line per step, to DIR/rank<r>.jsonl, with the groups with a signal in each generation
-# batch it sampled (every rank's, gathered: for max_variance with a binary reward, the groups whose
-# sampled rewards vary).
-RECORD_RANKS = """\
-import json, os, sys
-sys.path.insert(0, {tests!r})
-from dist_worker import hold_collectives_to_placement, run_module
-hold_collectives_to_placement()
-from podsrl.train import loop, sampling
-sample_batch, sample_step, batches = sampling._sample_batch, loop.sample_step, []
-def counted(*args, **kwargs):
-    out = sample_batch(*args, **kwargs)
-    r = out.reward
-    batches.append(int((r.nan_to_num(-1.0).amax(1) > r.nan_to_num(2.0).amin(1)).sum()))
-    return out
-def recorded(s, step, progress, timer):
-    out = sample_step(s, step, progress, timer)
-    with open(os.path.join({out!r}, f"rank{{s.dist.rank}}.jsonl"), "a") as f:
-        f.write(json.dumps({{"step": step, "gen_batches": out.gen_batches, "groups": len(out.groups), "surplus": out.surplus,
-                            "rollouts": out.rollouts, "signal_per_batch": batches}}) + "\\n")
-    batches.clear()
-    return out
-sampling._sample_batch, loop.sample_step = counted, recorded
-run_module(["podsrl", *sys.argv[1:]])
-"""
-
-
-def test_torchrun_train_with_dynamic_sampling_and_early_stopping(tmp_path, tiny_model_dir, reward_file):
-    """``podsrl train`` on 2 ranks: each rank stops its own groups early, every rank runs the same
-    generation batches (decided on the gathered batch), and the run finishes. Half the prompts are
-    silent (an even answer scores 0 on every rollout), so steps sample several batches; each step
-    stops at the first batch that brings B groups with a signal, or at the cap with fewer, trains on
-    B of them (all of them at the cap), and both ranks record the same decisions."""
-    reward = tmp_path / "parity.py"
-    reward.write_text("def parity(completion, example):\n    return 0.0 if int(example.answer) % 2 == 0 else float(len(completion) % 2)\n\n\n"
-                      "parity.reward_values = (0.0, 1.0)\n")  # fmt: skip
-    B, cap = 4, 3
-    overrides = {**DIST_BASE, "reward.names": [f"{reward}:parity"], "rollout.n": 8, "rollout.early_stop": "exact", "rollout.round_size": 2,
-                 "rollout.max_gen_batches": cap, "eval.at_start": False, "eval.at_end": False, "train.max_steps": 3}  # fmt: skip
-    config = tmp_path / "run.toml"
-    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
-    script, ranks = tmp_path / "record_ranks.py", tmp_path / "ranks"
-    ranks.mkdir()
-    script.write_text(RECORD_RANKS.format(tests=str(Path(__file__).parent), out=str(ranks)))
-    done = _torchrun(str(script), "train", str(config), "--out", str(tmp_path / "run"), "--no-plot")
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    rank0, rank1 = read_jsonl(ranks / "rank0.jsonl"), read_jsonl(ranks / "rank1.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3] and rank0 == rank1  # the ranks took the same decisions
+def test_torchrun_train_with_dynamic_sampling_and_early_stopping(two_rank_sampling_run):
+    """``podsrl train`` on 2 ranks (conftest.py's two_rank_sampling_run, which selects prompts as
+    well): each rank stops its own groups early, every rank runs the same generation batches
+    (decided on the gathered batch), and the run finishes. Half the prompts are silent (an even
+    answer scores 0 on every rollout), so steps sample several batches; each step stops at the
+    first batch that brings B groups with a signal, or at the cap with fewer, trains on B of them
+    (all of them at the cap), and both ranks record the same decisions."""
+    B, n, cap = (SAMPLING_RUN[k] for k in ("train.prompts_per_step", "rollout.n", "rollout.max_gen_batches"))
+    rows = read_jsonl(two_rank_sampling_run / "run" / "metrics.jsonl")
+    rank0, rank1 = (read_jsonl(two_rank_sampling_run / "ranks" / f"rank{r}.jsonl") for r in (0, 1))
+    assert [r["step"] for r in rows] == list(range(1, SAMPLING_RUN["train.max_steps"] + 1)) and rank0 == rank1  # the same decisions
     for r, mine in zip(rows, rank0):
         per_batch = mine["signal_per_batch"]  # [gen_batches]
         found = sum(per_batch)
@@ -408,6 +366,6 @@ def test_torchrun_train_with_dynamic_sampling_and_early_stopping(tmp_path, tiny_
         assert found >= B or r["gen_batches"] == cap, per_batch  # fewer than B only at the cap
         assert mine["groups"] == min(found, B) == r["groups_with_signal"] and r["groups_surplus"] == mine["surplus"] == max(0, found - B)
         assert r["world_size"] == 2 and r["prompts_sampled"] == B * r["gen_batches"]
-        assert r["rollouts_generated"] == mine["rollouts"] <= 8 * r["prompts_sampled"]
+        assert r["rollouts_generated"] == mine["rollouts"] <= n * r["prompts_sampled"]
     assert any(r["gen_batches"] > 1 for r in rows), [r["gen_batches"] for r in rows]  # a step sampled several batches
-    assert sum(r["rollouts_generated"] for r in rows) < sum(8 * r["prompts_sampled"] for r in rows)  # groups stopped early
+    assert sum(r["rollouts_generated"] for r in rows) < sum(n * r["prompts_sampled"] for r in rows)  # groups stopped early

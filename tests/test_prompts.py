@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from podsrl.config import PromptsConfig, from_dict, to_toml
+from podsrl.config import PromptsConfig
 from podsrl.core import prompt_selection as ps
 from podsrl.errors import ConfigError
 from podsrl.run import checkpoint as ckpt
@@ -25,7 +25,7 @@ from podsrl.run.metrics import read_jsonl
 from podsrl.train import loop as trainer
 from podsrl.train.prompts import PromptStream
 
-from conftest import tiny_config_dict
+from conftest import SAMPLING_RUN
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -206,50 +206,15 @@ def test_a_run_skips_the_prompts_that_were_silent_and_resumes_exactly(make_confi
         torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5)
 
 
-# Runs ``podsrl train`` in strict mode (tests/dist_worker.py); each rank writes its prompt stream after
-# every step to DIR/rank<r>.jsonl.
-RECORD_STREAM = """\
-import json, os, sys
-sys.path.insert(0, {tests!r})
-from dist_worker import hold_collectives_to_placement, run_module
-hold_collectives_to_placement()
-from podsrl.train import loop
-sample_step = loop.sample_step
-def recorded(s, step, progress, timer):
-    out = sample_step(s, step, progress, timer)
-    st = s.prompts.state_dict()
-    with open(os.path.join({out!r}, f"rank{{s.dist.rank}}.jsonl"), "a") as f:
-        f.write(json.dumps({{"step": step, "epoch": st["epoch"], "position": st["position"], "explore": st["explore"],
-                            "streak": st["streak"].tolist(), "prompts": out.groups.prompt.tolist(), **out.prompts}}) + "\\n")
-    return out
-loop.sample_step = recorded
-run_module(["podsrl", *sys.argv[1:]])
-"""
-
-
-def test_torchrun_ranks_take_the_same_prompt_decisions(tmp_path, tiny_model_dir, reward_file):
-    """``podsrl train`` on 2 gloo ranks with prompt selection and dynamic sampling: each rank samples
-    its own rollouts of its half of each batch, and every rank's stream (position, history,
-    exploration rate) and choice of prompts is the same after every step."""
-    from test_distributed import _torchrun
-
-    reward = tmp_path / "parity.py"
-    reward.write_text(PARITY)
-    overrides = {"reward.names": [f"{reward}:parity"], "task.options": {"ops": ["+"], "min_digits": 1, "max_digits": 1, "num_train": 12, "num_eval": 4},
-                 "train.prompts_per_step": 4, "train.max_steps": 6, "rollout.n": 4, "select.m": 2, "optim.micro_batch_size": 2,
-                 "prompts.skip_silent": True, "prompts.explore": 0.2, "prompts.explore_min": 0.05, "rollout.dynamic_sampling": True,
-                 "rollout.max_gen_batches": 3, "eval.at_start": False, "eval.at_end": False, "train.export_model": False}  # fmt: skip
-    config = tmp_path / "run.toml"
-    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **overrides))))
-    script, ranks = tmp_path / "record_stream.py", tmp_path / "ranks"
-    ranks.mkdir()
-    script.write_text(RECORD_STREAM.format(tests=str(Path(__file__).parent), out=str(ranks)))
-    done = _torchrun(str(script), "train", str(config), "--out", str(tmp_path / "run"), "--no-plot")
-    assert done.returncode == 0, done.stderr[-3000:]
-    rank0, rank1 = read_jsonl(ranks / "rank0.jsonl"), read_jsonl(ranks / "rank1.jsonl")
-    assert len(rank0) == 6 and rank0 == rank1
+def test_torchrun_ranks_take_the_same_prompt_decisions(two_rank_sampling_run):
+    """``podsrl train`` on 2 gloo ranks with prompt selection, dynamic sampling and early stopping
+    (conftest.py's two_rank_sampling_run): each rank samples its own rollouts of its half of each
+    batch, and every rank's stream (position, history, exploration rate) and choice of prompts is
+    the same after every step."""
+    rank0, rank1 = (read_jsonl(two_rank_sampling_run / "ranks" / f"rank{r}.jsonl") for r in (0, 1))
+    assert len(rank0) == SAMPLING_RUN["train.max_steps"] and rank0 == rank1
     assert sum(r["prompts_skipped"] for r in rank0) > 0
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_jsonl(two_rank_sampling_run / "run" / "metrics.jsonl")
     assert [r["prompts_skipped"] for r in rows] == [r["prompts_skipped"] for r in rank0] and rows[-1]["world_size"] == 2
 
 
