@@ -212,6 +212,46 @@ def two_rank_sampling_run(tmp_path_factory, tiny_model_dir, reward_file, write_m
     return out
 
 
+# ------------------------------------------------------- PODSTrainer on two processes (accelerate)
+
+TRL_TWO_PROCESS_SCRIPTS: dict[str, str] = {}
+
+
+def trl_two_process_script(name: str, source: str) -> str:
+    """Add the script ``source`` (a check of PODSTrainer on two processes: its arguments are the
+    model, the tests folder and an output folder; it checks its results on the main process) to those the session's ``trl_two_processes`` launch runs, as ``name``; returns ``name``. A test
+    module calls it at import, as with :func:`dist_step_cases`."""
+    assert TRL_TWO_PROCESS_SCRIPTS.get(name, source) == source, f"two TRL two-process scripts named {name}"
+    TRL_TWO_PROCESS_SCRIPTS[name] = source
+    return name
+
+
+@pytest.fixture(scope="session")
+def trl_two_processes(tmp_path_factory, tiny_model_dir) -> str:
+    """The output of one ``accelerate launch`` on 2 gloo processes that runs every script of
+    :func:`trl_two_process_script` in turn (tests/trl_parts.py); ``trl_part_passed`` reads a
+    script's verdict from it. One launch for test_trl.py's and test_trl_compat.py's scripts, which
+    launched one each (18-25 s apiece on a quiet 2-core CPU, issue 45)."""
+    from test_trl import launch_two_processes
+
+    folder = tmp_path_factory.mktemp("trl-two-processes")
+    scripts = []
+    for name, source in TRL_TWO_PROCESS_SCRIPTS.items():
+        scripts.append(folder / f"{name}.py")
+        scripts[-1].write_text(source)
+    return launch_two_processes([Path(__file__).parent / "trl_parts.py", tiny_model_dir, folder / "out", *scripts], timeout=600)
+
+
+def trl_part_passed(output: str, name: str) -> None:
+    """Fail with the script's traceback unless the script ``name`` of ``trl_two_processes`` ran to
+    its end on both processes. Its checks run on the main process (rank 0), after gathering the
+    other's results: passed on rank 0 means they held."""
+    failed = output.find(f"{name}: FAILED")
+    assert failed < 0, output[failed : failed + 5000]
+    for rank in (0, 1):
+        assert f"{name}: passed on rank {rank}" in output, output[-5000:]
+
+
 def tiny_config_dict(model_dir: Path, reward_file: Path, **overrides: Any) -> dict:
     """The nested dict of a small, fast run of the tiny model; ``overrides`` use "section.key"
     names (``**{"select.m": 3}``) and replace or add single settings."""

@@ -28,6 +28,8 @@ from podsrl.integrations.trl import PODSConfig, PODSTrainer, SUPPORTED_TRL, _che
 from podsrl.core.downsample import selection_generator  # noqa: E402
 from podsrl.core.selection import get_rule  # noqa: E402
 
+from conftest import trl_part_passed, trl_two_process_script  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 N_PROMPTS = 2
@@ -580,9 +582,6 @@ if trainer.accelerator.is_main_process:
     assert rows[0][-1] == (1, 0, 2), rows  # nothing kept: one zero-weight row per process, no hang
     assert any(slots > kept for _, kept, slots in rows[0]), rows
     print("DDP-OK", rows[0])
-
-from conftest import exit_without_teardown
-exit_without_teardown()  # done and checked: skip torch's teardown (conftest)
 '''
 
 
@@ -594,24 +593,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_two_processes(script: Path, tiny_model_dir: Path, tmp_path: Path, *, timeout: int) -> None:
-    """``accelerate launch`` ``script`` on 2 gloo processes (args: model, this folder, an output
-    folder); it must exit 0 and print DDP-OK."""
+def launch_two_processes(args: list, *, timeout: int) -> str:
+    """``accelerate launch ARGS`` (a script and its arguments) on 2 gloo processes; it must exit 0.
+    Its output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": "1"}
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        str(script), str(tiny_model_dir), str(Path(__file__).parent), str(tmp_path / "out"),
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()), *map(str, args),
     ]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert "DDP-OK" in result.stdout
+    return result.stdout
 
 
-def test_two_processes_uneven_kept_counts(tiny_model_dir, tmp_path):
-    script = tmp_path / "ddp_pods.py"
-    script.write_text(DDP_SCRIPT)
-    launch_two_processes(script, tiny_model_dir, tmp_path, timeout=240)
+# Run in conftest.py's one accelerate launch a session (trl_two_processes), with test_trl_compat.py's.
+UNEVEN = trl_two_process_script("trl_uneven_kept_counts", DDP_SCRIPT)
+
+
+def test_two_processes_uneven_kept_counts(trl_two_processes):
+    trl_part_passed(trl_two_processes, UNEVEN)
 
 
 DDP_SKIP_SCRIPT = '''
@@ -644,18 +644,16 @@ if trainer.accelerator.is_main_process:
     for name, value in weights[False].items():
         torch.testing.assert_close(weights[True][name], value, rtol=1e-6, atol=1e-9)
     print("DDP-OK", rows)
-
-from conftest import exit_without_teardown
-exit_without_teardown()
 '''
 
 
-def test_two_processes_skipping_keeps_the_update(tiny_model_dir, tmp_path):
+SKIPPING = trl_two_process_script("trl_skipping_keeps_the_update", DDP_SKIP_SCRIPT)
+
+
+def test_two_processes_skipping_keeps_the_update(trl_two_processes):
     """Skipping zero-advantage rows and padding over 2 processes (uneven rows per process after the
     skip): the weights after the step are those without skipping."""
-    script = tmp_path / "ddp_skip.py"
-    script.write_text(DDP_SKIP_SCRIPT)
-    launch_two_processes(script, tiny_model_dir, tmp_path, timeout=240)
+    trl_part_passed(trl_two_processes, SKIPPING)
 
 
 @pytest.mark.slow

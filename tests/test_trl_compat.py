@@ -33,7 +33,8 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from podsrl.integrations.trl import _ROW_MEAN_LOSSES, PODSConfig, PODSTrainer, _normalize_then_sum, _TokenSelection  # noqa: E402
-from test_trl import N_PROMPTS, common_args, dataset, fake_generation, generation_batch, launch_two_processes, length_reward, loss_and_grads  # noqa: E402
+from conftest import trl_part_passed, trl_two_process_script  # noqa: E402
+from test_trl import N_PROMPTS, common_args, dataset, fake_generation, generation_batch, length_reward, loss_and_grads  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -694,13 +695,10 @@ if trainer.accelerator.is_main_process:
     # row 3: every kept episode called the tool, so each row carries a tool mask with a masked tool result.
     assert [r[4] for r in everyone[0] + everyone[1]] == [2, 2, 2, 2], everyone
     print("DDP-OK", everyone)
-
-from conftest import exit_without_teardown
-exit_without_teardown()  # done and checked: skip torch's teardown (conftest)
 '''
+# Run in conftest.py's one accelerate launch a session (trl_two_processes), with test_trl.py's.
+MULTI_TURN = trl_two_process_script("trl_multi_turn_uneven_kept_counts", DDP_SCRIPT)
 
 
-def test_two_processes_multi_turn_uneven_kept_counts(tiny_model_dir, tmp_path):
-    script = tmp_path / "ddp_tools.py"
-    script.write_text(DDP_SCRIPT)
-    launch_two_processes(script, tiny_model_dir, tmp_path, timeout=300)
+def test_two_processes_multi_turn_uneven_kept_counts(trl_two_processes):
+    trl_part_passed(trl_two_processes, MULTI_TURN)
