@@ -1,9 +1,11 @@
-"""bench/gpu_check.py (``make gpu-check``) on this CPU: its CPU-safe parts run (a run trained,
-evaluated and exported; the update-cost measurement at a tiny size), its GPU parts are skipped and
-say why, it writes one report (Markdown and JSON), and a failed check, a missing dependency or
-``--require-gpu`` without a GPU makes it exit 1. The tokenizer it builds on the spot (no hub, no
-embedded model: the lent GPU machine has neither) is a working chat tokenizer. Marked slow: every
-check on the CPU, the torchrun flows on gloo (``--gloo``).
+"""bench/gpu_check.py (``make gpu-check``) on this CPU: a CPU-safe part runs (the update-cost
+measurement at a tiny size), its GPU parts are skipped and say why, it writes one report (Markdown
+and JSON), and a failed check, a missing dependency or ``--require-gpu`` without a GPU makes it exit
+1. The tokenizer it builds on the spot (no hub, no embedded model: the lent GPU machine has neither)
+is a working chat tokenizer. Marked slow: every check on the CPU, the torchrun flows on gloo
+(``--gloo``), and what the run trained, evaluated and exported in one process (``full-fp32``) held:
+three subprocesses, 18 s of the default suite's 30 s for this script (issue 45), so run
+``pytest -m slow tests/test_gpu_check.py`` before a GPU session.
 """
 
 from __future__ import annotations
@@ -46,19 +48,17 @@ def _report(out: Path) -> tuple[str, dict]:
 
 @no_gpu
 def test_the_cpu_parts_run_and_the_gpu_parts_say_why_they_skip(tmp_path):
-    done = _run("--out", str(tmp_path), "--only", "gpu-tests,torchrun-ddp,torchrun-fsdp,full-fp32,update-cost")
+    done = _run("--out", str(tmp_path), "--only", "gpu-tests,torchrun-ddp,torchrun-fsdp,update-cost")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "NO GPU: torch sees none; the GPU parts are skipped" in done.stdout
     text, data = _report(tmp_path)
     checks = {c["name"]: c for c in data["checks"]}
     assert {name: c["status"] for name, c in checks.items()} == {
         "environment": "pass", "fixtures": "pass", "gpu-tests": "skip", "torchrun-ddp": "skip", "torchrun-fsdp": "skip",
-        "full-fp32": "pass", "update-cost": "pass",
+        "update-cost": "pass",
     }  # fmt: skip
     assert data["verdict"] == "PASS" and data["device"].startswith("cpu (torch sees no GPU")
     assert "no GPU: NCCL needs CUDA" in checks["torchrun-ddp"]["summary"]
-    full = checks["full-fp32"]["details"]
-    assert full["steps"] == 2 and full["export"]["dtype"] == "torch.float32" and full["eval_problems"] == 4
     rows = checks["update-cost"]["details"]["rows"]
     assert [(r["label"], r["micro_batch"], r["rows"]) for r in rows] == [
         ("GRPO(n=16)", "whole", 16), ("PODS(n=64,m=16)", "whole", 16), ("GRPO(n=64)", "whole", 64),
@@ -120,8 +120,14 @@ def test_every_check_on_the_cpu_with_gloo(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     _, data = _report(tmp_path)
     checks = {c["name"]: c for c in data["checks"]}
-    assert [c["status"] for c in checks.values()].count("pass") == 7 and checks["gpu-tests"]["status"] == "skip"
+    # Every check but the two that run GPU-marked pytest (counted passes said 7 until sampling-scaling made 8).
+    assert {name: c["status"] for name, c in checks.items()} == {
+        "environment": "pass", "fixtures": "pass", "nccl": "skip", "update-cost": "pass", "sampling-scaling": "pass", "lora-bf16": "pass",
+        "torchrun-ddp": "pass", "torchrun-fsdp": "pass", "gpu-tests": "skip", "full-fp32": "pass",
+    }  # fmt: skip
     for name in ("torchrun-ddp", "torchrun-fsdp"):
         details = checks[name]["details"]
         assert details["backend"] == "gloo" and details["steps"] == 3 and details["tokens_selected"] < details["tokens_total"]
     assert checks["lora-bf16"]["details"]["export"]["dtype"] == "torch.bfloat16"
+    full = checks["full-fp32"]["details"]
+    assert full["steps"] == 2 and full["export"]["dtype"] == "torch.float32" and full["eval_problems"] == 4
