@@ -69,13 +69,28 @@ def one_thread():
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A seeded 2-layer Llama with the SmolLM2 tokenizer, saved with ``save_pretrained``. Where the
     embedded model is not installed (the lent GPU machine), with tests/offline_tokenizer.py's."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from offline_tokenizer import embedded_or_built
 
     tokenizer, _ = embedded_or_built()
     assert tokenizer.chat_template, "the embedded tokenizer should carry a chat template"
+    return _tiny_llama(tokenizer, tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def small_vocab_model_dir(tmp_path_factory) -> Path:
+    """The tiny model with tests/offline_tokenizer.py's ChatML tokenizer (686 tokens) instead of
+    SmolLM2's (49152): for tests whose subject is not the tokenizer, where the logits over the
+    vocabulary were most of the time (the TRL tests: issue 45)."""
+    from offline_tokenizer import build
+
+    return _tiny_llama(build(), tmp_path_factory.mktemp("tiny-llama-small-vocab"))
+
+
+def _tiny_llama(tokenizer, path: Path) -> Path:
+    """Save a seeded 2-layer Llama of hidden size 32 for ``tokenizer``, and the tokenizer, to ``path``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -91,7 +106,6 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     )
     torch.manual_seed(1234)
     model = LlamaForCausalLM(config)
-    path = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
@@ -214,20 +228,21 @@ def two_rank_sampling_run(tmp_path_factory, tiny_model_dir, reward_file, write_m
 
 # ------------------------------------------------------- PODSTrainer on two processes (accelerate)
 
-TRL_TWO_PROCESS_SCRIPTS: dict[str, str] = {}
+TRL_TWO_PROCESS_SCRIPTS: dict[str, tuple[str, str]] = {}
 
 
-def trl_two_process_script(name: str, source: str) -> str:
+def trl_two_process_script(name: str, source: str, model: str = "small_vocab_model_dir") -> str:
     """Add the script ``source`` (a check of PODSTrainer on two processes: its arguments are the
-    model, the tests folder and an output folder; it checks its results on the main process) to those the session's ``trl_two_processes`` launch runs, as ``name``; returns ``name``. A test
-    module calls it at import, as with :func:`dist_step_cases`."""
-    assert TRL_TWO_PROCESS_SCRIPTS.get(name, source) == source, f"two TRL two-process scripts named {name}"
-    TRL_TWO_PROCESS_SCRIPTS[name] = source
+    model, the tests folder and an output folder; it checks its results on the main process) to those
+    the session's ``trl_two_processes`` launch runs, as ``name``, on the model of the fixture
+    ``model``; returns ``name``. A test module calls it at import, as with :func:`dist_step_cases`."""
+    assert TRL_TWO_PROCESS_SCRIPTS.get(name, (source, model)) == (source, model), f"two TRL two-process scripts named {name}"
+    TRL_TWO_PROCESS_SCRIPTS[name] = (source, model)
     return name
 
 
 @pytest.fixture(scope="session")
-def trl_two_processes(tmp_path_factory, tiny_model_dir) -> str:
+def trl_two_processes(request, tmp_path_factory) -> str:
     """The output of one ``accelerate launch`` on 2 gloo processes that runs every script of
     :func:`trl_two_process_script` in turn (tests/trl_parts.py); ``trl_part_passed`` reads a
     script's verdict from it. One launch for test_trl.py's and test_trl_compat.py's scripts, which
@@ -235,11 +250,11 @@ def trl_two_processes(tmp_path_factory, tiny_model_dir) -> str:
     from test_trl import launch_two_processes
 
     folder = tmp_path_factory.mktemp("trl-two-processes")
-    scripts = []
-    for name, source in TRL_TWO_PROCESS_SCRIPTS.items():
-        scripts.append(folder / f"{name}.py")
-        scripts[-1].write_text(source)
-    return launch_two_processes([Path(__file__).parent / "trl_parts.py", tiny_model_dir, folder / "out", *scripts], timeout=600)
+    args = []
+    for name, (source, model) in TRL_TWO_PROCESS_SCRIPTS.items():
+        (folder / f"{name}.py").write_text(source)
+        args += [folder / f"{name}.py", request.getfixturevalue(model)]
+    return launch_two_processes([Path(__file__).parent / "trl_parts.py", folder / "out", *args], timeout=600)
 
 
 def trl_part_passed(output: str, name: str) -> None:

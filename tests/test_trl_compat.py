@@ -1,6 +1,7 @@
 """PODSTrainer is a drop-in GRPOTrainer (issue 25): every input and option of TRL 1.16's GRPO.
 
-For each case, on the tiny random model(s) of conftest.py with generation faked as in test_trl.py
+For each case, on the tiny random model(s) of conftest.py (the small-vocabulary one but for the tool
+calls: test_trl.py's docstring) with generation faked as in test_trl.py
 (the two trainers see the very same completions, tool calls and tool results):
 
 - with rule ``all`` and m = n, PODSTrainer computes the same advantages, loss and gradients as
@@ -147,10 +148,10 @@ def test_podsrl_token_selection_is_over_the_rows_with_a_signal():
         assert kept.tolist() == [[False, True], [False, False], [False, False], [False, False]], score
 
 
-def test_trl_entropy_filter_without_podsrl_tokens_is_grpo(tiny_model_dir, tmp_path):
+def test_trl_entropy_filter_without_podsrl_tokens_is_grpo(small_vocab_model_dir, tmp_path):
     n = 4
     config = {"top_entropy_quantile": 0.5, "scale_rewards": "none", "beta": 0.04}
-    grpo, pods = pair(tmp_path, n, model=str(tiny_model_dir), reward_funcs=[length_reward], config=config, train_dataset=dataset())
+    grpo, pods = pair(tmp_path, n, model=str(small_vocab_model_dir), reward_funcs=[length_reward], config=config, train_dataset=dataset())
     fake_generation(grpo), fake_generation(pods)
     calls = {"grpo": [], "pods": []}
     for name, trainer in (("grpo", grpo), ("pods", pods)):
@@ -310,10 +311,10 @@ def test_row_mean_losses_scale_with_the_advantages_and_beta(loss_type, beta):
 # ----------------------------------------------------------------------------- the caller's batch and args
 
 
-def test_the_callers_batch_is_not_shortened(tiny_model_dir, tmp_path):
+def test_the_callers_batch_is_not_shortened(small_vocab_model_dir, tmp_path):
     n, m = 8, 2
     args = PODSConfig(**common_args(tmp_path, n), pods_rule="max_variance", pods_m=m)
-    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], args=args, train_dataset=dataset())
+    trainer = PODSTrainer(model=str(small_vocab_model_dir), reward_funcs=[length_reward], args=args, train_dataset=dataset())
     fake_generation(trainer)
     trainer.model.train()
     batch = generation_batch(n)
@@ -338,22 +339,22 @@ def cpu_defaults(monkeypatch):
     monkeypatch.setattr(_BaseConfig, "__post_init__", on_cpu)
 
 
-def test_no_args_is_the_default_podsconfig_and_a_grpoconfig_is_converted(tiny_model_dir, tmp_path, cpu_defaults, monkeypatch):
+def test_no_args_is_the_default_podsconfig_and_a_grpoconfig_is_converted(small_vocab_model_dir, tmp_path, cpu_defaults, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    default = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], train_dataset=dataset())
+    default = PODSTrainer(model=str(small_vocab_model_dir), reward_funcs=[length_reward], train_dataset=dataset())
     assert type(default.args) is PODSConfig and default.args.pods_rule == "max_variance"
-    assert default.args.output_dir.endswith(f"{tiny_model_dir.name}-PODS")
+    assert default.args.output_dir.endswith(f"{small_vocab_model_dir.name}-PODS")
 
     grpo_args = GRPOConfig(**common_args(tmp_path, 4, gradient_accumulation_steps=2, scale_rewards="batch", learning_rate=3e-4))
     with pytest.warns(UserWarning, match="GRPOConfig, which has no PODS settings: training as GRPO"):
-        converted = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], args=grpo_args, train_dataset=dataset())
+        converted = PODSTrainer(model=str(small_vocab_model_dir), reward_funcs=[length_reward], args=grpo_args, train_dataset=dataset())
     args = converted.args
     assert isinstance(args, PODSConfig) and args.pods_rule == "all" and args.pods_spec().m_start(4) == 4
     for name in ("learning_rate", "num_generations", "steps_per_generation", "generation_batch_size", "scale_rewards", "output_dir"):
         assert getattr(args, name) == getattr(grpo_args, name), name
     assert args.pods_spec().std_over == "batch"
     with pytest.raises(TypeError, match="PODSTrainer needs args=PODSConfig"):
-        PODSTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], args={"num_generations": 4}, train_dataset=dataset())
+        PODSTrainer(model=str(small_vocab_model_dir), reward_funcs=[length_reward], args={"num_generations": 4}, train_dataset=dataset())
 
 
 # ----------------------------------------------------------------------------- tools and environments
@@ -394,6 +395,7 @@ def turns_reward(completions, **columns):
 
 
 def test_tools_rule_all_is_grpo_and_max_variance_forwards_kept_episodes(tiny_model_dir, tmp_path):
+    # SmolLM2's tokenizer (test_trl.py's docstring): on the small one TRL's episodes got no tool result.
     n = 4
     config = {"max_completion_length": 64, "scale_rewards": "none", "beta": 0.04}
     grpo, pods = pair(tmp_path, n, model=str(tiny_model_dir), reward_funcs=[turns_reward], config=config,
@@ -445,12 +447,12 @@ class Counter:
 ENV_CALL = '<tool_call>\n{{"name": "increment", "arguments": {{"step": {i}}}}}\n</tool_call>'
 
 
-def test_environment_rule_all_is_grpo_and_max_variance_forwards_kept_episodes(tiny_model_dir, tmp_path, monkeypatch):
+def test_environment_rule_all_is_grpo_and_max_variance_forwards_kept_episodes(small_vocab_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     n = 4
     config = {"max_completion_length": 64, "scale_rewards": "none"}
-    grpo, pods = pair(tmp_path, n, model=str(tiny_model_dir), reward_funcs=None, config=config, train_dataset=dataset(),
-                      environment_factory=Counter, make_processor=lambda: chatml_tokenizer(tiny_model_dir))  # fmt: skip
+    grpo, pods = pair(tmp_path, n, model=str(small_vocab_model_dir), reward_funcs=None, config=config, train_dataset=dataset(),
+                      environment_factory=Counter, make_processor=lambda: chatml_tokenizer(small_vocab_model_dir))  # fmt: skip
     tool_generation(grpo, ENV_CALL), tool_generation(pods, ENV_CALL)
     inputs = generation_batch(n)
     out_g, _ = assert_same_update(grpo, pods, inputs, EXACT)
@@ -458,8 +460,8 @@ def test_environment_rule_all_is_grpo_and_max_variance_forwards_kept_episodes(ti
 
     m = 2
     args = PODSConfig(**common_args(tmp_path, n, **config), pods_rule="max_variance", pods_m=m)
-    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=None, args=args, train_dataset=dataset(),
-                          environment_factory=Counter, processing_class=chatml_tokenizer(tiny_model_dir))  # fmt: skip
+    trainer = PODSTrainer(model=str(small_vocab_model_dir), reward_funcs=None, args=args, train_dataset=dataset(),
+                          environment_factory=Counter, processing_class=chatml_tokenizer(small_vocab_model_dir))  # fmt: skip
     tool_generation(trainer, ENV_CALL)
     seen = count_forward_rows(trainer)
     output, _, _ = loss_and_grads(trainer, inputs)
@@ -483,14 +485,14 @@ VLM_TEMPLATE = (
 
 
 @pytest.fixture(scope="module")
-def tiny_vlm_dir(tiny_model_dir, tmp_path_factory) -> Path:
+def tiny_vlm_dir(small_vocab_model_dir, tmp_path_factory) -> Path:
     """A tiny LLaVA (1-layer CLIP vision tower, the tiny Llama as language model) built from a config,
     with a processor made here: the tiny model's tokenizer plus an <image> token, and a PIL CLIP
     image processor (28 x 28 images, 4 patches)."""
     from transformers import (AutoTokenizer, CLIPImageProcessorPil, CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)  # fmt: skip
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(small_vocab_model_dir)
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
     image_processor = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
     processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=14, image_token="<image>",
@@ -550,17 +552,17 @@ def completion_texts(trainer, calls) -> list[str]:
     return trainer.processing_class.batch_decode(calls[0], skip_special_tokens=True)
 
 
-def test_normalize_then_sum_selects_on_trls_aggregate(tiny_model_dir, tmp_path):
+def test_normalize_then_sum_selects_on_trls_aggregate(small_vocab_model_dir, tmp_path):
     n = 4
     config = {"multi_objective_aggregation": "normalize_then_sum", "reward_weights": [1.0, 0.5]}
-    grpo, pods = pair(tmp_path, n, model=str(tiny_model_dir), reward_funcs=[length_reward, short_reward], config=config, train_dataset=dataset())
+    grpo, pods = pair(tmp_path, n, model=str(small_vocab_model_dir), reward_funcs=[length_reward, short_reward], config=config, train_dataset=dataset())
     fake_generation(grpo), fake_generation(pods)
     inputs = generation_batch(n)
     assert_same_update(grpo, pods, inputs, CLOSE)
 
     n, m = 8, 3
     args = PODSConfig(**common_args(tmp_path, n, **config), pods_rule="max_variance", pods_m=m)
-    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward, short_reward], args=args, train_dataset=dataset())
+    trainer = PODSTrainer(model=str(small_vocab_model_dir), reward_funcs=[length_reward, short_reward], args=args, train_dataset=dataset())
     calls = fake_generation(trainer)
     output, _, _ = loss_and_grads(trainer, generation_batch(n))
     texts = completion_texts(trainer, calls)
@@ -589,16 +591,16 @@ def test_normalize_then_sum_matches_trls_formula_with_missing_values():
     torch.testing.assert_close(got[3:], 3 * z, rtol=1e-5, atol=1e-6)
 
 
-def test_batch_scale_rule_all_is_grpo_and_pods_divides_by_the_batch_std(tiny_model_dir, tmp_path):
+def test_batch_scale_rule_all_is_grpo_and_pods_divides_by_the_batch_std(small_vocab_model_dir, tmp_path):
     n = 4
-    grpo, pods = pair(tmp_path, n, model=str(tiny_model_dir), reward_funcs=[length_reward], config={"scale_rewards": "batch"},
+    grpo, pods = pair(tmp_path, n, model=str(small_vocab_model_dir), reward_funcs=[length_reward], config={"scale_rewards": "batch"},
                       train_dataset=dataset())  # fmt: skip
     fake_generation(grpo), fake_generation(pods)
     assert_same_update(grpo, pods, generation_batch(n), CLOSE)
 
     n, m = 8, 3
     args = PODSConfig(**common_args(tmp_path, n, scale_rewards="batch"), pods_rule="max_variance", pods_m=m)
-    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], args=args, train_dataset=dataset())
+    trainer = PODSTrainer(model=str(small_vocab_model_dir), reward_funcs=[length_reward], args=args, train_dataset=dataset())
     fake_generation(trainer)
     output, _, _ = loss_and_grads(trainer, generation_batch(n))
     selection = trainer.last_selection
@@ -624,10 +626,10 @@ def none_for_two_tokens(completion_ids, **columns):
     return [None if len(ids) == 2 else float(len(ids)) for ids in completion_ids]
 
 
-def test_completions_without_a_reward(tiny_model_dir, tmp_path, caplog):
+def test_completions_without_a_reward(small_vocab_model_dir, tmp_path, caplog):
     n = 4
     lengths = [1, 2, 5, 3]  # position 1 of every group has no reward
-    grpo, pods = pair(tmp_path, n, model=str(tiny_model_dir), reward_funcs=[none_for_two_tokens], config={"scale_rewards": "none", "beta": 0.04},
+    grpo, pods = pair(tmp_path, n, model=str(small_vocab_model_dir), reward_funcs=[none_for_two_tokens], config={"scale_rewards": "none", "beta": 0.04},
                       train_dataset=dataset())  # fmt: skip
     length_generation(grpo, lengths), length_generation(pods, lengths)
     with pytest.warns(UserWarning, match="every reward function scored None has no reward; it is never kept"):
@@ -639,7 +641,7 @@ def test_completions_without_a_reward(tiny_model_dir, tmp_path, caplog):
 
     # max_variance, m = 2 of n = 4: never keep the unscored; the rule picks among the three scored.
     args = PODSConfig(**common_args(tmp_path, n), pods_rule="max_variance", pods_m=2)
-    trainer = PODSTrainer(model=str(tiny_model_dir), reward_funcs=[none_for_two_tokens], args=args, train_dataset=dataset())
+    trainer = PODSTrainer(model=str(small_vocab_model_dir), reward_funcs=[none_for_two_tokens], args=args, train_dataset=dataset())
     length_generation(trainer, lengths)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -697,7 +699,8 @@ if trainer.accelerator.is_main_process:
     print("DDP-OK", everyone)
 '''
 # Run in conftest.py's one accelerate launch a session (trl_two_processes), with test_trl.py's.
-MULTI_TURN = trl_two_process_script("trl_multi_turn_uneven_kept_counts", DDP_SCRIPT)
+# On SmolLM2's tokenizer, as test_tools_rule_all_is_grpo_and_max_variance_forwards_kept_episodes.
+MULTI_TURN = trl_two_process_script("trl_multi_turn_uneven_kept_counts", DDP_SCRIPT, model="tiny_model_dir")
 
 
 def test_two_processes_multi_turn_uneven_kept_counts(trl_two_processes):

@@ -1,6 +1,6 @@
-"""``accelerate launch ... tests/trl_parts.py MODEL OUT SCRIPT...``: run each SCRIPT (a check of
-PODSTrainer on two processes, from test_trl.py or test_trl_compat.py) in turn in these processes, as
-``python SCRIPT MODEL TESTS OUT/<name>`` would run it (TESTS: this folder), then leave without
+"""``accelerate launch ... tests/trl_parts.py OUT SCRIPT MODEL [SCRIPT MODEL ...]``: run each SCRIPT
+(a check of PODSTrainer on two processes, from test_trl.py or test_trl_compat.py) in turn in these
+processes, as ``python SCRIPT MODEL TESTS OUT/<name>`` would run it (TESTS: this folder), then leave without
 torch's teardown (conftest.exit_without_teardown). After each script every process prints
 ``<name>: passed on rank R`` or ``<name>: FAILED on rank R`` and the traceback, and goes on to the
 next one (a script checks its results on the main process after gathering them, so a failed check
@@ -22,9 +22,9 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
-model, out, *scripts = sys.argv[1:]
+out, *pairs = sys.argv[1:]
 rank = os.environ.get("RANK", "0")
-for script in scripts:
+for script, model in zip(pairs[::2], pairs[1::2]):
     name = Path(script).stem
     sys.argv = [script, model, str(TESTS), str(Path(out) / name)]
     try:
