@@ -29,6 +29,13 @@ from conftest import SAMPLING_RUN
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
+@pytest.fixture(scope="module")
+def make_config(make_small_vocab_config):
+    """The runs here use the tiny model with a 686-token tokenizer, ten times faster a step than
+    with SmolLM2's 49152 (conftest.py, issue 45): what they check does not depend on it."""
+    return make_small_vocab_config
+
 SELECT = PromptsConfig(skip_silent=True)
 
 
@@ -185,7 +192,7 @@ def test_a_run_skips_the_prompts_that_were_silent_and_resumes_exactly(make_confi
     full = trainer.train(cfg, run_dir=tmp_path / "full", log=lambda *_: None)
     rows = read_jsonl(full / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 9))
-    assert rows[0]["prompts_skipped"] == 0 and rows[0]["epoch"] == pytest.approx(rows[0]["prompts_sampled"] / 12)
+    assert rows[0]["prompts_skipped"] == 0 and rows[0]["epoch"] == pytest.approx(rows[0]["prompts_sampled"] / 12, abs=5e-5)  # logged to 4 places
     assert sum(r["prompts_skipped"] for r in rows) > 0  # once the silent prompts have come back
     assert all(0.05 <= r["explore_rate"] <= 0.95 for r in rows)
     for r in rows:  # everything sampled was recorded; what was explored anyway came back as predicted (even: silent)
