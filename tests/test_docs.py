@@ -9,9 +9,9 @@ and use it in the next), and handled by its kind:
   starts with a command (:data:`COMMANDS`, or a ``$`` prompt). ``\\`` continues a line; ``#``
   starts a comment; ``> FILE`` writes the output to FILE. Each command runs:
   ``podsrl ...`` and ``python -m podsrl ...`` in this process (``podsrl.cli.main``: no start-up
-  time), with :func:`tiny_args` appended (the tiny random model of conftest.py, the transformers
-  engine, one step, 8 new tokens, two held-out problems: what a test needs, the command's other
-  settings kept); ``python FILE`` in a subprocess, and so are ``torchrun`` and ``accelerate launch`` of
+  time), with :func:`tiny_args` appended (the tiny random model of conftest.py with its 686-token
+  tokenizer, ``small_vocab_model_dir``; the transformers engine, one step, 8 new tokens, two
+  held-out problems: what a test needs, the command's other settings kept); ``python FILE`` in a subprocess, and so are ``torchrun`` and ``accelerate launch`` of
   ``-m podsrl`` (with the same tiny settings; torchrun ``--standalone``, on a free port);
   ``make TARGET`` as ``make -n TARGET`` (the target exists and expands:
   ``make demo`` would set up a virtual environment and train for 4 minutes, and its last command,
@@ -591,13 +591,13 @@ def _has_slow(page: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory, tiny_model_dir) -> Path:
+def tiny_run(tmp_path_factory, small_vocab_model_dir) -> Path:
     """One tiny run every block that reads a run directory gets a copy of: two steps, a checkpoint
     at each (both kept), the exported model/."""
     from podsrl.cli import main
 
     out = tmp_path_factory.mktemp("doc-run") / "run"
-    args = ["train", "--out", str(out), "--no-plot", f"--model.name={tiny_model_dir}", "--rollout.engine=transformers",
+    args = ["train", "--out", str(out), "--no-plot", f"--model.name={small_vocab_model_dir}", "--rollout.engine=transformers",
             "--rollout.n=4", "--rollout.max_new_tokens=8", "--train.prompts_per_step=2", "--train.max_steps=2",
             "--train.checkpoint_every=1", "--train.keep_checkpoints=2", "--train.progress=false", "--eval.max_problems=2",
             "--eval.samples=1", "--task.options.num_eval=2"]  # fmt: skip
@@ -723,16 +723,18 @@ def test_toml_blocks_use_the_option_names_podsrl_config_prints(tmp_path):
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_page(page, tmp_path_factory, tiny_run, tiny_model_dir, doc_env):
-    """The page's blocks, in order, in one directory of their own."""
-    _run_page(page, tmp_path_factory, tiny_run, tiny_model_dir, doc_env, slow=False)
+def test_page(page, tmp_path_factory, tiny_run, small_vocab_model_dir, doc_env):
+    """The page's blocks, in order, in one directory of their own. The tiny model is conftest.py's
+    with a 686-token tokenizer: the pages' commands do not depend on the vocabulary, and a step over
+    SmolLM2's 49152 logits took ten times as long (issue 45)."""
+    _run_page(page, tmp_path_factory, tiny_run, small_vocab_model_dir, doc_env, slow=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in PAGES if _has_slow(p)])
-def test_page_slow(page, tmp_path_factory, tiny_run, tiny_model_dir, doc_env):
-    """The blocks and commands marked slow (several processes)."""
-    _run_page(page, tmp_path_factory, tiny_run, tiny_model_dir, doc_env, slow=True)
+def test_page_slow(page, tmp_path_factory, tiny_run, small_vocab_model_dir, doc_env):
+    """The blocks and commands marked slow (several processes), on test_page's tiny model."""
+    _run_page(page, tmp_path_factory, tiny_run, small_vocab_model_dir, doc_env, slow=True)
 
 
 @pytest.mark.parametrize("place, reason", _skipped(), ids=[p for p, _ in _skipped()])
