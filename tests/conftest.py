@@ -164,13 +164,15 @@ def dist_step_cases(cases: dict[str, dict]) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="session")
-def dist_steps(tmp_path_factory, tiny_model_dir, reward_file) -> Path:
+def dist_steps(tmp_path_factory, small_vocab_model_dir, reward_file) -> Path:
     """The directory where tests/dist_worker.py wrote ``<case>-w1`` and ``<case>-w2`` (the weights
     after the step and its metrics) for every case of :func:`dist_step_cases`. Three launches for
     the whole session (one plain process, torchrun with 1 process for FSDP's references, torchrun
     with 2), whichever modules' cases they run: each launch costs seconds of start-up on a CPU,
     about 10 s for torchrun's two ranks, and the cases of test_distributed.py and
-    test_dynamic_sampling.py each paid for three (issue 45)."""
+    test_dynamic_sampling.py each paid for three (issue 45). On the tiny model with a 686-token
+    tokenizer: one step is one step at any vocabulary, and a step over SmolLM2's 49152 logits took
+    ten times as long."""
     import subprocess
 
     from test_distributed import WORKER, _env, _torchrun, worker_spec
@@ -179,12 +181,12 @@ def dist_steps(tmp_path_factory, tiny_model_dir, reward_file) -> Path:
     cases = dict(DIST_STEP_CASES)
     single = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
     fsdp = {k: v for k, v in cases.items() if k.startswith("fsdp")}
-    alone = subprocess.run([sys.executable, str(WORKER), str(worker_spec(out / "spec1.json", tiny_model_dir, reward_file, out, single))],
+    alone = subprocess.run([sys.executable, str(WORKER), str(worker_spec(out / "spec1.json", small_vocab_model_dir, reward_file, out, single))],
                            env=_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert alone.returncode == 0, alone.stderr[-3000:]
-    one = _torchrun(str(WORKER), str(worker_spec(out / "spec_fsdp1.json", tiny_model_dir, reward_file, out, fsdp)), nproc=1)
+    one = _torchrun(str(WORKER), str(worker_spec(out / "spec_fsdp1.json", small_vocab_model_dir, reward_file, out, fsdp)), nproc=1)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = _torchrun(str(WORKER), str(worker_spec(out / "spec.json", tiny_model_dir, reward_file, out, cases)), nproc=2)
+    two = _torchrun(str(WORKER), str(worker_spec(out / "spec.json", small_vocab_model_dir, reward_file, out, cases)), nproc=2)
     assert two.returncode == 0, two.stderr[-3000:]
     return out
 
@@ -206,19 +208,20 @@ SAMPLING_RUN = {
 
 
 @pytest.fixture(scope="session")
-def two_rank_sampling_run(tmp_path_factory, tiny_model_dir, reward_file, write_module) -> Path:
+def two_rank_sampling_run(tmp_path_factory, small_vocab_model_dir, reward_file, write_module) -> Path:
     """A directory holding ``run`` (``podsrl train`` of :data:`SAMPLING_RUN` with the parity reward,
     on 2 gloo ranks under torchrun) and ``ranks`` (``rank0.jsonl``, ``rank1.jsonl``: what each rank's
     sample_step decided every step, tests/record_ranks.py). One run for the session serves
     test_dynamic_sampling.py (the ranks take the same sampling decisions) and test_prompts.py (the
-    same prompt decisions): each launched its own run, ~14 s apiece on a quiet 2-core CPU (issue 45)."""
+    same prompt decisions): each launched its own run, ~14 s apiece on a quiet 2-core CPU (issue 45).
+    On the tiny model with a 686-token tokenizer, as ``dist_steps``."""
     from podsrl.config import from_dict, to_toml
     from test_distributed import _torchrun
 
     out = tmp_path_factory.mktemp("two-rank-sampling")
     parity = write_module("parity", PARITY_SOURCE)
     config = out / "run.toml"
-    config.write_text(to_toml(from_dict(tiny_config_dict(tiny_model_dir, reward_file, **SAMPLING_RUN, **{"reward.names": [f"{parity}:parity"]}))))
+    config.write_text(to_toml(from_dict(tiny_config_dict(small_vocab_model_dir, reward_file, **SAMPLING_RUN, **{"reward.names": [f"{parity}:parity"]}))))
     (out / "ranks").mkdir()
     script = Path(__file__).parent / "record_ranks.py"
     done = _torchrun(str(script), str(out / "ranks"), "train", str(config), "--out", str(out / "run"), "--no-plot")
