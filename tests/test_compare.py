@@ -9,6 +9,7 @@ random 2-layer model from conftest.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -505,7 +506,11 @@ def test_prompt_and_sampler_presets_share_their_float32_arms():
     for plan in (prompts, sampler):
         compare.plan.check_setup(plan)
         assert plan.seeds == 3 and plan.baseline == "grpo"
-    assert list(prompts.all_methods) == ["grpo", "grpo_dynamic", "grpo_dynamic_skip", "pods_n8", "pods_n8_skip", "pods_n16_dynamic_skip"]
+    assert list(prompts.all_methods) == ["grpo", "grpo_dynamic", "grpo_dynamic_skip", "pods_n8", "pods_n8_skip", "pods_n16_dynamic_skip",
+                                         "grpo_dynamic_skip_fast"]  # fmt: skip
+    fast, gresos = prompts.config("grpo_dynamic_skip_fast", 2), prompts.config("grpo_dynamic_skip", 2)
+    assert fast.prompts.explore_step == 0.05 and gresos.prompts.explore_step == 0.01
+    assert dataclasses.replace(fast, prompts=dataclasses.replace(fast.prompts, explore_step=0.01)) == gresos  # the one difference
     assert list(sampler.all_methods) == ["grpo", "grpo_bf16", "grpo_bf16_is", "pods_n8", "pods_n8_bf16", "pods_n8_bf16_is"]
     for name in ("grpo", "pods_n8"):
         for seed in range(3):
@@ -932,7 +937,8 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
                                           "kept_adv_var": 0.2, "tokens_in_loss": 0.5,
                                           "grad_norm": 1.0, "rollouts": 110, "prompts": 8, "groups_with_signal": None,
                                           "rows_run": 6 / 16, "rollouts_per_signal_group": None, "prompts_skipped": None,
-                                          "explored_silent": None, "epochs": None}  # fmt: skip
+                                          "explored_silent": None, "revisits_silent": None, "rest_silent": None,
+                                          "epochs": None}  # fmt: skip
     assert grpo["signal_per_seed"][1]["kept_adv_var"] == pytest.approx(0.2)  # the NaN step is skipped
     assert grpo["signal"]["zero_variance_groups"] == pytest.approx(0.625)
     assert report["methods"]["pods"]["signal"] == dict.fromkeys(compare.report.SIGNAL)  # no finished run: no numbers
@@ -1011,8 +1017,32 @@ def test_the_signal_table_reports_prompt_selection(tmp_path):
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     sig = compare.build_report(plan, out)["methods"]["grpo"]["signal_per_seed"][0]
     assert (sig["rollouts_per_signal_group"], sig["prompts_skipped"], sig["explored_silent"], sig["epochs"]) == (8.0, 4.0, 0.75, 0.45)
+    assert (sig["revisits_silent"], sig["rest_silent"]) == (None, None)  # no step after the first epoch
     table = compare.format_table(report := compare.build_report(plan, out))
-    assert "rollouts / signal group" in table and "75%" in table and report["definitions"]["signal"].count("explored_silent") == 1
+    assert "rollouts / signal group" in table and "75%" in table and report["definitions"]["signal"].count("explored_silent") == 2
+
+
+def test_the_signal_table_sets_the_predicted_silent_against_the_rest(tmp_path):
+    """From the second epoch on: the share of sampled groups that came back silent, and of those not
+    predicted silent (sampled, not explored); a step logged again after a resume counts once; a run
+    without prompt selection has the first only (issue 44)."""
+    plan = _plan(tmp_path)
+    out = tmp_path / "out"
+    common = {"reward_mean": 0.5, "rollouts_generated": 64, "groups_with_signal": 2}
+    selecting = [{"step": 1, "epoch": 0.9, "prompts_sampled": 8, "groups_silent": 8, "prompts_explored": 0, "prompts_explored_silent": 0},
+                 {"step": 2, "epoch": 1.1, "prompts_sampled": 8, "groups_silent": 1, "prompts_explored": 1, "prompts_explored_silent": 1},
+                 {"step": 2, "epoch": 1.1, "prompts_sampled": 8, "groups_silent": 6, "prompts_explored": 4, "prompts_explored_silent": 3},
+                 {"step": 3, "epoch": 1.3, "prompts_sampled": 16, "groups_silent": 6, "prompts_explored": 2, "prompts_explored_silent": 2}]  # fmt: skip
+    plain = [{"step": 1, "epoch": 0.9, "prompts_sampled": 8, "groups_silent": 2}, {"step": 2, "epoch": 1.2, "prompts_sampled": 8, "groups_silent": 6}]
+    for method, rows in (("grpo", selecting), ("pods", plain)):
+        path = _write_run(out, plan, method, 0, [(0, 0.1), (100, 0.3)])
+        (path / "metrics.jsonl").write_text("".join(json.dumps(common | r) + "\n" for r in rows))
+    report = compare.build_report(plan, out)
+    sig = report["methods"]["grpo"]["signal_per_seed"][0]
+    # steps 2 (its last row) and 3: 24 sampled, 12 silent; 6 explored (5 silent), the rest 18 with 7 silent
+    assert (sig["explored_silent"], sig["revisits_silent"], sig["rest_silent"]) == (6 / 7, 0.5, 7 / 18)
+    assert (report["methods"]["pods"]["signal_per_seed"][0]["revisits_silent"], report["methods"]["pods"]["signal_per_seed"][0]["rest_silent"]) == (0.75, None)
+    assert "silent from epoch 1" in compare.format_table(report)
 
 
 def test_training_reward_compares_like_with_like(tmp_path):

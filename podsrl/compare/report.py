@@ -81,8 +81,12 @@ DEFINITIONS = {
               "rollouts_per_signal_group: every rollout sampled over every group trained with a signal (the run's sums: what a "
               "useful group cost); prompts_skipped: prompts passed over per step as predicted silent (prompts.skip_silent; "
               "runs without it: null); explored_silent: of the prompts sampled although predicted silent, the share that came "
-              "back silent (the prediction's precision, the run's sums); epochs: passes over the training prompts by the "
-              "run's last step (runs older than epochs: null)",
+              "back silent (the prediction's precision, the run's sums); revisits_silent: of the groups sampled in steps logged at "
+              "epoch 1 or later (every prompt had a history), the share that came back silent (what prompt selection sets out "
+              "to lower; runs older than epochs: null); rest_silent: of those, the ones not predicted silent (sampled, not "
+              "explored): the share silent (prompt selection only; set against explored_silent it says how much the "
+              "prediction tells apart); epochs: passes over the training prompts by the run's last step (runs older than "
+              "epochs: null)",
     "screening": "true: a screening (compare.screening), each method trained on its own task (task: its name and "
                  "options; dataset: a reasoning-gym task's dataset); no baseline, target, speedup or paired difference. "
                  "start_accuracy: held-out accuracy at the evaluation before training (step 0), averaged over seeds; "
@@ -430,7 +434,8 @@ def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
 
 
 SIGNAL = ("reward", "zero_variance_groups", "zero_variance_groups_start", "kept_adv_var", "tokens_in_loss", "grad_norm", "rollouts",
-          "prompts", "groups_with_signal", "rows_run", "rollouts_per_signal_group", "prompts_skipped", "explored_silent", "epochs")  # fmt: skip
+          "prompts", "groups_with_signal", "rows_run", "rollouts_per_signal_group", "prompts_skipped", "explored_silent",
+          "revisits_silent", "rest_silent", "epochs")  # fmt: skip
 _SIGNAL_KEYS = {"zero_variance_groups": "zero_variance_groups", "kept_adv_var": "kept_adv_var", "grad_norm": "grad_norm",
                 "rollouts": "rollouts_generated", "groups_with_signal": "groups_with_signal", "prompts_skipped": "prompts_skipped"}  # fmt: skip
 
@@ -461,8 +466,28 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     out["rollouts_per_signal_group"] = sum(values("rollouts_generated")) / useful if useful else None
     explored = sum(values("prompts_explored"))
     out["explored_silent"] = sum(values("prompts_explored_silent")) / explored if explored else None
+    out["revisits_silent"], out["rest_silent"] = _revisits_silent(metrics)
     out["epochs"] = epochs[-1] if (epochs := values("epoch")) else None
     return {name: out[name] for name in SIGNAL}
+
+
+def _revisits_silent(metrics: list[dict]) -> tuple[float | None, float | None]:
+    """Of the groups sampled in the steps logged at epoch >= 1: the share silent, and the share silent
+    among those not predicted silent (sampled without a silent streak; None without prompt selection).
+    A step logged again after a resume counts once (its last row)."""
+    rows = {r["step"]: r for r in metrics
+            if isinstance(r.get("step"), int) and isinstance(r.get("epoch"), (int, float)) and r["epoch"] >= 1
+            and isinstance(r.get("groups_silent"), int) and isinstance(r.get("prompts_sampled"), int)}  # fmt: skip
+    sampled = sum(r["prompts_sampled"] for r in rows.values())
+    if not sampled:
+        return None, None
+    silent = sum(r["groups_silent"] for r in rows.values())
+    if not any("prompts_explored" in r for r in rows.values()):
+        return silent / sampled, None
+    explored = sum(r.get("prompts_explored", 0) for r in rows.values())
+    rest = sampled - explored
+    rest_silent = silent - sum(r.get("prompts_explored_silent", 0) for r in rows.values())
+    return silent / sampled, (rest_silent / rest if rest else None)
 
 
 def _reward(row: dict, cfg: Config) -> float | None:
