@@ -993,7 +993,7 @@ def test_a_screening_report_gives_accuracy_before_and_after_and_the_silent_start
     assert (one["start_accuracy"], one["final_accuracy"], two["start_accuracy"], two["final_accuracy"]) == (0.2, 0.7, 0.0, 0.1)
     assert one["paired_vs_baseline"] is None and one["speedup"] is None and one["steps_to_target"] is None
     assert one["signal"]["zero_variance_groups_start"] == pytest.approx(0.75)
-    assert one["signal"]["zero_variance_groups"] == pytest.approx(4.5 / 9)  # the run's mean counts every row
+    assert one["signal"]["zero_variance_groups"] == pytest.approx(0.5)  # the run's mean: steps 1-8, each once
     assert report["notes"] == [compare.report.SCREENING_NOTE]
     table = compare.format_table(report)
     assert "screening: each method trained on its own task for 5.0 min of training" in table and "baseline" not in table.split("note:")[0]
@@ -1006,7 +1006,8 @@ def test_a_screening_report_gives_accuracy_before_and_after_and_the_silent_start
 
 def test_the_signal_table_reports_prompt_selection(tmp_path):
     """Rollouts per group trained with a signal, prompts skipped, the prediction's precision and
-    the epochs: ratios of the run's sums, the last epoch (issue 44)."""
+    the epochs: ratios of the run's sums (a step logged again after a resume counts once), the last
+    epoch (issue 44)."""
     plan = _plan(tmp_path)
     out = tmp_path / "out"
     path = _write_run(out, plan, "grpo", 0, [(0, 0.1), (100, 0.3)])
@@ -1014,6 +1015,7 @@ def test_the_signal_table_reports_prompt_selection(tmp_path):
              "prompts_explored_silent": 3, "epoch": 0.2},
             {"step": 2, "reward_mean": 0.5, "rollouts_generated": 32, "groups_with_signal": 4, "prompts_skipped": 5, "prompts_explored": 0,
              "prompts_explored_silent": 0, "epoch": 0.45}]  # fmt: skip
+    rows.insert(0, {**rows[0], "rollouts_generated": 1000, "prompts_explored": 9, "prompts_explored_silent": 0})  # step 1 before a resume: its last row counts
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     sig = compare.build_report(plan, out)["methods"]["grpo"]["signal_per_seed"][0]
     assert (sig["rollouts_per_signal_group"], sig["prompts_skipped"], sig["explored_silent"], sig["epochs"]) == (8.0, 4.0, 0.75, 0.45)
@@ -1039,8 +1041,9 @@ def test_the_signal_table_sets_the_predicted_silent_against_the_rest(tmp_path):
         (path / "metrics.jsonl").write_text("".join(json.dumps(common | r) + "\n" for r in rows))
     report = compare.build_report(plan, out)
     sig = report["methods"]["grpo"]["signal_per_seed"][0]
-    # steps 2 (its last row) and 3: 24 sampled, 12 silent; 6 explored (5 silent), the rest 18 with 7 silent
-    assert (sig["explored_silent"], sig["revisits_silent"], sig["rest_silent"]) == (6 / 7, 0.5, 7 / 18)
+    # steps 2 (its last row) and 3: 24 sampled, 12 silent; 6 explored (5 silent), the rest 18 with 7 silent;
+    # explored_silent over every step, each once: 6 explored, 5 silent (step 2's first row left out)
+    assert (sig["explored_silent"], sig["revisits_silent"], sig["rest_silent"]) == (5 / 6, 0.5, 7 / 18)
     assert (report["methods"]["pods"]["signal_per_seed"][0]["revisits_silent"], report["methods"]["pods"]["signal_per_seed"][0]["rest_silent"]) == (0.75, None)
     assert "silent from epoch 1" in compare.format_table(report)
 

@@ -86,7 +86,7 @@ DEFINITIONS = {
               "to lower; runs older than epochs: null); rest_silent: of those, the ones not predicted silent (sampled, not "
               "explored): the share silent (prompt selection only; set against explored_silent it says how much the "
               "prediction tells apart); epochs: passes over the training prompts by the run's last step (runs older than "
-              "epochs: null)",
+              "epochs: null). Every one counts a step logged again after a resume once (its last row)",
     "screening": "true: a screening (compare.screening), each method trained on its own task (task: its name and "
                  "options; dataset: a reasoning-gym task's dataset); no baseline, target, speedup or paired difference. "
                  "start_accuracy: held-out accuracy at the evaluation before training (step 0), averaged over seeds; "
@@ -283,7 +283,7 @@ def _run_record(path: Path, cfg: Config, seed: int) -> tuple[dict[str, Any], lis
     """A finished run's record in its method's entry (``runs[]``), with its eval rows (by training
     time) and its metrics rows."""
     evals = sorted(read_jsonl(path / "eval.jsonl"), key=lambda r: r["train_seconds"])
-    metrics = read_jsonl(path / "metrics.jsonl")
+    metrics = _last_row_per_step(read_jsonl(path / "metrics.jsonl"))
     steps = max([r["step"] for r in metrics] + [r["step"] for r in evals] + [0])
     launches = read_launches(path)
     record = {
@@ -305,6 +305,13 @@ def _run_record(path: Path, cfg: Config, seed: int) -> tuple[dict[str, Any], lis
         "commits": sorted({r["commit"] for r in launches if r.get("commit")}),
     }  # fmt: skip
     return record, evals, metrics
+
+
+def _last_row_per_step(metrics: list[dict]) -> list[dict]:
+    """metrics.jsonl's rows with a step logged again after a resume counted once: its last row (what
+    the resumed run trained on from its checkpoint). Rows without a step are kept as they are."""
+    last = {r["step"]: i for i, r in enumerate(metrics) if isinstance(r.get("step"), int)}
+    return [r for i, r in enumerate(metrics) if not isinstance(r.get("step"), int) or last[r["step"]] == i]
 
 
 def _peak(curves: dict[str, Curve], axis: str, seeds: int) -> tuple[tuple | None, tuple | None, str | None, dict[str, float | None]]:
@@ -442,7 +449,7 @@ _SIGNAL_KEYS = {"zero_variance_groups": "zero_variance_groups", "kept_adv_var": 
 
 def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     """A run's means over its steps of what it trained on (DEFINITIONS["signal"]); None where
-    metrics.jsonl has no such value."""
+    metrics.jsonl has no such value. ``metrics`` holds one row per step (_last_row_per_step)."""
 
     def values(key: str) -> list[float]:
         return [float(r[key]) for r in metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
@@ -450,10 +457,9 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     out: dict[str, float | None] = {name: statistics.fmean(v) if (v := values(key)) else None for name, key in _SIGNAL_KEYS.items()}
     rewards = [v for r in metrics if (v := _reward(r, cfg)) is not None]
     out["reward"] = statistics.fmean(rewards) if rewards else None
-    start = {r["step"]: float(v) for r in metrics  # by step: a step logged again after a resume counts once
-             if isinstance(r.get("step"), int) and r["step"] <= SIGNAL_START_STEPS
-             and isinstance(v := r.get("zero_variance_groups"), (int, float)) and v == v}  # fmt: skip
-    out["zero_variance_groups_start"] = statistics.fmean(start.values()) if start else None
+    start = [float(v) for r in metrics if isinstance(r.get("step"), int) and r["step"] <= SIGNAL_START_STEPS
+             and isinstance(v := r.get("zero_variance_groups"), (int, float)) and v == v]  # fmt: skip
+    out["zero_variance_groups_start"] = statistics.fmean(start) if start else None
     B = cfg.train.prompts_per_step  # a row older than prompts_sampled sampled B prompts (no dynamic sampling then)
     prompts = [float(r.get("prompts_sampled", B)) for r in metrics if "step" in r]
     out["prompts"] = statistics.fmean(prompts) if prompts else None
@@ -473,20 +479,18 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
 
 def _revisits_silent(metrics: list[dict]) -> tuple[float | None, float | None]:
     """Of the groups sampled in the steps logged at epoch >= 1: the share silent, and the share silent
-    among those not predicted silent (sampled without a silent streak; None without prompt selection).
-    A step logged again after a resume counts once (its last row)."""
-    rows = {r["step"]: r for r in metrics
-            if isinstance(r.get("step"), int) and isinstance(r.get("epoch"), (int, float)) and r["epoch"] >= 1
-            and isinstance(r.get("groups_silent"), int) and isinstance(r.get("prompts_sampled"), int)}  # fmt: skip
-    sampled = sum(r["prompts_sampled"] for r in rows.values())
+    among those not predicted silent (sampled without a silent streak; None without prompt selection)."""
+    rows = [r for r in metrics if isinstance(r.get("epoch"), (int, float)) and r["epoch"] >= 1
+            and isinstance(r.get("groups_silent"), int) and isinstance(r.get("prompts_sampled"), int)]  # fmt: skip
+    sampled = sum(r["prompts_sampled"] for r in rows)
     if not sampled:
         return None, None
-    silent = sum(r["groups_silent"] for r in rows.values())
-    if not any("prompts_explored" in r for r in rows.values()):
+    silent = sum(r["groups_silent"] for r in rows)
+    if not any("prompts_explored" in r for r in rows):
         return silent / sampled, None
-    explored = sum(r.get("prompts_explored", 0) for r in rows.values())
+    explored = sum(r.get("prompts_explored", 0) for r in rows)
     rest = sampled - explored
-    rest_silent = silent - sum(r.get("prompts_explored_silent", 0) for r in rows.values())
+    rest_silent = silent - sum(r.get("prompts_explored_silent", 0) for r in rows)
     return silent / sampled, (rest_silent / rest if rest else None)
 
 
