@@ -317,7 +317,8 @@ def tiny_args(args: list[str], tiny_model: Path) -> list[str]:
         return None
 
     sizes = ["--rollout.max_new_tokens=8", "--eval.max_new_tokens=8", "--eval.max_problems=2"]
-    fresh = [f"--model.name={tiny_model}", "--rollout.engine=transformers", "--task.options.num_eval=2", *sizes]
+    # The transformers engine samples with the policy's own weights: a config's sampler dtype goes with vLLM.
+    fresh = [f"--model.name={tiny_model}", "--rollout.engine=transformers", "--rollout.sampler_dtype=auto", "--task.options.num_eval=2", *sizes]
     budget = ["--train.max_steps=1", "--train.prompts_per_step=2", "--train.progress=false"]
     if sub == "train":
         resume = has("--resume")
