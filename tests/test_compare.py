@@ -473,7 +473,8 @@ def test_step_budget_and_step_based_evaluation_read_the_peak_on_steps(tmp_path):
 
 def test_reasoning_gym_presets_load_and_set_up():
     """configs/screen-reasoning-gym.toml (a screening: one dataset per method, PODS's defaults, 5
-    training minutes) and configs/compare-reasoning-gym.toml (the methods on the chosen dataset)
+    training minutes) and configs/compare-reasoning-gym.toml (the methods on the chosen dataset; and
+    the -letters file, on the dataset it replaced)
     resolve and pass the set-up checks every method gets before a comparison trains (issue 47)."""
     pytest.importorskip("reasoning_gym")
     screen = compare.load_plan(ROOT / "configs" / "screen-reasoning-gym.toml")
@@ -484,17 +485,19 @@ def test_reasoning_gym_presets_load_and_set_up():
         assert cfg.task.name == "reasoning_gym" and name.startswith(cfg.task.options["dataset"]) and cfg.task.options["partial_credit"]
         assert cfg.task.options["answer_format"] == "plain" and cfg.rollout.max_new_tokens == 32  # the answer is read in a sentence
         assert (cfg.select.rule, cfg.rollout.n, cfg.select.m, cfg.train.max_seconds, cfg.eval.every_seconds) == ("max_variance", 16, 4, 300.0, 100.0)
-    plan = compare.load_plan(ROOT / "configs" / "compare-reasoning-gym.toml")
-    compare.plan.check_setup(plan)
-    assert not plan.screening and plan.seeds == 3 and plan.baseline == "grpo"
-    shapes = {name: (plan.config(name, 0).select.rule, plan.config(name, 0).rollout.n, plan.config(name, 0).select.m) for name in plan.all_methods}
-    assert shapes == {"grpo": ("all", 4, 4), "pods_max_variance": ("max_variance", 8, 4), "pods_max_reward": ("max_reward", 8, 4),
-                      "d3s_intra": ("d3s_intra", 8, 4), "grpo_dynamic_skip": ("all", 4, 4)}  # fmt: skip
-    skip = plan.config("grpo_dynamic_skip", 0)
-    assert skip.prompts.skip_silent and skip.rollout.dynamic_sampling and skip.rollout.max_gen_batches == 4
-    cfg = plan.config("d3s_intra", 2)
-    assert (cfg.train.max_seconds, cfg.eval.every_seconds, cfg.eval.max_problems, cfg.select.token_fraction) == (600.0, 120.0, 100, 0.5)
-    assert cfg.rollout.max_new_tokens == 32  # the screening's
+    # The ordering's dataset, and letter_counting's, which it replaced (its answers are mostly "1").
+    for file, dataset in (("compare-reasoning-gym.toml", "number_format"), ("compare-reasoning-gym-letters.toml", "letter_counting")):
+        plan = compare.load_plan(ROOT / "configs" / file)
+        compare.plan.check_setup(plan)
+        assert not plan.screening and plan.seeds == 3 and plan.baseline == "grpo"
+        shapes = {name: (plan.config(name, 0).select.rule, plan.config(name, 0).rollout.n, plan.config(name, 0).select.m) for name in plan.all_methods}
+        assert shapes == {"grpo": ("all", 4, 4), "pods_max_variance": ("max_variance", 8, 4), "pods_max_reward": ("max_reward", 8, 4),
+                          "d3s_intra": ("d3s_intra", 8, 4), "grpo_dynamic_skip": ("all", 4, 4)}  # fmt: skip
+        skip = plan.config("grpo_dynamic_skip", 0)
+        assert skip.prompts.skip_silent and skip.rollout.dynamic_sampling and skip.rollout.max_gen_batches == 4
+        cfg = plan.config("d3s_intra", 2)
+        assert (cfg.train.max_seconds, cfg.eval.every_seconds, cfg.eval.max_problems, cfg.select.token_fraction) == (600.0, 120.0, 100, 0.5)
+        assert cfg.rollout.max_new_tokens == 32 and cfg.task.options["dataset"] == dataset  # the screening's tokens
 
 
 def test_prompt_and_sampler_presets_share_their_float32_arms():

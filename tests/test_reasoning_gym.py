@@ -281,10 +281,25 @@ def test_what_is_extracted():
     assert extract("The answer is: Smith has to perform.", "Smith has to perform.") == "Smith has to perform."  # its own period kept
     assert extract("Reordered: Smith has to perform.", "Smith has to perform.") == "Reordered: Smith has to perform."  # no marker: the line
     assert extract("The answer is 1.7e-22", "1.7e-22") == "1.7e-22"  # scientific notation is not a number podsrl reads: text
+    # A final number in scientific notation comes back whole (its exponent alone was read before).
+    assert extract("The largest is 5.967100000000000e+01.", "59.671") == "5.967100000000000e+01"
+    assert extract("x is -1.5E-3!", "2") == "-1.5E-3" and extract("2e3, or rather 5", "5") == "5" and extract("value 3e", "3") == "3"
     grid = "1 2\n3 4"
     assert extract(f"Here:\n{grid}\n", grid) == f"Here:\n{grid}"  # several lines: the whole completion (the last line is not the grid)
     assert extract("  anything  ", None) == "anything"  # no reference (a checker of many answers): the whole completion
     assert extract("  ", "2") is None and extract("<answer> </answer>", "x") is None
+
+
+def test_number_format_accepts_the_candidate_as_written_in_scientific_notation():
+    """number_format's candidates are written in several notations ("5.967100000000000e+01") and its
+    checker reads the answer with float(): a candidate copied as written is the right answer."""
+    task = _task("number_format", config={"min_num_candidates": 2, "max_num_candidates": 2, "min_n": 1, "max_n": 100}, num_train=40)
+    written, example = next(
+        (word, ex) for ex in task.train for word in ex.data["entry"]["question"].split()
+        if "e+" in word and abs(float(word) - float(ex.answer)) < 1e-2
+    )  # fmt: skip
+    assert correctness(f"The answer is {written}.", example) == 1.0
+    assert correctness(f"It is {float(written) + 1:e}.", example) == 0.0
 
 
 def test_partial_credit_is_the_datasets_on_the_extracted_answer():

@@ -14,7 +14,10 @@ held-out accuracy, whichever ``answer_format`` the task asked for:
    completion's final number by podsrl's numeric extraction, the one the arithmetic task's
    correctness uses (:func:`podsrl.grading.answers.extract_answer`: after "####", in the last
    `\\boxed{}`, else the last number; normalised, "1,234." -> "1234"): "12", "The answer is 12.",
-   "gcd = 12" and "6 + 6 = 12" all give "12";
+   "gcd = 12" and "6 + 6 = 12" all give "12"; but a final number in scientific notation comes back
+   as written ("The largest is 5.9671e+01." gives "5.9671e+01", which number_format's checker reads
+   as 59.671), where podsrl's numeric extraction, which does not read that notation, would give its
+   exponent ("01");
 3. else, when the reference is one line of text (a word, a list, a sentence), podsrl's text
    extraction, the one the ``text`` grader uses (:func:`podsrl.grading.answers.answer_text`: after
    "####", in the last `\\boxed{}`, else the last non-empty line, from after its last "answer is" /
@@ -71,6 +74,8 @@ if TYPE_CHECKING:  # a leaf below podsrl.tasks, whose reasoning_gym loader impor
 
 EXTRA = "reasoning-gym"  # pip install 'podsrl[reasoning-gym]'
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# A number in scientific notation, as Python's float() reads it ("5.9671e+01", "-1E-3", ".5e2").
+_SCIENTIFIC = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d+(?![\w.]*\d)")
 
 
 def require() -> Any:
@@ -96,6 +101,9 @@ def extract(completion: str, reference: str | None) -> str | None:
     if reference is None or "\n" in reference.strip():
         return completion.strip() or None
     if _is_number(reference):
+        scientific = _final_scientific(completion)
+        if scientific is not None:
+            return scientific
         number = extract_answer(completion)
         if number is not None:
             return number
@@ -113,6 +121,15 @@ def score(completion: str, example: Example) -> float:
         return float(scorer.score_answer(answer, entry))
     except Exception:  # noqa: BLE001 - e.g. prime_factorization's int() on "The answer is: 2 x 3"
         return 0.0
+
+
+def _final_scientific(completion: str) -> str | None:
+    """The completion's final number when it is written in scientific notation ("... is
+    5.9671e+01." gives "5.9671e+01"), else None (also when a digit follows it)."""
+    matches = list(_SCIENTIFIC.finditer(completion))
+    if not matches or re.search(r"\d", completion[matches[-1].end() :]):
+        return None
+    return matches[-1].group()
 
 
 def _is_number(reference: str) -> bool:
