@@ -1003,8 +1003,29 @@ def test_a_screening_report_gives_accuracy_before_and_after_and_the_silent_start
     line = next(row for row in table.splitlines() if row.startswith("one_digit  arithmetic"))
     assert line.split()[:9] == ["one_digit", "arithmetic", "1", "20.0", "70.0", "(1", "seed)", "+50.0", "70.0"]
     assert line.split()[9:11] == ["75%", "50%"]
+    # What one answer to every held-out problem scores: the most common reference among those scored.
+    from collections import Counter
+
+    from podsrl.train.loop import build_task
+
+    cfg = plan.config("one_digit", 0)
+    answers = [ex.answer for ex in build_task(cfg).eval[: cfg.eval.max_problems]]
+    answer, count = Counter(answers).most_common(1)[0]
+    assert one["one_answer"] == {"answer": answer, "share": count / len(answers), "problems": len(answers)}
+    assert line.split()[-2:] == [f"{count / len(answers):.0%}", f"({answer!r})"]
     compare.write_report(report, out)
     assert "a screening: each method its own task" in drawn_figures[-1]._suptitle.get_text()
+
+
+def test_a_held_out_set_with_one_common_answer_gets_a_note(tmp_path):
+    """When one answer is the reference of a quarter or more of the held-out problems scored (a
+    shortcut: letter_counting's "1"), the report says what giving it to every problem scores."""
+    plan = _plan(tmp_path, seeds=1, table={"grpo": {}}, extra={"baseline": "grpo"})
+    entry = {"one_answer": {"answer": "1", "share": 0.83, "problems": 100}}
+    notes = compare.report._one_answer_notes({"grpo": entry, "pods": dict(entry)})
+    assert len(notes) == 1 and notes[0].startswith("grpo: 83% of the 100 held-out problems scored have the answer '1'")
+    assert compare.report._one_answer_notes({"grpo": {"one_answer": {"answer": "1", "share": 0.2, "problems": 100}}}) == []
+    assert compare.report.one_answer(plan.config("grpo", 0))["share"] < 0.25  # arithmetic's answers vary
 
 
 def test_the_signal_table_reports_prompt_selection(tmp_path):

@@ -128,7 +128,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         notes.append("the untrained model already meets the target (step 0, time 0): no speedup is measurable")
     for name, entry in entries.items():
         _add_to_target(entry, rows[name], curves[name], target, base_at)
-    notes += _missing_seed_notes(plan, entries) + _reward_notes(entries)
+    notes += _missing_seed_notes(plan, entries) + _reward_notes(entries) + _one_answer_notes(entries)
     horizon = _add_time_auc(entries)
     notes += _paired_differences(entries, None if plan.screening else plan.baseline)
     sharing = _device_sharing(entries)
@@ -276,7 +276,46 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
         starts = [r["accuracy"][0] for r in runs if r["step"] and r["step"][0] == 0]  # the evaluation before training
         entry = {"task": {"name": cfg0.task.name, "options": cfg0.task.options}, "dataset": _dataset(cfg0),
                  "start_accuracy": statistics.fmean(starts) if starts else None, **entry}  # fmt: skip
+    entry["one_answer"] = one_answer(cfg0)
     return entry, rows_per_run, curves
+
+
+def one_answer(cfg: Config) -> dict[str, Any] | None:
+    """The most common reference answer among the held-out problems a run of ``cfg`` scores, and its
+    share of them: what a policy that gives that one answer to every problem scores, a shortcut the
+    reward may teach instead of the task (letter_counting at 1-2 words: "1", 83%). None when the task
+    cannot be loaded here (a missing file or extra) or has no reference answers."""
+    from collections import Counter
+
+    from podsrl.errors import ConfigError
+    from podsrl.train.loop import build_task
+
+    try:
+        task = build_task(cfg)
+    except (ConfigError, OSError):
+        return None
+    problems = task.eval[: cfg.eval.max_problems] if cfg.eval.max_problems else task.eval
+    answers = [str(ex.answer).strip() for ex in problems if ex.answer is not None and str(ex.answer).strip()]
+    if not answers:
+        return None
+    answer, count = Counter(answers).most_common(1)[0]
+    return {"answer": answer, "share": count / len(problems), "problems": len(problems)}
+
+
+def _one_answer_notes(entries: dict[str, dict], threshold: float = 0.25) -> list[str]:
+    """A note per held-out set where one answer is the reference of at least ``threshold`` of the
+    problems scored (the same set for every method of a comparison: one note)."""
+    seen, notes = set(), []
+    for name, entry in entries.items():
+        one = entry.get("one_answer")
+        if not one or one["share"] < threshold or (one["answer"], one["share"]) in seen:
+            continue
+        seen.add((one["answer"], one["share"]))
+        notes.append(
+            f"{name}: {one['share']:.0%} of the {one['problems']} held-out problems scored have the answer {one['answer']!r}, so a "
+            "policy that gives it to every problem scores that much; accuracy near it may be that shortcut, not the task"
+        )
+    return notes
 
 
 def _run_record(path: Path, cfg: Config, seed: int) -> tuple[dict[str, Any], list[dict], list[dict]]:

@@ -80,7 +80,7 @@ def _screening_table(report: dict[str, Any]) -> list[str]:
     """A screening's methods (tasks): accuracy before and after training, the change, the peak, and
     the share of silent groups over the first steps and over the run (compare.json)."""
     rows = [("method", "task", "seeds", "acc before %", "acc after %", "change, points", "peak %", "silent groups, first steps",
-             "silent groups, all steps", "train reward", "steps")]  # fmt: skip
+             "silent groups, all steps", "train reward", "steps", "one answer scores")]  # fmt: skip
     for name, e in report["methods"].items():
         before, after = e.get("start_accuracy"), e["final_accuracy"]
         sig = e.get("signal") or {}
@@ -90,12 +90,21 @@ def _screening_table(report: dict[str, Any]) -> list[str]:
             "-" if before is None or after is None else f"{100 * (after - before):+.1f}",
             _fmt(e["peak_accuracy"] and 100 * e["peak_accuracy"], "{:.1f}"),
             _fmt(sig.get("zero_variance_groups_start"), "{:.0%}"), _fmt(sig.get("zero_variance_groups"), "{:.0%}"),
-            _fmt(sig.get("reward"), "{:.3f}"), ", ".join(map(str, e["steps"])) or "-",
+            _fmt(sig.get("reward"), "{:.3f}"), ", ".join(map(str, e["steps"])) or "-", _one_answer(e.get("one_answer")),
         ))  # fmt: skip
     head = [f"screening: each method trained on its own task for {_budget(report)}; held-out accuracy before training (step 0) and after "
             f"(at the budget), mean over seeds; silent groups: share of sampled groups with all rewards equal (no gradient), "
-            f"over the first {SIGNAL_START_STEPS} steps and over the run"]  # fmt: skip
+            f"over the first {SIGNAL_START_STEPS} steps and over the run; one answer scores: the share of the held-out problems "
+            f"scored whose answer is the most common one (that answer), what giving it to every problem scores"]  # fmt: skip
     return head + _grid(rows)
+
+
+def _one_answer(one: dict[str, Any] | None) -> str:
+    """"83% ('1')", or "-" when unknown."""
+    if not one:
+        return "-"
+    answer = one["answer"] if len(one["answer"]) <= 12 else one["answer"][:11] + "…"
+    return f"{one['share']:.0%} ({answer!r})"
 
 
 def _budget(report: dict[str, Any]) -> str:
