@@ -343,7 +343,7 @@ def _compare_methods(config: str | None) -> list[str]:
 
     table = tomllib.loads(Path(config).read_text()).get("compare", {}) if config else {}
     methods = list(table.get("methods") or DEFAULT_COMPARE["methods"])
-    baseline = table.get("baseline", "grpo")
+    baseline = table.get("baseline", methods[0] if table.get("screening") else "grpo")  # a screening has none: its first
     return [baseline, *(m for m in methods if m != baseline)]
 
 
