@@ -288,13 +288,13 @@ def one_answer(cfg: Config) -> dict[str, Any] | None:
     from collections import Counter
 
     from podsrl.errors import ConfigError
-    from podsrl.train.loop import build_task
+    from podsrl.train.loop import build_task, held_out_problems
 
     try:
         task = build_task(cfg)
     except (ConfigError, OSError):
         return None
-    problems = task.eval[: cfg.eval.max_problems] if cfg.eval.max_problems else task.eval
+    problems = held_out_problems(cfg, task)
     answers = [str(ex.answer).strip() for ex in problems if ex.answer is not None and str(ex.answer).strip()]
     if not answers:
         return None

@@ -93,6 +93,11 @@ class Setup:
             self.reward_pool.close()
 
 
+def held_out_problems(cfg: Config, task: Task) -> list:
+    """The held-out problems a run of ``cfg`` scores: the first ``eval.max_problems`` (all: None)."""
+    return task.eval[: cfg.eval.max_problems] if cfg.eval.max_problems else task.eval
+
+
 def build_task(cfg: Config) -> Task:
     import dataclasses
 
@@ -151,7 +156,7 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     torch.set_num_threads(threads)  # an in-process engine (vLLM) may lower it for itself
     if dist.sharded:
         engine.synced_gpus = True
-    eval_examples = task.eval[: cfg.eval.max_problems] if cfg.eval.max_problems else task.eval
+    eval_examples = held_out_problems(cfg, task)
     reference = None
     if cfg.loss.beta > 0 and not policy.lora:
         reference = copy.deepcopy(policy.model).eval().requires_grad_(False)
