@@ -5,6 +5,7 @@
     podsrl train --resume runs/20261122-101500-max_variance
     podsrl eval --run runs/...                    # the checkpoint's accuracy on its held-out set
     podsrl eval --model runs/.../model            # an exported model directory (the run's task and settings)
+    podsrl eval --run runs/... --completions answers.jsonl   # and what it answered: every completion, graded
     podsrl export runs/... --out my-model         # a checkpoint as a Hugging Face model directory
     podsrl eval --model.name=HuggingFaceTB/SmolLM2-135M-Instruct --task.name=gsm8k \\
                 --task.options.path=../shared/data/gsm8k --eval.max_new_tokens=512 --eval.samples=8 --eval.temperature=1 \\
@@ -173,8 +174,9 @@ def cmd_eval(args, overrides: list[str]) -> int:
             _say_reward_code(cfg, Path(args.model).expanduser() / CONFIG_FILE, rewards=False)
     else:
         cfg = config_mod.load(args.config, overrides)
-    if args.json:  # before the evaluation, not after it
-        _check_output_file(Path(args.json), "--json")
+    for option, value in (("--json", args.json), ("--completions", args.completions)):  # before the evaluation, not after it
+        if value:
+            _check_output_file(Path(value), option)
     # Accuracy is the task's grader, whatever the run trained on: the run's own reward
     # functions are never called, so they are not imported (a reward file need not be at hand).
     cfg = dataclasses.replace(cfg, reward=config_mod.RewardConfig())
@@ -189,7 +191,7 @@ def cmd_eval(args, overrides: list[str]) -> int:
         print(f"podsrl: evaluating {cfg.model.name}")
     for line in describe_eval(s):  # before the wait, which on a CPU can be long (flushed: stdout may be a pipe)
         print(line, flush=True)
-    result = run_eval(s, ckpt.TrainState(), progress=cfg.train.progress)
+    result = run_eval(s, ckpt.TrainState(), progress=cfg.train.progress, keep_completions=bool(args.completions))
     s.engine.close()
     print(f"accuracy: {result.summary()}")
     print(f"  ({ACCURACY_MEANS})")
@@ -201,9 +203,17 @@ def cmd_eval(args, overrides: list[str]) -> int:
         print(note)
     if args.json:
         try:
-            Path(args.json).write_text(json.dumps(dataclasses.asdict(result), indent=2))
+            Path(args.json).write_text(json.dumps(result.to_dict(), indent=2))
         except OSError as err:
             raise ConfigError(f"--json {args.json}: cannot write it ({err.strerror or err})") from None
+    if args.completions and result.completions is not None:  # rank 0 holds them
+        from podsrl.run.rundir import write_text_atomic
+
+        try:
+            write_text_atomic(args.completions, "".join(json.dumps(r) + "\n" for r in result.completions))
+        except OSError as err:
+            raise ConfigError(f"--completions {args.completions}: cannot write it ({err.strerror or err})") from None
+        print(f"podsrl: {result.problems} problems x {cfg.eval.samples} completions, each with its grade, written to {args.completions}")
     return 0
 
 
@@ -321,6 +331,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--model", metavar="DIR",
                    help="evaluate this model directory (or hub id); an exported one with its run's task and settings")
     p.add_argument("--json", help="also write the result to this JSON file")
+    p.add_argument("--completions", metavar="FILE",
+                   help="also write every completion with its grade to this JSONL file, one line per problem "
+                   '({"id", "question", "answer", "completions": [{"text", "grade", "truncated"}]})')
     p.set_defaults(func=cmd_eval)
 
 

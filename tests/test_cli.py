@@ -191,10 +191,22 @@ def test_eval_of_a_run_prints_its_accuracy(cli_run, tmp_path):
     assert any(line.startswith("accuracy: ") and f"on {cfg.eval.max_problems} problems" in line for line in out.splitlines())
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["problems"] == cfg.eval.max_problems and 0 <= result["accuracy"] <= 1
-    # Overrides apply to the run's config: here fewer problems, sampled, with pass@k.
-    code, out, err = run_cli(["eval", "--run", str(run), "--eval.max_problems=2", "--eval.temperature=1", "--eval.samples=2"])
+    assert "completions" not in result
+    # Overrides apply to the run's config: here fewer problems, sampled, with pass@k; --completions
+    # writes what the model answered, one line per problem, graded as the accuracy counts.
+    answers = tmp_path / "answers.jsonl"
+    code, out, err = run_cli(["eval", "--run", str(run), "--eval.max_problems=2", "--eval.temperature=1", "--eval.samples=2",
+                              "--completions", str(answers)])  # fmt: skip
     assert code == 0, err
-    assert "on 2 problems" in out and "pass@2" in out
+    assert "on 2 problems" in out and "pass@2" in out and str(answers) in out
+    rows = read_jsonl(answers)
+    assert len(rows) == 2 and all({"id", "question", "answer", "completions"} <= r.keys() for r in rows)
+    assert all(len(r["completions"]) == 2 and all(isinstance(c["text"], str) and 0 <= c["grade"] <= 1 for c in r["completions"]) for r in rows)
+    accuracy = float(next(line for line in out.splitlines() if line.startswith("accuracy: ")).split()[1].rstrip("%"))
+    assert accuracy == pytest.approx(100 * sum(c["grade"] >= 1 for r in rows for c in r["completions"]) / 4, abs=0.05)
+    # An output file that cannot be written is refused before the evaluation.
+    code, out, err = run_cli(["eval", "--run", str(run), "--completions", str(tmp_path)])
+    assert code == 2 and "--completions" in err and "is a directory" in err
 
 
 def test_plot_writes_a_png(cli_run, tmp_path):

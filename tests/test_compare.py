@@ -679,6 +679,10 @@ def test_a_stop_signal_is_passed_on_to_the_running_runs_and_exits_75(tmp_path, c
     assert "stopped by SIGTERM" in printed.err and "(3 run(s) left)" in printed.err and "run the same command again" in printed.err
     assert (compare.run_dir(out, "grpo", 0) / compare.DONE_FILE).is_file()
     assert compare.read_launches(compare.run_dir(out, "slow", 0))[0]["exit_code"] == 75
+    # What it says of the stopped run is what its directory holds: a checkpoint to resume, or none.
+    checkpointed = compare.run_status(compare.run_dir(out, "slow", 0), plan.config("slow", 0)) == "resume"
+    assert ("slow seed 0: saved a checkpoint and stopped" in printed.out) == checkpointed
+    assert ("slow seed 0: stopped before its first checkpoint" in printed.out) == (not checkpointed)
     assert not compare.run_dir(out, "grpo", 1).exists()  # no new run started after the signal
     assert signal.getsignal(signal.SIGTERM) == before
 

@@ -121,6 +121,28 @@ def test_held_out_accuracy_of_a_jsonl_task_with_word_answers(tmp_path):
     assert evaluate(_Answering(right), prompts, numeric.eval).accuracy == 0.0
 
 
+def test_evaluation_keeps_what_the_model_answered_when_asked(tmp_path, write_module):
+    """keep_completions (`podsrl eval --completions`): one record per problem in the held-out order,
+    each completion with its grade, which is what the accuracy counted; none kept by default."""
+    task = _word_task(tmp_path)
+    prompts = [[i] for i in range(len(task.eval))]
+    half = [ex.answer if i % 2 else "no idea" for i, ex in enumerate(task.eval)]
+    assert evaluate(_Answering(half), prompts, task.eval).completions is None
+    result = evaluate(_Answering(half), prompts, task.eval, samples=2, keep_completions=True)
+    assert [r["id"] for r in result.completions] == [ex.id for ex in task.eval]
+    assert [r["answer"] for r in result.completions] == [ex.answer for ex in task.eval]
+    assert all(r["question"] == ex.question for r, ex in zip(result.completions, task.eval))
+    assert [[c["text"] for c in r["completions"]] for r in result.completions] == [[t, t] for t in half]
+    graded = [c["grade"] for r in result.completions for c in r["completions"]]
+    assert sum(g >= 1.0 for g in graded) / len(graded) == result.accuracy == 0.5
+    assert all(c["truncated"] is False for r in result.completions for c in r["completions"])
+    assert "completions" not in result.to_dict()  # eval.jsonl stays one short line per evaluation
+    # A partial grade is kept as given, and is not counted right.
+    module = write_module("half_grader_kept", "def half(completion, example):\n    return 0.5 if completion else 0.0\n")
+    partial = evaluate(_Answering(["x"]), [[0]], [Example("1", "q", "x", grader=f"{module}:half")], keep_completions=True)
+    assert partial.accuracy == 0.0 and partial.completions[0]["completions"][0]["grade"] == 0.5
+
+
 def test_partial_credit_is_not_a_right_answer_for_held_out_accuracy(write_module):
     module = write_module("half_grader", "def half(completion, example):\n    return 0.5 if completion else 0.0\n")
     example = Example("1", "q", "x", grader=f"{module}:half")

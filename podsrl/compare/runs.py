@@ -162,7 +162,9 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
                     on_success(job)
                 elif rc == EXIT_PREEMPTED and stop.received is not None:
                     failed.append((job, rc))
-                    log(f"podsrl compare: {job.head}: saved a checkpoint and stopped ({minutes:.1f} min of wall-clock)")
+                    kept = "saved a checkpoint and stopped" if run_status(job.path, job.cfg) == "resume" else \
+                        "stopped before its first checkpoint: the same command trains it again from the start"
+                    log(f"podsrl compare: {job.head}: {kept} ({minutes:.1f} min of wall-clock)")
                 else:
                     failed.append((job, rc))
                     if parallel > 1:
@@ -181,7 +183,7 @@ def _raise_failure(received: signal.Signals | None, failed: list[tuple[_Job, int
     """RunFailed for the first failed run, or for a stop signal passed on to the runs (exit 75)."""
     if received is not None and (failed or not_started) and all(rc == EXIT_PREEMPTED for _, rc in failed):
         raise RunFailed(
-            f"podsrl compare: stopped by {received.name}: the runs in progress saved a checkpoint and stopped "
+            f"podsrl compare: stopped by {received.name}: the runs in progress stopped at their last checkpoint (or, before their first, start again) "
             f"({not_started + len(failed)} run(s) left); finished runs are kept: run the same command again to go on",
             EXIT_PREEMPTED,
         )

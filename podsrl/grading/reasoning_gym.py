@@ -74,8 +74,9 @@ if TYPE_CHECKING:  # a leaf below podsrl.tasks, whose reasoning_gym loader impor
 
 EXTRA = "reasoning-gym"  # pip install 'podsrl[reasoning-gym]'
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-# A number in scientific notation, as Python's float() reads it ("5.9671e+01", "-1E-3", ".5e2").
-_SCIENTIFIC = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d+(?![\w.]*\d)")
+# A number in scientific notation, as Python's float() reads it ("5.9671e+01", "-1E-3", ".5e2");
+# whether it is the completion's final number is _final_scientific's check.
+_SCIENTIFIC = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d+")
 
 
 def require() -> Any:

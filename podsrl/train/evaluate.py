@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from podsrl.train.distributed import Dist
 from podsrl.engines import Engine, Rollouts, Sampling
 from podsrl.grading.answers import extract_answer
-from podsrl.grading.graders import is_right
+from podsrl.grading.graders import grade
 from podsrl.intervals import normal_interval, wilson_interval
 from podsrl.tasks import Example
 
@@ -58,9 +58,15 @@ class EvalResult:
     # no number, "####" answer or box: podsrl.grading.answers.extract_answer).
     truncated_right: float = 0.0
     truncated_unanswered: float = 0.0
+    # With keep_completions (`podsrl eval --completions`): one record per problem, in the held-out
+    # order, on rank 0 (None on the others): {"id", "question", "answer", "completions": [{"text",
+    # "grade", "truncated"}]}, grade by the problem's grader (1.0: right). Not in eval.jsonl.
+    completions: list[dict] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        del out["completions"]
+        return out
 
     def summary(self) -> str:
         return f"{100 * self.accuracy:.1f}% [95% CI {100 * self.ci_low:.1f}-{100 * self.ci_high:.1f}] on {self.problems} problems"
@@ -119,10 +125,12 @@ def evaluate(
     dist: Dist | None = None,
     progress: bool = False,
     min_call: int = 1,
+    keep_completions: bool = False,
 ) -> EvalResult:
     """Generate ``samples`` completions per problem with ``engine`` and score them; ``progress``:
     a progress bar over the problems on rank 0 (stderr), one update per engine call of at least
-    ``min_call`` completions (:func:`calls`)."""
+    ``min_call`` completions (:func:`calls`); ``keep_completions``: the texts and their grades too
+    (``EvalResult.completions``)."""
     start = time.perf_counter()
     dist = dist or Dist()
     order = list(range(len(examples)))
@@ -131,11 +139,17 @@ def evaluate(
                          bar=tqdm(total=len(examples), desc="eval", unit="problem", disable=not (progress and dist.is_main),
                                   dynamic_ncols=True))  # fmt: skip
     rows = []  # [problem][correct, summed length, truncated, truncated and right, truncated and unanswered] (samples)
+    kept = []  # keep_completions: this rank's records
     for j, i in enumerate(mine[:real]):
         texts = rollouts.texts[j * samples : (j + 1) * samples]
         ids = rollouts.completion_ids[j * samples : (j + 1) * samples]
         cut = rollouts.truncated[j * samples : (j + 1) * samples]
-        right = [is_right(t, examples[i]) for t in texts]
+        grades = [grade(t, examples[i]) for t in texts]
+        right = [g >= 1.0 for g in grades]  # graders.is_right, on the grades computed once
+        if keep_completions:
+            e = examples[i]
+            kept.append({"id": e.id, "question": e.question, "answer": e.answer,
+                         "completions": [{"text": t, "grade": g, "truncated": bool(c)} for t, g, c in zip(texts, grades, cut)]})  # fmt: skip
         rows.append([
             sum(right),
             sum(len(c) for c in ids),
@@ -153,6 +167,9 @@ def evaluate(
         low, high = normal_interval(means)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
     passes = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in correct) / len(examples) for k in ks}
+    if keep_completions and dist.active:
+        gathered = dist.gather_objects(kept)  # the ranks' shards, in rank order: the held-out order
+        kept = [r for part in gathered for r in part] if dist.is_main else None
     completions = len(examples) * samples
     return EvalResult(
         accuracy=accuracy,
@@ -165,4 +182,5 @@ def evaluate(
         seconds=time.perf_counter() - start,
         truncated_right=sum(row[3] for row in counts) / completions,
         truncated_unanswered=sum(row[4] for row in counts) / completions,
+        completions=kept if keep_completions else None,
     )

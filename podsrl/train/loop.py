@@ -363,10 +363,12 @@ def _step_metrics(s: Setup, state: ckpt.TrainState, lr: float, sample: StepSampl
     return metrics
 
 
-def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str | None = None, *, progress: bool = False) -> EvalResult:
+def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str | None = None, *, progress: bool = False,
+             keep_completions: bool = False) -> EvalResult:
     """Score the held-out set with the current weights. Inside a run (``logger``): the result goes
     to eval.jsonl and the loggers, its time is kept off the training clock, and ``log`` gets a line.
-    ``progress``: a progress bar over the problems (``podsrl eval``; a run has its own bar)."""
+    ``progress``: a progress bar over the problems (``podsrl eval``; a run has its own bar);
+    ``keep_completions``: the result holds the completions and their grades (``podsrl eval --completions``)."""
     cfg = s.cfg
     result = evaluate(
         s.engine,
@@ -379,6 +381,7 @@ def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str
         dist=s.dist,
         progress=progress,
         min_call=_min_call(s),
+        keep_completions=keep_completions,
     )
     if logger is not None:
         state.eval_seconds += result.seconds

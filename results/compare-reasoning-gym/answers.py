@@ -1,0 +1,84 @@
+"""What the number_format runs answer (issue 47): whether held-out accuracy near 50% is the comparison
+or a shortcut. A number_format problem has two candidates, so answering with either one blindly
+scores 50%; above that needs the comparison, and a rule that ignores it (always the first candidate,
+always the one in plain notation, always the larger) shows as a lopsided split below.
+
+Input: `podsrl eval --run RUN --completions FILE.jsonl` of each run's final checkpoint (the run's own
+held-out problems, samples and seed: the same numbers as its eval.jsonl's last line). Each completion's
+answer is what the dataset's checker scores (podsrl.grading.reasoning_gym.extract), compared with the
+two candidates of its question as float() reads them (within 0.01, number_format's own tolerance).
+
+    .venv/bin/python results/compare-reasoning-gym/answers.py NAME=FILE.jsonl [NAME=FILE.jsonl ...]
+
+Columns, as shares of all completions: "right" (full credit: held-out accuracy), "a candidate" (right
+or the other candidate), "right of candidates" (right / a candidate: 50% is a blind pick), "first" /
+"plain" / "larger" (of the candidate answers, the share that picked the first-written candidate, the
+one not in scientific notation, the larger number), "other" (a number that is neither), "none".
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from podsrl.grading.reasoning_gym import extract
+
+
+def candidates(question: str) -> list[str]:
+    """The candidates as written, from the question's last line ("... candidates: 57.351000 63.396")."""
+    return question.strip().splitlines()[-1].split(":", 1)[1].split()
+
+
+def classify(text: str, answer: str, written: list[str]) -> dict:
+    """One completion: which candidate it answered (index or None), whether it is a number at all."""
+    got = extract(text, answer)
+    try:
+        value = float(got) if got is not None else None
+    except ValueError:
+        value = None
+    picked = None if value is None else next((i for i, c in enumerate(written) if abs(float(c) - value) < 1e-2), None)
+    return {"number": value is not None, "picked": picked}
+
+
+def summarize(rows: list[dict]) -> dict:
+    n = right = cand = first = plain = larger = other = none = 0
+    for row in rows:
+        written = candidates(row["question"])
+        values = [float(c) for c in written]
+        for c in row["completions"]:
+            n += 1
+            right += c["grade"] >= 1.0
+            k = classify(c["text"], row["answer"], written)
+            if k["picked"] is None:
+                other += k["number"]
+                none += not k["number"]
+                continue
+            cand += 1
+            first += k["picked"] == 0
+            plain += "e" not in written[k["picked"]].lower()
+            larger += values[k["picked"]] == max(values)
+    pct = lambda x, d: round(100 * x / d, 1) if d else None  # noqa: E731
+    return {"completions": n, "right": pct(right, n), "a candidate": pct(cand, n), "right of candidates": pct(right, cand),
+            "first": pct(first, cand), "plain": pct(plain, cand), "larger": pct(larger, cand),
+            "other": pct(other, n), "none": pct(none, n)}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    if not argv or any("=" not in a for a in argv):
+        print(__doc__.split("\n\n")[2], file=sys.stderr)
+        return 2
+    header = None
+    for arg in argv:
+        name, path = arg.split("=", 1)
+        with open(path) as f:
+            stats = summarize([json.loads(line) for line in f if line.strip()])
+        if header is None:
+            header = list(stats)
+            print("| run | " + " | ".join(header) + " |")
+            print("|---" * (len(header) + 1) + "|")
+        print(f"| {name} | " + " | ".join("-" if stats[h] is None else str(stats[h]) for h in header) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
