@@ -11,13 +11,18 @@ two candidates of its question as float() reads them (within 0.01, number_format
     .venv/bin/python results/compare-reasoning-gym/answers.py NAME=FILE.jsonl [NAME=FILE.jsonl ...]
 
 Columns, as shares of all completions: "right" (full credit: held-out accuracy), "a candidate" (right
-or the other candidate), "right of candidates" (right / a candidate: 50% is a blind pick), "first" /
-"plain" / "larger" (of the candidate answers, the share that picked the first-written candidate, the
-one not in scientific notation, the larger number), "other" (a number that is neither), "none".
+or the other candidate), "right of candidates" (right / a candidate: 50% is a blind pick), then the
+same over the problems whose two candidates are written in the same notation ("same notation") and
+over those with one in scientific notation and one not ("mixed notation", about half of them),
+"first" / "larger" (of the candidate answers, the share that picked the first-written candidate, the
+larger number), "plain" (of the candidate answers to the mixed-notation problems, the share that
+picked the one not in scientific notation), "other" (a number that is neither candidate), "none" (no
+number). FILE may be gzipped (.gz), as results/compare-reasoning-gym/answers/ holds them.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 
@@ -41,7 +46,7 @@ def classify(text: str, answer: str, written: list[str]) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    n = right = cand = first = plain = larger = other = none = 0
+    n = right = cand = first = plain = mixed = mixed_right = larger = other = none = 0
     for row in rows:
         written = candidates(row["question"])
         values = [float(c) for c in written]
@@ -55,11 +60,16 @@ def summarize(rows: list[dict]) -> dict:
                 continue
             cand += 1
             first += k["picked"] == 0
-            plain += "e" not in written[k["picked"]].lower()
+            scientific = ["e" in c.lower() for c in written]
+            if len(set(scientific)) == 2:
+                mixed += 1
+                mixed_right += c["grade"] >= 1.0
+                plain += not scientific[k["picked"]]
             larger += values[k["picked"]] == max(values)
     pct = lambda x, d: round(100 * x / d, 1) if d else None  # noqa: E731
     return {"completions": n, "right": pct(right, n), "a candidate": pct(cand, n), "right of candidates": pct(right, cand),
-            "first": pct(first, cand), "plain": pct(plain, cand), "larger": pct(larger, cand),
+            "same notation": pct(right - mixed_right, cand - mixed), "mixed notation": pct(mixed_right, mixed),
+            "first": pct(first, cand), "plain": pct(plain, mixed), "larger": pct(larger, cand),
             "other": pct(other, n), "none": pct(none, n)}  # fmt: skip
 
 
@@ -70,7 +80,7 @@ def main(argv: list[str]) -> int:
     header = None
     for arg in argv:
         name, path = arg.split("=", 1)
-        with open(path) as f:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
             stats = summarize([json.loads(line) for line in f if line.strip()])
         if header is None:
             header = list(stats)
