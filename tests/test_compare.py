@@ -953,6 +953,38 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
     assert "training signal (metrics.jsonl)" in table and "62%" in table and "50%" in table and "38%" in table
 
 
+def test_the_sampler_gap_and_the_correction_are_reported_per_method(tmp_path):
+    """compare.json ``sampler``: each run's mean over its steps of the gap and of the ratio's mean and
+    clipped share, the smallest ratio_min and largest ratio_max over steps, then over seeds the mean
+    of the means, the min of the minima, the max of the maxima; the method's sampler dtype and
+    correction from its config; printed as a table only when some run logged a gap (issue 46)."""
+    plan = _plan(tmp_path, table={**METHODS, "pods": {**METHODS["pods"], "rollout.sampler_dtype": "bfloat16",
+                                                      "rollout.importance_sampling_correction": False}})  # fmt: skip
+    out = tmp_path / "out"
+    for seed, (lo, hi) in enumerate([(0.5, 2.0), (0.25, 1.5)]):
+        path = _write_run(out, plan, "grpo", seed, [(0, 0.1), (100, 0.3)])
+        rows = [{"step": 1, "sampler_logp_diff": 0.01, "sampler_kl": 1e-4, "is_ratio_mean": 1.0, "is_ratio_min": lo,
+                 "is_ratio_max": hi, "is_clip_frac": 0.0},
+                {"step": 2, "sampler_logp_diff": 0.03 + seed, "sampler_kl": float("nan"), "is_ratio_mean": 1.02,
+                 "is_ratio_min": 0.9, "is_ratio_max": 1.1, "is_clip_frac": 0.5}]  # fmt: skip
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_run(out, plan, "pods", 0, [(0, 0.1), (100, 0.3)])  # no gap logged
+    report = compare.build_report(plan, out)
+    grpo = report["methods"]["grpo"]
+    assert grpo["runs"][0]["sampler"] == pytest.approx({"sampler_logp_diff": 0.02, "sampler_kl": 1e-4, "is_ratio_mean": 1.01,
+                                                        "is_clip_frac": 0.25, "is_ratio_min": 0.5, "is_ratio_max": 2.0})  # fmt: skip
+    assert grpo["sampler"] == pytest.approx({"dtype": "auto", "correction": "sequence_mask", "sampler_logp_diff": (0.02 + 0.52) / 2,
+                                             "sampler_kl": 1e-4, "is_ratio_mean": 1.01, "is_clip_frac": 0.25,
+                                             "is_ratio_min": 0.25, "is_ratio_max": 2.0})  # fmt: skip
+    pods = report["methods"]["pods"]["sampler"]
+    assert (pods["dtype"], pods["correction"], pods["sampler_logp_diff"], pods["is_ratio_max"]) == ("bfloat16", None, None, None)
+    table = compare.format_table(report)
+    assert "sampler gap (metrics.jsonl)" in table and "sequence_mask" in table and "2.70e-01" in table and "25.00%" in table
+    for path in out.rglob("metrics.jsonl"):  # no run logged a gap (the transformers engine): no table
+        path.write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    assert "sampler gap" not in compare.format_table(compare.build_report(plan, out))
+
+
 _SCREEN = {  # a screening's methods: one task each
     "one_digit": {"task.options": {"ops": ["+"], "min_digits": 1, "max_digits": 1, "num_train": 40, "num_eval": 20}},
     "two_digit": {"task.options": {"ops": ["+", "-"], "min_digits": 2, "max_digits": 2, "num_train": 40, "num_eval": 20},

@@ -87,6 +87,14 @@ DEFINITIONS = {
               "explored): the share silent (prompt selection only; set against explored_silent it says how much the "
               "prediction tells apart); epochs: passes over the training prompts by the run's last step (runs older than "
               "epochs: null). Every one counts a step logged again after a resume once (its last row)",
+    "sampler": "the rollout engine's sampler beside the trainer, from the run's config and metrics.jsonl: dtype "
+               "(rollout.sampler_dtype as set: 'auto' resolves per machine), correction (rollout.importance_sampling_mode, "
+               "null when rollout.importance_sampling_correction is off); sampler_logp_diff: mean |log pi_trainer - log "
+               "pi_sampler| per token, sampler_kl: mean k3 estimate of KL(sampler || trainer) per token (the gap, logged with "
+               "or without the correction); is_ratio_mean: mean ratio pi_trainer / pi_sampler at the weights that sampled, "
+               "before truncation or masking; is_clip_frac: share of the tokens truncated or masked; each the mean over a "
+               "run's steps, then over seeds; is_ratio_min / is_ratio_max: the smallest / largest over every step and seed. "
+               "Null where no step logged it (the transformers engine samples with the trainer's own weights: no gap)",
     "screening": "true: a screening (compare.screening), each method trained on its own task (task: its name and "
                  "options; dataset: a reasoning-gym task's dataset); no baseline, target, speedup or paired difference. "
                  "start_accuracy: held-out accuracy at the evaluation before training (step 0), averaged over seeds; "
@@ -264,6 +272,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
         "median_seconds": _median_phase_seconds(all_metrics),
         "signal": _mean_over_seeds([r["signal"] for r in runs]),
         "signal_per_seed": [r["signal"] for r in runs],
+        "sampler": _sampler_over_seeds(cfg0, [r["sampler"] for r in runs]),
         "curves": {
             axis: {"x": c.x, "accuracy": c.accuracy, "band_low": c.band_low, "band_high": c.band_high, "aligned_by": c.aligned_by}
             for axis, c in curves.items()
@@ -338,6 +347,7 @@ def _run_record(path: Path, cfg: Config, seed: int) -> tuple[dict[str, Any], lis
         **{key: f(evals) for key, f in SUMMARIES.items()},
         "median_seconds": _median_phase_seconds(metrics),
         "signal": _signal(metrics, cfg),
+        "sampler": _sampler(metrics),
         "reward_steps_left_out": _reward_left_out(metrics, cfg),
         "device": launches[-1].get("device") if launches else None,
         "runs_per_device": max((int(r.get("runs_on_device", 1)) for r in launches), default=None),
@@ -514,6 +524,36 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     out["revisits_silent"], out["rest_silent"] = _revisits_silent(metrics)
     out["epochs"] = epochs[-1] if (epochs := values("epoch")) else None
     return {name: out[name] for name in SIGNAL}
+
+
+SAMPLER_MEANS = ("sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_clip_frac")
+
+
+def _sampler(metrics: list[dict]) -> dict[str, float | None]:
+    """A run's sampler gap and importance-correction statistics (DEFINITIONS["sampler"]): the mean over
+    its steps of each step's value, the smallest is_ratio_min and the largest is_ratio_max; None where
+    metrics.jsonl has no such value (the transformers engine samples with the trainer: no gap)."""
+
+    def values(key: str) -> list[float]:
+        return [float(r[key]) for r in metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+
+    out: dict[str, float | None] = {key: statistics.fmean(v) if (v := values(key)) else None for key in SAMPLER_MEANS}
+    out["is_ratio_min"] = min(v) if (v := values("is_ratio_min")) else None
+    out["is_ratio_max"] = max(v) if (v := values("is_ratio_max")) else None
+    return out
+
+
+def _sampler_over_seeds(cfg: Config, runs: list[dict[str, float | None]]) -> dict[str, Any]:
+    """A method's sampler (its dtype and correction setting) and its runs' statistics over seeds: the
+    mean of the means, the smallest minimum, the largest maximum."""
+    r = cfg.rollout
+    out: dict[str, Any] = {"dtype": r.sampler_dtype,
+                           "correction": r.importance_sampling_mode if r.importance_sampling_correction else None}  # fmt: skip
+    for key in SAMPLER_MEANS:
+        out[key] = statistics.fmean(v) if (v := [s[key] for s in runs if s.get(key) is not None]) else None
+    out["is_ratio_min"] = min(v) if (v := [s["is_ratio_min"] for s in runs if s.get("is_ratio_min") is not None]) else None
+    out["is_ratio_max"] = max(v) if (v := [s["is_ratio_max"] for s in runs if s.get("is_ratio_max") is not None]) else None
+    return out
 
 
 def _revisits_silent(metrics: list[dict]) -> tuple[float | None, float | None]:

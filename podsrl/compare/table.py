@@ -72,7 +72,8 @@ def format_table(report: dict[str, Any]) -> str:
         )
     head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
                 "first evaluations at it]; speedup: the baseline's over the method's")  # fmt: skip
-    sections = [*_summary_table(report), "", *_pairwise_table(report), *_curve_table(report), *_signal_table(report)]
+    sections = [*_summary_table(report), "", *_pairwise_table(report), *_curve_table(report), *_signal_table(report),
+                *_sampler_table(report)]
     return "\n".join(head + lines + [""] + sections + [f"note: {n}" for n in report["notes"]])
 
 
@@ -215,6 +216,26 @@ def _signal_table(report: dict[str, Any]) -> list[str]:
             "groups: of the first B prompts sampled (each group's first round: a fixed-n run's basis); kept adv variance: "
             "of the advantages the update used (D3S keeps the full group's, PODS re-normalises over the m kept: compare "
             "like with like)"]  # fmt: skip
+    return head + _grid(rows)
+
+
+def _sampler_table(report: dict[str, Any]) -> list[str]:
+    """The sampler's gap and the importance correction per method (compare.json ``sampler``;
+    DEFINITIONS["sampler"]); nothing when no run logged a gap (the transformers engine)."""
+    keys = ("sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac")
+    samplers = {name: e.get("sampler") or {} for name, e in report["methods"].items()}
+    if not any(s.get(k) is not None for s in samplers.values() for k in keys):
+        return []
+    rows = [("method", "sampler", "correction", "|log-prob gap| / token", "KL(sampler || trainer) / token",
+             "ratio mean", "ratio min", "ratio max", "tokens truncated or masked")]  # fmt: skip
+    for name, s in samplers.items():
+        rows.append((name, str(s.get("dtype") or "-"), str(s.get("correction") or "off"),
+                     _fmt(s.get("sampler_logp_diff"), "{:.2e}"), _fmt(s.get("sampler_kl"), "{:.2e}"),
+                     _fmt(s.get("is_ratio_mean"), "{:.4f}"), _fmt(s.get("is_ratio_min"), "{:.3f}"),
+                     _fmt(s.get("is_ratio_max"), "{:.3f}"), _fmt(s.get("is_clip_frac"), "{:.2%}")))  # fmt: skip
+    head = ["", "sampler gap (metrics.jsonl): the rollout engine's sampling log-probs against the trainer's at the weights that "
+            "sampled; ratio: pi_trainer / pi_sampler before truncation or masking (mean over steps, then seeds; min / max over "
+            "every step and seed); correction: rollout.importance_sampling_mode, or off"]  # fmt: skip
     return head + _grid(rows)
 
 
