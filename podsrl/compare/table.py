@@ -231,8 +231,8 @@ def _sampler_table(report: dict[str, Any]) -> list[str]:
     for name, s in samplers.items():
         rows.append((name, str(s.get("dtype") or "-"), str(s.get("correction") or "off"),
                      _fmt(s.get("sampler_logp_diff"), "{:.2e}"), _fmt(s.get("sampler_kl"), "{:.2e}"),
-                     _fmt(s.get("is_ratio_mean"), "{:.4f}"), _fmt(s.get("is_ratio_min"), "{:.3f}"),
-                     _fmt(s.get("is_ratio_max"), "{:.3f}"), _fmt(s.get("is_clip_frac"), "{:.2%}")))  # fmt: skip
+                     _fmt(s.get("is_ratio_mean"), "{:.4f}"), _fmt(s.get("is_ratio_min"), "{:.4f}"),
+                     _fmt(s.get("is_ratio_max"), "{:.4f}"), _fmt(s.get("is_clip_frac"), "{:.2%}")))  # fmt: skip
     head = ["", "sampler gap (metrics.jsonl): the rollout engine's sampling log-probs against the trainer's at the weights that "
             "sampled; ratio: pi_trainer / pi_sampler before truncation or masking (mean over steps, then seeds; min / max over "
             "every step and seed); correction: rollout.importance_sampling_mode, or off"]  # fmt: skip
