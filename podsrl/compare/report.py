@@ -7,6 +7,7 @@ task and its accuracy before training (``start_accuracy``) beside the summaries.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -496,12 +497,15 @@ _SIGNAL_KEYS = {"zero_variance_groups": "zero_variance_groups", "kept_adv_var": 
                 "rollouts": "rollouts_generated", "groups_with_signal": "groups_with_signal", "prompts_skipped": "prompts_skipped"}  # fmt: skip
 
 
+def _numbers(metrics: list[dict], key: str) -> list[float]:
+    """The values of ``key`` in the metrics rows that log a number for it (NaN left out)."""
+    return [float(r[key]) for r in metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+
+
 def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     """A run's means over its steps of what it trained on (DEFINITIONS["signal"]); None where
     metrics.jsonl has no such value. ``metrics`` holds one row per step (_last_row_per_step)."""
-
-    def values(key: str) -> list[float]:
-        return [float(r[key]) for r in metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+    values = functools.partial(_numbers, metrics)
 
     out: dict[str, float | None] = {name: statistics.fmean(v) if (v := values(key)) else None for name, key in _SIGNAL_KEYS.items()}
     rewards = [v for r in metrics if (v := _reward(r, cfg)) is not None]
@@ -533,9 +537,7 @@ def _sampler(metrics: list[dict]) -> dict[str, float | None]:
     """A run's sampler gap and importance-correction statistics (DEFINITIONS["sampler"]): the mean over
     its steps of each step's value, the smallest is_ratio_min and the largest is_ratio_max; None where
     metrics.jsonl has no such value (the transformers engine samples with the trainer: no gap)."""
-
-    def values(key: str) -> list[float]:
-        return [float(r[key]) for r in metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+    values = functools.partial(_numbers, metrics)
 
     out: dict[str, float | None] = {key: statistics.fmean(v) if (v := values(key)) else None for key in SAMPLER_MEANS}
     out["is_ratio_min"] = min(v) if (v := values("is_ratio_min")) else None

@@ -50,6 +50,7 @@ def summarize(rows: list[dict]) -> dict:
     for row in rows:
         written = candidates(row["question"])
         values = [float(c) for c in written]
+        mixed_notation = len({"e" in w.lower() for w in written}) == 2  # one candidate in scientific notation, one not
         for c in row["completions"]:
             n += 1
             right += c["grade"] >= 1.0
@@ -60,11 +61,10 @@ def summarize(rows: list[dict]) -> dict:
                 continue
             cand += 1
             first += k["picked"] == 0
-            scientific = ["e" in c.lower() for c in written]
-            if len(set(scientific)) == 2:
+            if mixed_notation:
                 mixed += 1
                 mixed_right += c["grade"] >= 1.0
-                plain += not scientific[k["picked"]]
+                plain += "e" not in written[k["picked"]].lower()
             larger += values[k["picked"]] == max(values)
     pct = lambda x, d: round(100 * x / d, 1) if d else None  # noqa: E731
     return {"completions": n, "right": pct(right, n), "a candidate": pct(cand, n), "right of candidates": pct(right, cand),
