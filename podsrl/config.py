@@ -184,7 +184,7 @@ class RolloutConfig:
     enable_sleep_mode: bool = False  # GPU only: free vLLM's memory during the update
     kv_cache_gib: float | None = None  # vLLM KV cache; None: GPU from gpu_memory_utilization, CPU 2 GiB
     enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
-    sampler_dtype: str = "auto"  # vLLM's weights: "auto" (model.dtype) | "fast" (bfloat16 on a GPU with bfloat16 and on a CPU with native bfloat16, avx512_bf16/amx_bf16/bf16 in /proc/cpuinfo; else model.dtype; the start-up line says which and why) | "bfloat16" | "float16" | "float32"; bfloat16: 128 rollouts in 0.65x the time on a CPU with AVX512-BF16, slightly off-policy, which the importance correction corrects (docs/vllm.md); the transformers engine samples with the policy itself: "auto" and "fast" change nothing there
+    sampler_dtype: str = "fast"  # vLLM's weights: "fast" (bfloat16 on a GPU with bfloat16 and on a CPU with native bfloat16, avx512_bf16/amx_bf16/bf16 in /proc/cpuinfo; else model.dtype; the start-up line says which and why) | "auto" (model.dtype: float32 sampler beside a float32 policy) | "bfloat16" | "float16" | "float32"; bfloat16: 128 rollouts in 0.65x the time on a CPU with AVX512-BF16, slightly off-policy, which the importance correction corrects (docs/vllm.md: why "fast" is the default); evaluations sample with the same engine; the transformers engine samples with the policy itself: "auto" and "fast" change nothing there
     max_model_len: int = 1024  # vLLM: longest prompt + completion, in tokens
     # Importance correction of the sampler's gap (podsrl/core/importance.py, docs/vllm.md): TRL's
     # vllm_importance_sampling_* (verl: rollout_is, rollout_rs), applied where the engine returns its

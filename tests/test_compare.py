@@ -973,7 +973,7 @@ def test_the_sampler_gap_and_the_correction_are_reported_per_method(tmp_path):
     grpo = report["methods"]["grpo"]
     assert grpo["runs"][0]["sampler"] == pytest.approx({"sampler_logp_diff": 0.02, "sampler_kl": 1e-4, "is_ratio_mean": 1.01,
                                                         "is_clip_frac": 0.25, "is_ratio_min": 0.5, "is_ratio_max": 2.0})  # fmt: skip
-    assert grpo["sampler"] == pytest.approx({"dtype": "auto", "correction": "sequence_mask", "sampler_logp_diff": (0.02 + 0.52) / 2,
+    assert grpo["sampler"] == pytest.approx({"dtype": "fast", "correction": "sequence_mask", "sampler_logp_diff": (0.02 + 0.52) / 2,
                                              "sampler_kl": 1e-4, "is_ratio_mean": 1.01, "is_clip_frac": 0.25,
                                              "is_ratio_min": 0.25, "is_ratio_max": 2.0})  # fmt: skip
     pods = report["methods"]["pods"]["sampler"]

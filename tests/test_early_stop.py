@@ -476,7 +476,10 @@ def test_vllm_engine_samples_in_rounds(tmp_path):
     from podsrl.train import loop as trainer
 
     cfg = from_dict({
-        "rollout": {"engine": "vllm", "n": 8, "early_stop": "exact", "round_size": 2, "kv_cache_gib": 0.25, "max_new_tokens": 8},
+        # The policy's float32 in vLLM too (not the default "fast", bfloat16 on a CPU with it), so that
+        # the sampler's log-probs agree with the trainer's to float error.
+        "rollout": {"engine": "vllm", "n": 8, "early_stop": "exact", "round_size": 2, "kv_cache_gib": 0.25, "max_new_tokens": 8,
+                    "sampler_dtype": "auto"},
         "select": {"rule": "max_variance", "m": 2},
         "optim": {"skip_zero_advantage": False},  # every kept row runs the update, so the sampler gap is measured
         "task": {"options": {"num_train": 20, "num_eval": 4}},
