@@ -342,9 +342,13 @@ def _compare_methods(config: str | None) -> list[str]:
     from podsrl.compare.plan import DEFAULT_COMPARE
 
     table = tomllib.loads(Path(config).read_text()).get("compare", {}) if config else {}
-    methods = list(table.get("methods") or DEFAULT_COMPARE["methods"])
-    baseline = table.get("baseline", methods[0] if table.get("screening") else "grpo")  # a screening has none: its first
-    return [baseline, *(m for m in methods if m != baseline)]
+    methods = dict(table.get("methods") or DEFAULT_COMPARE["methods"])
+    baseline = table.get("baseline", next(iter(methods)) if table.get("screening") else "grpo")  # a screening has none: its first
+    # The test trains on the transformers engine, which refuses a sampler dtype named outright (it
+    # samples with the policy itself): the other method is one that names none, when there is one.
+    vllm_only = {m for m, over in methods.items() if over.get("rollout.sampler_dtype", "auto") not in ("auto", "fast")}
+    others = sorted((m for m in methods if m != baseline), key=lambda m: m in vllm_only)  # stable: the file's order otherwise
+    return [baseline, *others]
 
 
 def _run_command(command: Command, plan: Plan, ws: Path, tiny_model: Path) -> tuple[int, str]:
