@@ -340,13 +340,14 @@ def tiny_args(args: list[str], tiny_model: Path) -> list[str]:
 
 def _compare_methods(config: str | None) -> list[str]:
     from podsrl.compare.plan import DEFAULT_COMPARE
+    from podsrl.engines.dtype import NOT_NAMED
 
     table = tomllib.loads(Path(config).read_text()).get("compare", {}) if config else {}
     methods = dict(table.get("methods") or DEFAULT_COMPARE["methods"])
     baseline = table.get("baseline", next(iter(methods)) if table.get("screening") else "grpo")  # a screening has none: its first
     # The test trains on the transformers engine, which refuses a sampler dtype named outright (it
     # samples with the policy itself): the other method is one that names none, when there is one.
-    vllm_only = {m for m, over in methods.items() if over.get("rollout.sampler_dtype", "auto") not in ("auto", "fast")}
+    vllm_only = {m for m, over in methods.items() if over.get("rollout.sampler_dtype", "auto") not in NOT_NAMED}
     others = sorted((m for m in methods if m != baseline), key=lambda m: m in vllm_only)  # stable: the file's order otherwise
     return [baseline, *others]
 

@@ -20,13 +20,14 @@ __all__ = ["ENGINES", "ENGINE_CHOICES", "Engine", "Rollouts", "Sampling", "make_
 
 
 def _transformers(cfg, policy) -> Engine:
+    from podsrl.engines.dtype import NOT_NAMED
     from podsrl.engines.hf import TransformersEngine
     from podsrl.errors import ConfigError
 
     # "fast" asks for the faster of the sampler's dtypes where there is a choice; this engine has none
     # (it samples with the policy itself), so it changes nothing here, as "auto". A dtype named
     # outright is refused: the run would not sample in it.
-    if getattr(cfg, "sampler_dtype", "auto") not in ("auto", "fast"):
+    if getattr(cfg, "sampler_dtype", "auto") not in NOT_NAMED:
         raise ConfigError(
             f"rollout.sampler_dtype = {cfg.sampler_dtype!r}: the transformers engine samples with the policy's own "
             "weights (model.dtype); set rollout.engine = 'vllm' for a sampler of its own dtype, or leave "

@@ -31,9 +31,10 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["CPUINFO", "SamplerDtype", "cpu_bf16", "resolve_sampler_dtype"]
+__all__ = ["CPUINFO", "NOT_NAMED", "SamplerDtype", "cpu_bf16", "resolve_sampler_dtype"]
 
 CPUINFO = "/proc/cpuinfo"
+NOT_NAMED = ("auto", "fast")  # the settings that name no dtype: an engine that samples with the policy itself takes them
 X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # either one: oneDNN runs bfloat16 matrix products natively
 ARM_BF16_FLAG = "bf16"  # FEAT_BF16 (Armv8.6): BFDOT, BFMMLA
 
