@@ -95,3 +95,16 @@ def test_leaves_import_nothing_above_them():
     core = {name for name in graph if name.startswith("podsrl.core")}
     for name in core:  # the math depends on nothing but itself
         assert graph[name] <= core | {"podsrl", "podsrl.errors"}, f"{name} imports {sorted(graph[name] - core)}"
+
+
+def test_the_report_reads_no_training_code():
+    """A report is built from a run's files, not from the training loop: what both need (the task a
+    config names, its held-out problems) lives below both (podsrl.tasks.build); the printed table
+    reads compare.json and the constants the report's math shares (podsrl.compare.stats), never the
+    module that builds compare.json."""
+    graph = import_graph()
+    for name in ("podsrl.compare.report", "podsrl.compare.table", "podsrl.compare.stats", "podsrl.compare.plots"):
+        training = sorted(m for m in graph[name] if m == "podsrl.train" or m.startswith("podsrl.train."))
+        assert not training, f"{name} imports {training}"
+    assert "podsrl.compare.report" not in graph["podsrl.compare.table"]
+    assert {"podsrl.tasks.build"} <= graph["podsrl.train.loop"] & graph["podsrl.compare.report"]

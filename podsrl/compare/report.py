@@ -17,7 +17,7 @@ from podsrl.compare.plan import Plan
 from podsrl.compare.plots import plot_report
 from podsrl.compare.layout import check_same_config, is_finished, read_launches, run_dir
 from podsrl.compare.stats import (
-    AXES, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup, time_auc,
+    AXES, SIGNAL_START_STEPS, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup, time_auc,
     summarize,
 )  # fmt: skip
 from podsrl.config import Config
@@ -32,7 +32,6 @@ _SPEEDUP = {"step": "step_speedup", "train_seconds": "speedup"}
 SUMMARIES = {"auc": auc, "final_accuracy": final_accuracy}
 # ... and the one summary over a horizon the whole comparison shares (set in build_report).
 SUMMARY_KEYS = (*SUMMARIES, "time_auc")
-SIGNAL_START_STEPS = 5  # signal zero_variance_groups_start: over the first 5 steps (40 groups at B = 8), not 1 (8)
 SCREENING_NOTE = ("a screening (compare.screening = true): every method trained on its own task, so there is no baseline, "
                   "target, speedup or paired difference; compare each method's accuracy before and after training")  # fmt: skip
 
@@ -298,7 +297,7 @@ def one_answer(cfg: Config) -> dict[str, Any] | None:
     from collections import Counter
 
     from podsrl.errors import ConfigError
-    from podsrl.train.loop import build_task, held_out_problems
+    from podsrl.tasks.build import build_task, held_out_problems
 
     try:
         task = build_task(cfg)

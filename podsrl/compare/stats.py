@@ -17,6 +17,8 @@ import numpy as np
 from podsrl.intervals import paired_t_interval, t_interval
 
 AXES = ("step", "train_seconds")  # x of a curve: optimizer steps, training wall-clock seconds
+# compare.json signal zero_variance_groups_start: over the first 5 steps (40 groups at B = 8), not 1 (8)
+SIGNAL_START_STEPS = 5
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from podsrl.compare.report import SIGNAL_START_STEPS
+from podsrl.compare.stats import SIGNAL_START_STEPS
 
 
 def _format_phases(med: dict[str, float | None]) -> str:

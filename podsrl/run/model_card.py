@@ -122,8 +122,8 @@ def _intro(facts: CardFacts, base: str | None) -> str:
 
 def example_messages(cfg) -> list[dict[str, str]]:
     """The chat a user would send: a held-out question of the task (the first of the loader's
-    default split) with the run's system prompt and instruction, as podsrl.train.loop.build_task
-    and prompt_ids make them (not imported from there: the trainer imports this package)."""
+    default split) with the run's system prompt and instruction, as podsrl.tasks.build.build_task
+    and podsrl.train.loop.prompt_ids make them (not imported from there: the trainer imports this package)."""
     from podsrl.tasks import format_user_message, load_task
 
     try:

@@ -51,12 +51,13 @@ from podsrl.core.schedules import training_progress
 from podsrl.engines import Engine, make_engine, resolve_engine
 from podsrl.errors import ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.grading.pool import RewardPool
-from podsrl.grading.graders import get_grader, ungraded_note
+from podsrl.grading.graders import ungraded_note
 from podsrl.grading.rewards import Declared, RewardSpec, resolve_specs, task_values, timeout_totals_undeclared, total_values
 from podsrl.models import Policy, check_training_dtype, load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import export, preemption, rundir
-from podsrl.tasks import Example, Task, format_user_message, load_task
+from podsrl.tasks import Example, Task, format_user_message
+from podsrl.tasks.build import build_task, held_out_problems
 from podsrl.run.metrics import NullLogger, RunLogger
 from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
@@ -91,36 +92,6 @@ class Setup:
         self.engine.close()
         if self.reward_pool is not None:
             self.reward_pool.close()
-
-
-def held_out_problems(cfg: Config, task: Task) -> list:
-    """The held-out problems a run of ``cfg`` scores: the first ``eval.max_problems`` (all: None)."""
-    return task.eval[: cfg.eval.max_problems] if cfg.eval.max_problems else task.eval
-
-
-def build_task(cfg: Config) -> Task:
-    import dataclasses
-
-    options = dict(cfg.task.options)
-    if "seed" in _loader_params(cfg.task.name):
-        options.setdefault("seed", cfg.train.seed)
-    task = load_task(cfg.task.name, **options)
-    if cfg.task.instruction is not None:
-        task = dataclasses.replace(task, instruction=cfg.task.instruction)
-    if cfg.task.system_prompt is not None:
-        task = dataclasses.replace(task, system_prompt=cfg.task.system_prompt)
-    if cfg.task.grader is not None:
-        task = dataclasses.replace(task, grader=cfg.task.grader)
-    get_grader(task.grader)  # a user grader is loaded now: a bad one fails before the model loads
-    return task
-
-
-def _loader_params(name: str) -> set[str]:
-    import inspect
-
-    from podsrl.tasks import TASKS
-
-    return set(inspect.signature(TASKS[name]).parameters)
 
 
 def prompt_ids(tokenizer, task: Task, examples: list[Example]) -> list[list[int]]:
