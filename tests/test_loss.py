@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from podsrl.core.loss import AGGREGATIONS, BatchCounts, LossMetrics, LossSettings, policy_loss
+from podsrl.core.loss import AGGREGATIONS, BatchCounts, LossMetrics, LossSettings, clipped_surrogate, k3_kl, policy_loss, token_ratio
 
 
 def loss_of(logprobs, old, adv, mask, *, token_mask=None, ref_logprobs=None, total_sequences=None, total_tokens=None, **settings):
@@ -266,3 +266,18 @@ def test_validation():
         loss_of(logprobs, old, adv, mask, total_sequences=1)
     with pytest.raises(ValueError, match="logprobs"):
         loss_of(logprobs[0], old, adv, mask)
+
+
+def test_the_pieces_of_the_loss_hand_values():
+    """token_ratio, clipped_surrogate and k3_kl on the hand-computed example (module comment above),
+    in float64 so that a 1e-12 bound covers a few roundings of exp and log on any CPU."""
+    mask, adv, old = torch.tensor(MASK), torch.tensor(ADVANTAGES, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.float64)
+    logprobs = torch.where(mask, torch.tensor(RATIOS, dtype=torch.float64).log(), -math.inf)  # padding: the ratio is 1 there
+    ratio = token_ratio(logprobs, old, mask)
+    assert ratio.flatten().tolist() == pytest.approx([1.0, 1.5, 0.5, 1.1, 0.7, 1.0], rel=1e-12)
+    surrogate = clipped_surrogate(ratio, adv[:, None], 0.2, 0.2)
+    assert surrogate.flatten().tolist() == pytest.approx([1.0, 1.2, 0.5, -2.2, -1.6, -2.0], rel=1e-12)
+    assert clipped_surrogate(ratio, adv[:, None], 0.2, 0.6)[0, 1].item() == pytest.approx(1.5, rel=1e-12)  # clip-higher
+    ref = torch.where(mask, logprobs + 0.1, 0.0)
+    k3 = k3_kl(logprobs, ref, mask)
+    assert k3.flatten().tolist() == pytest.approx([math.exp(0.1) - 1.1] * 5 + [0.0], rel=1e-12)

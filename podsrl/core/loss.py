@@ -62,7 +62,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["AGGREGATIONS", "Aggregation", "BatchCounts", "LossMetrics", "LossSettings", "policy_loss"]
+__all__ = [
+    "AGGREGATIONS", "Aggregation", "BatchCounts", "LossMetrics", "LossSettings", "clipped_surrogate", "k3_kl", "policy_loss", "token_ratio",
+]  # fmt: skip
 
 
 @dataclass
@@ -223,39 +225,64 @@ def policy_loss(
         (scalar loss tensor, :class:`LossMetrics`).
     """
     _check_inputs(logprobs, old_logprobs, advantages, mask, token_mask, ref_logprobs, is_weights)
-    N = logprobs.shape[0]
-    eps_low, beta, max_completion_len = settings.eps_low, settings.beta, settings.max_completion_len
+    eps_low, beta = settings.eps_low, settings.beta
     eps_high = eps_low if settings.eps_high is None else settings.eps_high
     if beta > 0.0 and ref_logprobs is None:
         raise ValueError(f"beta={beta} > 0 needs ref_logprobs for the KL term")
-    aggregate = AGGREGATIONS[settings.aggregation]
-
-    tokens = int(mask.sum())  # completion tokens: the normalisers' and the KL's
-    total_sequences, total_tokens = (N, tokens) if batch is None else (batch.sequences, batch.tokens)
-    if total_sequences < N:
-        raise ValueError(f"batch.sequences={total_sequences} is smaller than this call's N={N}")
-    if total_tokens < tokens:
-        raise ValueError(f"batch.tokens={total_tokens} is smaller than this call's {tokens} completion tokens")
+    counts = _normalisers(mask, batch)
     in_pg = mask if token_mask is None else mask & token_mask  # [N, T] the policy-gradient term's tokens
 
-    dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    dtype = torch.promote_types(logprobs.dtype, torch.float32)  # float32 at least: bf16 log-probs are upcast
     logp = logprobs.to(dtype)  # [N, T]
-    log_ratio = torch.where(mask, logp - old_logprobs.to(dtype).detach(), 0.0)  # [N, T]
-    ratio = log_ratio.exp()  # [N, T], 1 outside the completion
+    ratio = token_ratio(logp, old_logprobs.to(dtype), mask)  # [N, T], 1 outside the completion
     adv = advantages.to(dtype).detach()[:, None]  # [N, 1]
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [N, T]
+    surrogate = clipped_surrogate(ratio, adv, eps_low, eps_high)  # [N, T]
     if is_weights is not None:  # the sampler correction: weights the surrogate only (module docstring)
         surrogate = surrogate * is_weights.to(dtype).detach()  # [N, T]
-    per_token = torch.where(in_pg, -surrogate, 0.0)  # [N, T]
-    pg_loss = aggregate(per_token, mask, total_sequences, total_tokens, max_completion_len)
+    pg_loss = _aggregate(settings, torch.where(in_pg, -surrogate, 0.0), mask, counts)
 
-    k3 = None
-    loss = pg_loss
-    if ref_logprobs is not None:
-        ref_minus_logp = torch.where(mask, ref_logprobs.to(dtype).detach() - logp, 0.0)  # [N, T]
-        k3 = torch.where(mask, ref_minus_logp.exp() - ref_minus_logp - 1.0, 0.0)  # [N, T]
-        if beta > 0.0:
-            loss = pg_loss + beta * aggregate(k3, mask, total_sequences, total_tokens, max_completion_len)
-
+    k3 = None if ref_logprobs is None else k3_kl(logp, ref_logprobs.to(dtype), mask)  # [N, T]
+    loss = pg_loss + beta * _aggregate(settings, k3, mask, counts) if beta > 0.0 else pg_loss
     metrics = _metrics(loss, pg_loss, k3, ratio, adv, in_pg, mask, eps_low, eps_high)
     return loss, metrics
+
+
+def token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """rho = exp(logp - old_logp) per token, old_logp a constant. logp, old_logp [N, T] float, mask
+    [N, T] bool -> [N, T]: exactly 1 outside ``mask`` (log-ratio 0 before the exponential, so -inf or
+    garbage log-probs on padding cannot make a NaN, forward or backward)."""
+    log_ratio = torch.where(mask, logp - old_logp.detach(), 0.0)  # [N, T]
+    return log_ratio.exp()  # [N, T]
+
+
+def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """The PPO/GRPO clipped surrogate to maximise, min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A).
+    ratio [N, T], adv [N, 1] (one advantage per sequence, broadcast over its tokens) -> [N, T]."""
+    return torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [N, T]
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """The k3 estimator of KL(pi_theta || pi_ref) per token, exp(ref - logp) - (ref - logp) - 1, ref a
+    constant. logp, ref_logp [N, T] float, mask [N, T] bool -> [N, T], 0 outside ``mask``."""
+    ref_minus_logp = torch.where(mask, ref_logp.detach() - logp, 0.0)  # [N, T]
+    return torch.where(mask, ref_minus_logp.exp() - ref_minus_logp - 1.0, 0.0)  # [N, T]
+
+
+def _normalisers(mask: Tensor, batch: BatchCounts | None) -> BatchCounts:
+    """The sequences and completion tokens the aggregation divides by: the whole batch's (``batch``)
+    or, without it, this call's (mask [N, T]); a batch smaller than this call is a ValueError."""
+    N, tokens = mask.shape[0], int(mask.sum())
+    if batch is None:
+        return BatchCounts(sequences=N, tokens=tokens)
+    if batch.sequences < N:
+        raise ValueError(f"batch.sequences={batch.sequences} is smaller than this call's N={N}")
+    if batch.tokens < tokens:
+        raise ValueError(f"batch.tokens={batch.tokens} is smaller than this call's {tokens} completion tokens")
+    return batch
+
+
+def _aggregate(settings: LossSettings, per_token: Tensor, mask: Tensor, counts: BatchCounts) -> Tensor:
+    """per_token [N, T] (0 outside the completion), mask [N, T] -> the scalar of ``settings.aggregation``
+    (:data:`AGGREGATIONS`) over the normalisers ``counts``."""
+    aggregate = AGGREGATIONS[settings.aggregation]
+    return aggregate(per_token, mask, counts.sequences, counts.tokens, settings.max_completion_len)
