@@ -68,6 +68,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -407,14 +408,11 @@ NEEDS_FIXTURES = {"torchrun-ddp", "torchrun-fsdp", "lora-bf16", "full-fp32"}
 
 
 def update_worker(spec_path: str, result_path: str) -> None:
-    """Peak memory and time of podsrl's update for UPDATE_CONFIGS, in this (fresh) process."""
+    """Peak memory and time of podsrl's update for UPDATE_CONFIGS, in this (fresh) process: each
+    config's kept rows updated as one micro-batch ("whole") and in micro-batches of 16."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from podsrl.core.advantages import group_advantages
-    from podsrl.core.loss import LossSettings
-    from podsrl.core.selection import get_rule
-    from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
+    from podsrl.train.update import UpdateBatch
 
     spec = json.loads(Path(spec_path).read_text())
     device = torch.device(spec["device"])
@@ -423,65 +421,106 @@ def update_worker(spec_path: str, result_path: str) -> None:
         torch.set_num_threads(1)  # a tiny model: threads only contend
     torch.manual_seed(spec["seed"])
     arch = SMOLLM2_135M if spec["arch"] == "smollm2-135m" else TINY
-    with torch.device(device):
-        model = LlamaForCausalLM(LlamaConfig(**arch))
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-6)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    update = _Updater(arch, device, spec["completion_len"])
     gen = torch.Generator().manual_seed(spec["seed"])
-    B, P, C, vocab = spec["prompts"], spec["prompt_len"], spec["completion_len"], arch["vocab_size"]
-    prompts = [torch.randint(3, vocab, (P,), generator=gen).tolist() for _ in range(B)]
+    jobs = _update_jobs(spec, arch["vocab_size"], gen)
+    first = jobs[0][1]
+    update(UpdateBatch(first.prompt_ids[:2], first.completion_ids[:2], first.advantages[:2]), 2)  # gradients, AdamW state
+    rows = [_measure_update(update, label, b, mode, spec["repeats"]) for mode in ("whole", 16) for label, b in jobs]
+    out = {"device": torch.cuda.get_device_name(device) if update.cuda else "cpu", "model": spec["arch"], "dtype": "float32",
+           "parameters": sum(p.numel() for p in update.params), "prompts": spec["prompts"], "prompt_len": spec["prompt_len"],
+           "completion_len": spec["completion_len"], "repeats": spec["repeats"], "rows": rows}  # fmt: skip
+    Path(result_path).write_text(json.dumps(out, indent=1))
 
-    def batch(rule: str, n: int, m: int) -> UpdateBatch:
-        """The trainer's kept rows: selection over all n (binary rewards, p = 0.5), advantages."""
+
+class _Updater:
+    """A randomly initialised Llama of ``arch`` on ``device`` with its AdamW and a constant schedule;
+    a call is one podsrl update (run_update) of a batch in micro-batches of ``micro_batch`` rows."""
+
+    def __init__(self, arch: dict, device, completion_len: int):
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        self.cuda = device.type == "cuda"
+        with torch.device(device):
+            self.model = LlamaForCausalLM(LlamaConfig(**arch))
+        self.model.train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-6)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
+        self.completion_len = completion_len
+
+    def __call__(self, batch, micro_batch: int):
+        from podsrl.core.loss import LossSettings
+        from podsrl.train.update import UpdateSettings, run_update
+
+        loss = LossSettings(eps_low=0.2, aggregation="sequence", max_completion_len=self.completion_len)
+        settings = UpdateSettings(loss=loss, pad_id=0, micro_batch_size=micro_batch, temperature=1.0, grad_clip=1.0)
+        return run_update(self.model, self.optimizer, self.scheduler, batch, settings)
+
+    def sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def _update_jobs(spec: dict, vocab: int, gen) -> list[tuple[str, Any]]:
+    """Per UPDATE_CONFIGS entry, its label and the trainer's kept rows (an UpdateBatch): B = spec's
+    prompts of prompt_len random ids, n binary rewards each (p = 0.5), the rule's m kept, their
+    advantages, and a full-length random completion per kept row. Every draw from ``gen``, in order."""
+    import torch
+
+    from podsrl.core.advantages import group_advantages
+    from podsrl.core.selection import get_rule
+    from podsrl.train.update import UpdateBatch
+
+    B, P, C = spec["prompts"], spec["prompt_len"], spec["completion_len"]
+    prompts = [torch.randint(3, vocab, (P,), generator=gen).tolist() for _ in range(B)]
+    jobs = []
+    for label, rule, n, m in UPDATE_CONFIGS:
         rewards = torch.bernoulli(torch.full((B, n), 0.5), generator=gen)  # [B, n]
         keep = get_rule(rule)(rewards, m, generator=gen)  # [B, n] bool
         advantages = group_advantages(rewards, keep)  # [B, n]
         kept = keep.flatten().nonzero().flatten().tolist()
         completions = [torch.randint(3, vocab, (C,), generator=gen).tolist() for _ in kept]  # every one full length
-        return UpdateBatch(prompt_ids=[prompts[i // n] for i in kept], completion_ids=completions, advantages=advantages.flatten()[kept])
+        jobs.append((label, UpdateBatch(prompt_ids=[prompts[i // n] for i in kept], completion_ids=completions,
+                                        advantages=advantages.flatten()[kept])))  # fmt: skip
+    return jobs
 
-    def update(b: UpdateBatch, micro_batch: int):
-        loss = LossSettings(eps_low=0.2, aggregation="sequence", max_completion_len=C)
-        settings = UpdateSettings(loss=loss, pad_id=0, micro_batch_size=micro_batch, temperature=1.0, grad_clip=1.0)
-        return run_update(model, optimizer, scheduler, b, settings)
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    jobs = [(label, batch(rule, n, m)) for label, rule, n, m in UPDATE_CONFIGS]
-    update(UpdateBatch(jobs[0][1].prompt_ids[:2], jobs[0][1].completion_ids[:2], jobs[0][1].advantages[:2]), 2)  # gradients, AdamW state
-    rows = []
-    for mode in ("whole", 16):
-        for label, b in jobs:
-            micro = len(b.completion_ids) if mode == "whole" else mode
-            row = {"label": label, "micro_batch": mode, "rows": len(b.completion_ids), "tokens": sum(map(len, b.completion_ids)),
-                   "peak_mib": None, "seconds": None, "oom": False}  # fmt: skip
-            try:
-                if cuda:  # the peak over the update, above what is allocated before it (weights, gradients, AdamW state)
-                    torch.cuda.empty_cache()
-                    sync()
-                    torch.cuda.reset_peak_memory_stats()
-                    base = torch.cuda.memory_allocated()
-                update(b, micro)
-                sync()
-                if cuda:
-                    row["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-                times = []
-                for _ in range(spec["repeats"]):
-                    start = time.perf_counter()
-                    update(b, micro)
-                    sync()
-                    times.append(time.perf_counter() - start)
-                row["seconds"] = statistics.median(times)
-            except torch.cuda.OutOfMemoryError:  # a result too (GRPO(64)'s whole batch may not fit)
-                row["oom"] = True
-                optimizer.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
-            rows.append(row)
-    out = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "model": spec["arch"], "dtype": "float32",
-           "parameters": sum(p.numel() for p in params), "prompts": B, "prompt_len": P, "completion_len": C,
-           "repeats": spec["repeats"], "rows": rows}  # fmt: skip
-    Path(result_path).write_text(json.dumps(out, indent=1))
+def _measure_update(update: _Updater, label: str, batch, mode: int | str, repeats: int) -> dict:
+    """One row of the update-cost table: ``batch`` updated whole (``mode`` "whole") or in micro-batches
+    of ``mode`` rows; its peak memory on a GPU (above what is allocated before the update: weights,
+    gradients, AdamW state) over a first update, then the median time of ``repeats`` more. Running out
+    of GPU memory is a result too (GRPO(64)'s whole batch may not fit)."""
+    import torch
+
+    micro = len(batch.completion_ids) if mode == "whole" else mode
+    row = {"label": label, "micro_batch": mode, "rows": len(batch.completion_ids), "tokens": sum(map(len, batch.completion_ids)),
+           "peak_mib": None, "seconds": None, "oom": False}  # fmt: skip
+    try:
+        if update.cuda:
+            torch.cuda.empty_cache()
+            update.sync()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        update(batch, micro)
+        update.sync()
+        if update.cuda:
+            row["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            update(batch, micro)
+            update.sync()
+            times.append(time.perf_counter() - start)
+        row["seconds"] = statistics.median(times)
+    except torch.cuda.OutOfMemoryError:
+        row["oom"] = True
+        update.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+    return row
 
 
 # ---------------------------------------------------------------------------------------- sampling's cost

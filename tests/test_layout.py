@@ -108,3 +108,17 @@ def test_the_report_reads_no_training_code():
         assert not training, f"{name} imports {training}"
     assert "podsrl.compare.report" not in graph["podsrl.compare.table"]
     assert {"podsrl.tasks.build"} <= graph["podsrl.train.loop"] & graph["podsrl.compare.report"]
+
+
+# Functions that were split because they no longer read on one screen (issue 57), file -> names; a
+# function split later joins the list.
+SPLIT_FUNCTIONS = {"podsrl/core/loss.py": ("policy_loss",), "bench/gpu_check.py": ("update_worker",)}
+MAX_FUNCTION_LINES = 60
+
+
+def test_split_functions_stay_on_one_screen():
+    for file, names in SPLIT_FUNCTIONS.items():
+        tree = ast.parse((ROOT.parent / file).read_text(encoding="utf-8"))
+        lengths = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+        for name in names:
+            assert lengths[name] <= MAX_FUNCTION_LINES, f"{file}: {name} is {lengths[name]} lines (at most {MAX_FUNCTION_LINES})"
