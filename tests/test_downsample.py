@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 import podsrl
 from podsrl.config import Config, RolloutConfig, SelectConfig, TrainConfig
 from podsrl.core.advantages import group_advantages
-from podsrl.core.downsample import DownsampleSpec, downsample, selection_generator, step_seed
+from podsrl.core.downsample import DownsampleSpec, downsample, selection_generator
+from podsrl.core.seeds import step_seed
 from podsrl.core.selection import RULES, get_rule
 from podsrl.errors import ConfigError
 from podsrl.run.checkpoint import TrainState
@@ -362,3 +363,17 @@ def test_the_plain_pytorch_example_runs(tmp_path):
     assert len(lines) == 20
     first, last = (float(line.split("reward")[1].split()[0]) for line in (lines[0], lines[-1]))
     assert last > first  # the toy policy learns
+
+
+def test_all_lists_only_the_current_api():
+    """downsample's ``__all__`` is what the module defines for its callers; the seed helpers live in
+    podsrl.core.seeds (``step_seed``, ``Stream.SELECTION``), not re-exported here under older names."""
+    from podsrl.core import downsample as module
+
+    assert sorted(module.__all__) == sorted(
+        ["DownsampleSpec", "Selection", "downsample", "selection_generator", "has_signal", "group_signal", "groups_with_signal"]
+    )
+    for name in module.__all__:
+        assert getattr(module, name).__module__ == module.__name__, f"{name} is re-exported from {getattr(module, name).__module__}"
+    for legacy in ("step_seed", "SELECTION_STREAM"):
+        assert not hasattr(module, legacy), f"podsrl.core.downsample.{legacy}: import it from podsrl.core.seeds"

@@ -68,18 +68,17 @@ from torch import Tensor
 
 from podsrl.core.advantages import STD_SCOPES, check_rewards, group_advantages
 from podsrl.core.schedules import SCHEDULES, schedule_value, scheduled_m
-from podsrl.core.seeds import Stream, step_seed
+from podsrl.core import seeds
+from podsrl.core.seeds import Stream
 from podsrl.core.selection import RULES, drop_zero_variance_groups, get_rule, nonzero_variance_groups
 from podsrl.errors import ConfigError
 
 __all__ = [
-    "DownsampleSpec", "Selection", "downsample", "selection_generator", "step_seed", "SELECTION_STREAM", "has_signal",
-    "group_signal", "groups_with_signal",
+    "DownsampleSpec", "Selection", "downsample", "selection_generator", "has_signal", "group_signal", "groups_with_signal",
 ]  # fmt: skip
 
 ADVANTAGE_SETS = ("auto", "kept", "group")
 TOKEN_SCORES = ("adv_entropy", "entropy")
-SELECTION_STREAM = int(Stream.SELECTION)  # the stream of step_seed that selection draws from (podsrl.core.seeds)
 
 
 @dataclass(frozen=True)
@@ -212,7 +211,7 @@ class Selection:
 
 def selection_generator(seed: int, step: int) -> torch.Generator:
     """The CPU generator the rule draws its tie-breaks from at ``step``."""
-    return torch.Generator().manual_seed(step_seed(seed, step, Stream.SELECTION))
+    return seeds.generator(seed, step, Stream.SELECTION)
 
 
 def downsample(
