@@ -82,7 +82,7 @@ DEFAULT_TASK_OPTIONS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class TaskConfig:
     name: str = "arithmetic"  # arithmetic | gsm8k | jsonl | math | reasoning_gym (podsrl.tasks)
-    # Passed to the task's loader (see podsrl.tasks); unknown names are rejected there.
+    # Passed to the task's loader (see podsrl.tasks); names it does not take are rejected here (check_option_names).
     options: dict[str, Any] = field(default_factory=dict)  # the task loader's options, over DEFAULT_TASK_OPTIONS[name]
     # Each task's own prompt and instruction agree (arithmetic asks for the number alone; gsm8k, jsonl
     # and math ask to think step by step): a default here would contradict some task's instruction.
@@ -92,12 +92,13 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         from podsrl.grading.graders import check_grader
-        from podsrl.tasks import TASKS, absolute_paths, canonical_options
+        from podsrl.tasks import TASKS, absolute_paths, canonical_options, check_option_names
 
         _one_of(self.name, TASKS, "task.name")
         if self.grader is not None:
             check_grader(self.grader)
         options = canonical_options(self.name, {**DEFAULT_TASK_OPTIONS.get(self.name, {}), **self.options})
+        check_option_names(self.name, options)  # a misspelt option fails here, before any data or model loads
         object.__setattr__(self, "options", absolute_paths(options))  # the saved config.toml works from anywhere
 
 

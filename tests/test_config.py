@@ -26,6 +26,10 @@ BAD_OVERRIDES = [
     pytest.param(["select.m=0"], ["select.m", ">= 1"], id="m-below-1"),
     pytest.param(["select.rule=best"], ["select.rule", "'best'", "max_variance", "d3s_intra", "all"], id="unknown-rule"),
     pytest.param(["task.name=mmlu"], ["task.name", "'mmlu'", "arithmetic", "gsm8k", "jsonl"], id="unknown-task"),
+    pytest.param(["task.options.digits=3"], ["task.options.digits", "'arithmetic'", "max_digits"], id="unknown-task-option"),
+    # `name` is load_task's own argument (the task): as an option it was a TypeError (issue 57).
+    pytest.param(["task.name=reasoning_gym", "task.options.name=chain_sum"], ["task.options.name", "task.name chooses the task", "--task.options.dataset=chain_sum"], id="option-named-name"),
+    pytest.param(["task.options.name=x"], ["task.options.name", "task.name chooses the task", "valid options"], id="option-named-name-arithmetic"),
     pytest.param(["reward.names=corectness"], ["reward.names", "'corectness'", "correctness", "format"], id="unknown-reward"),
     pytest.param(["rollout.engine=sglang"], ["rollout.engine", "'sglang'", "auto", "transformers", "vllm"], id="unknown-engine"),
     pytest.param(["loss.aggregation=mean"], ["loss.aggregation", "sequence", "token", "constant"], id="unknown-aggregation"),

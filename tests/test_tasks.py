@@ -28,6 +28,12 @@ def test_unknown_option_is_named_with_the_valid_ones():
         load_task("arithmetic", num_train=10, num_digits=2)
 
 
+def test_an_option_named_like_load_tasks_own_argument_is_an_unknown_option():
+    # load_task(name, **options): an option `name` was a TypeError ("multiple values"), issue 57.
+    with pytest.raises(ConfigError, match="task.options.name: task 'reasoning_gym' has no option 'name'.*task.options.dataset"):
+        load_task("reasoning_gym", name="chain_sum")
+
+
 def test_missing_required_option_is_named():
     with pytest.raises(ConfigError, match="needs option 'path'"):
         load_task("jsonl")

@@ -83,26 +83,22 @@ def absolute_paths(options: Mapping[str, object]) -> dict[str, object]:
     return out
 
 
-def load_task(name: str, **options: object) -> Task:
+def load_task(name: str, /, **options: object) -> Task:
     """Load the task `name` from `TASKS` with its loader's keyword `options`.
 
-    Unknown task names, unknown option names and missing required options raise ConfigError
-    listing what is valid; each loader validates its option values. Older option names
-    (`OPTION_ALIASES`) are accepted.
+    Unknown task names, unknown option names (`check_option_names`) and missing required options
+    raise ConfigError listing what is valid; each loader validates its option values. Older option
+    names (`OPTION_ALIASES`) are accepted. `name` is positional-only, so an option called `name` is
+    an unknown option like any other, not a second value for it.
     """
     if name not in TASKS:
         raise ConfigError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
     options = canonical_options(name, options)
+    check_option_names(name, options)
     loader = TASKS[name]
-    parameters = inspect.signature(loader).parameters
-    older = {now: old for old, now in OPTION_ALIASES.get(name, {}).items()}
-    valid = ", ".join(f"{p} (or {older[p]}, its older name)" if p in older else p for p in parameters) or "(none)"
-    for option in options:
-        if option not in parameters:
-            raise ConfigError(f"task {name!r} has no option {option!r}; valid options: {valid}")
-    for option, parameter in parameters.items():
+    for option, parameter in inspect.signature(loader).parameters.items():
         if parameter.default is inspect.Parameter.empty and option not in options:
-            raise ConfigError(f"task {name!r} needs option {option!r}; valid options: {valid}")
+            raise ConfigError(f"task {name!r} needs option {option!r}; valid options: {_valid_options(name)}")
     task = loader(**options)
     # A split without problems would fail later, mid-run, with a traceback: training draws from
     # `train` and evaluation averages over `eval`.
@@ -113,6 +109,28 @@ def load_task(name: str, **options: object) -> Task:
     return task
 
 
+def check_option_names(name: str, options: Mapping[str, object]) -> None:
+    """ConfigError naming ``task.options.X`` for an option that task `name`'s loader does not take,
+    with the valid ones; read when a config is built and again by `load_task`. An option `name` is
+    a likely mix-up with ``task.name`` (and, in reasoning-gym, with a mix's per-dataset `name`), so
+    its message says where the task and its data are chosen."""
+    parameters = inspect.signature(TASKS[name]).parameters
+    for option, value in options.items():
+        if option not in parameters:
+            hint = ""
+            if option == "name":
+                data = next((p for p in ("dataset", "path") if p in parameters), None)
+                hint = " (task.name chooses the task" + (f"; to train on {value!r}, give --task.options.{data}={value}" if data else "") + ")"
+            raise ConfigError(f"task.options.{option}: task {name!r} has no option {option!r}{hint}; valid options: {_valid_options(name)}")
+
+
+def _valid_options(name: str) -> str:
+    """Task `name`'s option names, each older name (`OPTION_ALIASES`) beside the name it has now."""
+    older = {now: old for old, now in OPTION_ALIASES.get(name, {}).items()}
+    parameters = inspect.signature(TASKS[name]).parameters
+    return ", ".join(f"{p} (or {older[p]}, its older name)" if p in older else p for p in parameters) or "(none)"
+
+
 def format_user_message(example: Example, task: Task) -> str:
     """The user turn: the question, then the task's instruction on its own line (if any)."""
     if not task.instruction:
@@ -121,6 +139,7 @@ def format_user_message(example: Example, task: Task) -> str:
 
 
 __all__ = [
-    "OPTION_ALIASES", "PATH_OPTIONS", "TASKS", "Example", "Task", "absolute_paths", "canonical_options", "format_user_message",
+    "OPTION_ALIASES", "PATH_OPTIONS", "TASKS", "Example", "Task", "absolute_paths", "canonical_options", "check_option_names",
+    "format_user_message",
     "load_task",
 ]  # fmt: skip
