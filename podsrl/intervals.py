@@ -1,6 +1,6 @@
 """95% intervals, in one place: the normal and Student-t quantiles, Wilson's score interval for a
-binomial proportion, the normal interval of a mean, and Student-t intervals for a mean and for a
-paired difference. A leaf: it imports nothing of podsrl's, so the evaluator
+binomial proportion, the normal interval of a mean, the interval of an accuracy over problems
+sampled several times each, and Student-t intervals for a mean and for a paired difference. A leaf: it imports nothing of podsrl's, so the evaluator
 (:mod:`podsrl.train.evaluate`) and the comparison report (:mod:`podsrl.compare`) share it.
 
 Choices:
@@ -9,6 +9,18 @@ Choices:
 - **t** comes from a table of t_{0.975, df} for df = 1..30 (three decimals, as printed in every
   statistics textbook; no scipy dependency for thirty numbers) and, above 30, from the
   Cornish-Fisher expansion of the t quantile in 1/df around z, within 1e-3 of the exact value there.
+- **Accuracy over problems** (`accuracy_interval`), ``samples`` completions on each of P problems:
+  with one, Wilson's interval on the P problems. With several, a problem's samples are correlated
+  (a problem the model cannot do is failed by all of them), so the problems are the units: the
+  normal interval over the P per-problem means (a cluster interval; its width carries the design
+  effect, between 1 for independent samples and ``samples`` for samples that always agree). It is
+  widened where needed to contain Wilson's interval on the P x samples completions counted as
+  independent, the narrowest a design effect of at least 1 allows: near 0% and 100% the normal
+  interval is too short (one right sample of 200 on 50 problems: 0-1.5% alone, 0-2.8% floored).
+  When every problem has the same mean (all wrong, all right) there is no spread to estimate the
+  design effect from, and the normal interval collapses to a point (it printed "95% CI 0.0-0.0",
+  issue 57); the worst case is taken, samples that always agree: Wilson's interval on the P
+  problems, the interval one sample per problem gives (0 of 20 problems: 0-16.1%, with any samples).
 - **Student-t interval** for the mean of k values: mean +- t_{0.975, k-1} s / sqrt(k), s the sample
   standard deviation (k - 1 in the denominator); none for k < 2 (no spread to estimate). The
   interval is not clipped: a mean of accuracies can get an interval that leaves [0, 1] with few
@@ -43,8 +55,9 @@ def t975(df: int) -> float:
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
-def wilson_interval(successes: int, total: int, z: float = Z975) -> tuple[float, float]:
-    """Wilson's score interval for the proportion successes / total; (0, 1) when total is 0."""
+def wilson_interval(successes: float, total: int, z: float = Z975) -> tuple[float, float]:
+    """Wilson's score interval for the proportion successes / total; (0, 1) when total is 0.
+    ``successes`` may be fractional (a proportion times the count it is taken over)."""
     if total == 0:
         return 0.0, 1.0
     p = successes / total
@@ -65,6 +78,21 @@ def normal_interval(values: Sequence[float], low: float = 0.0, high: float = 1.0
     var = sum((x - mean) ** 2 for x in values) / max(1, n - 1)
     half = Z975 * math.sqrt(var / n)
     return max(low, mean - half), min(high, mean + half)
+
+
+def accuracy_interval(correct: Sequence[int], samples: int) -> tuple[float, float]:
+    """95% interval for the accuracy sum(correct) / (P x samples), ``correct`` the number of right
+    samples on each of P problems (see the module docstring): Wilson's on P problems with one
+    sample each or no spread between the problems' means; else the normal interval over the
+    problems' means, widened to contain Wilson's on the P x samples completions."""
+    problems = len(correct)
+    if problems == 0:
+        raise ValueError("accuracy_interval: no problems")
+    if samples == 1 or len(set(correct)) == 1:  # independent problems, or no spread: the worst case
+        return wilson_interval(sum(correct) / samples, problems)
+    low, high = normal_interval([c / samples for c in correct])
+    floor_low, floor_high = wilson_interval(sum(correct), problems * samples)
+    return min(low, floor_low), max(high, floor_high)
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float] | None:

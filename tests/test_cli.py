@@ -434,6 +434,62 @@ def test_evaluation_calls_the_engine_in_parts_with_a_seed_each():
     assert engine.calls == [(3, 7 + CALL_SEED_OFFSET * c) for c in range(15)]  # the first call: the seed as before
 
 
+class _Scripted:
+    """A stand-in engine whose completions are given per problem: problem i's samples answer
+    ``right[i]`` of them right (the first ones) and the rest wrong."""
+
+    def __init__(self, examples, right):
+        self.examples, self.right = examples, right
+
+    def generate(self, prompt_ids, sampling):
+        from podsrl.engines import Rollouts
+
+        texts = [self.examples[p[0]].answer if s < self.right[p[0]] else "no idea" for p in prompt_ids for s in range(sampling.n)]
+        return Rollouts(prompt_ids=prompt_ids, completion_ids=[[1]] * len(texts), texts=texts, truncated=[False] * len(texts))
+
+
+def _evaluate_scripted(right: list[int], samples: int):
+    from podsrl.tasks import Example
+    from podsrl.train.evaluate import evaluate
+
+    examples = [Example(str(i), f"q{i}", str(i)) for i in range(len(right))]
+    return evaluate(_Scripted(examples, right), [[i] for i in range(len(right))], examples, temperature=1.0, samples=samples)
+
+
+@pytest.mark.parametrize("problems", [10, 20, 50])
+@pytest.mark.parametrize("all_right", [False, True], ids=["all-wrong", "all-right"])
+def test_an_evaluation_with_no_spread_gets_the_interval_of_its_problem_count(problems, all_right):
+    """Every sample wrong (or every one right), 4 samples a problem: the interval from the spread of
+    the per-problem means was 0.0-0.0 (issue 57), while one sample a problem gave Wilson's 0-16.1 on
+    20 problems. Without spread the design effect is unknown and its worst case is taken: Wilson's
+    interval on the number of problems, the 1-sample evaluation's interval."""
+    from podsrl.intervals import wilson_interval
+
+    samples4 = _evaluate_scripted([4 * all_right] * problems, samples=4)
+    samples1 = _evaluate_scripted([1 * all_right] * problems, samples=1)
+    assert samples4.accuracy == samples1.accuracy == float(all_right)
+    assert (samples4.ci_low, samples4.ci_high) == (samples1.ci_low, samples1.ci_high) == wilson_interval(problems * all_right, problems)
+    assert samples4.ci_high - samples4.ci_low > 0.05  # 50 problems: 0-7.1%
+    if problems == 20 and not all_right:
+        assert samples4.summary() == "0.0% [95% CI 0.0-16.1] on 20 problems"
+
+
+def test_an_evaluation_with_little_spread_is_no_narrower_than_its_completions_allow():
+    """One right sample of 200 (50 problems x 4): the normal interval over the problems' means is
+    0.5 +- 1.0 points, clipped at 0 (0-1.5%); no interval may be narrower than Wilson's on the 200
+    completions counted as independent (0.1-2.8%), which a design effect of at least 1 allows."""
+    from podsrl.intervals import normal_interval, wilson_interval
+
+    result = _evaluate_scripted([1] + [0] * 49, samples=4)
+    assert result.accuracy == 1 / 200
+    assert normal_interval([0.25] + [0.0] * 49)[1] < wilson_interval(1, 200)[1]  # what the floor is for
+    assert (result.ci_low, result.ci_high) == (0.0, wilson_interval(1, 200)[1])
+    # With spread enough, the normal interval over the problems stands (here wider than the floor).
+    means = [0.25 * (i % 5) for i in range(50)]
+    result = _evaluate_scripted([i % 5 for i in range(50)], samples=4)
+    assert (result.ci_low, result.ci_high) == normal_interval(means)
+
+
 def test_a_run_with_relative_paths_is_evaluated_from_another_directory(tiny_model_dir, reward_file, tmp_path, monkeypatch):
     """`podsrl train` in a directory holding mytask.jsonl and my_rewards.py, then `podsrl eval --run`
     and `--model` from elsewhere: the saved config.toml holds absolute paths (it held them as given,

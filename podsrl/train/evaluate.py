@@ -4,10 +4,13 @@ A sample is correct when the problem's grader (`Example.grader`, chosen by the t
 :mod:`podsrl.grading.graders`) gives it full marks, 1.0; partial credit counts as wrong.
 Accuracy is the mean over problems of the fraction of a problem's samples that are correct (one
 greedy sample by default; with ``samples`` > 1 at a temperature it is the mean per-sample accuracy,
-i.e. pass@1, with less noise than one sample). With one sample per problem the interval is Wilson's
-score interval for a binomial proportion, which stays inside [0, 1] and behaves at 0% and 100%;
-with several it is a normal interval over the per-problem means (samples of one problem are
-correlated, so counting them as independent would overstate the confidence). pass@k uses the unbiased
+i.e. pass@1, with less noise than one sample). The 95% interval is
+:func:`podsrl.intervals.accuracy_interval`: with one sample per problem Wilson's score interval for
+a binomial proportion, which stays inside [0, 1] and behaves at 0% and 100%; with several a normal
+interval over the per-problem means (samples of one problem are correlated, so counting them as
+independent would overstate the confidence), never narrower than Wilson's on the completions, and
+Wilson's on the problems when every problem scores the same (all wrong, all right: no spread to
+measure, so the interval one sample per problem gives). pass@k uses the unbiased
 estimator of Chen et al. (2021): 1 - C(c_fail, k) / C(samples, k), averaged over problems.
 
 Under torchrun the problems are split over the ranks in contiguous blocks (the last ones padded so
@@ -39,7 +42,7 @@ from podsrl.train.distributed import Dist
 from podsrl.engines import Engine, Rollouts, Sampling
 from podsrl.grading.answers import extract_answer
 from podsrl.grading.graders import grade
-from podsrl.intervals import normal_interval, wilson_interval
+from podsrl.intervals import accuracy_interval, wilson_interval  # noqa: F401 (wilson_interval: test_compare reads it here)
 from podsrl.tasks import Example
 
 
@@ -161,10 +164,7 @@ def evaluate(
     correct = [row[0] for row in counts]
     means = [c / samples for c in correct]  # [P]
     accuracy = sum(means) / len(means)
-    if samples == 1:
-        low, high = wilson_interval(round(sum(means)), len(means))
-    else:
-        low, high = normal_interval(means)
+    low, high = accuracy_interval(correct, samples)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
     passes = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in correct) / len(examples) for k in ks}
     if keep_completions and dist.active:
