@@ -36,6 +36,25 @@ def test_the_bar_shows_the_step_just_taken(tmp_path, bar_config, capsys):
     logger.close()
 
 
+@pytest.mark.parametrize("max_steps", ["4", "none"])
+def test_the_bars_two_step_times_are_labelled(tmp_path, max_steps, capsys):
+    """The bar showed "246.21s/step ... 179.6s/step" (issue 57): tqdm's rate, now the mean wall time
+    a step since the bar started (evaluations and checkpoints included; the ETA is read from it),
+    and the step's own time/step. Each is named; no step time stands unlabelled."""
+    import re
+
+    logger = RunLogger(tmp_path, load(None, ["train.progress=true", f"train.max_steps={max_steps}", "train.max_seconds=60"]))
+    logger.bar.mininterval = 0
+    for step in (1, 2):
+        logger.log_step(_metrics(step, 0.5), SimpleNamespace(step=step))
+    shown = _drawn(capsys.readouterr().err)
+    assert "this step 1.5s" in shown, shown
+    times = re.findall(r"(\S+) +(?:\?|[\d.]+)(?:s/step|step/s)", shown)
+    assert times == ["mean"], shown  # the rate, labelled (tqdm pads a rate below 10 to five characters)
+    assert logger.bar.smoothing == 0  # tqdm's rate is the mean since the bar started, not a moving average
+    logger.close()
+
+
 def test_a_resumed_bar_shows_the_last_evaluation(tmp_path, bar_config, capsys):
     rows = [{"step": 0, "train_seconds": 0.0, "accuracy": 0.1}, {"step": 2, "train_seconds": 9.0, "accuracy": 0.42}]
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

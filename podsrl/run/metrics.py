@@ -5,7 +5,9 @@ signal, cut-off completions: :mod:`podsrl.run.watch`) are printed above the bar.
 
 The bar shows the step just taken: its figures (:data:`BAR_FIELDS`) are set before the bar
 advances to "k/N", then the last evaluation's accuracy (read back from ``eval.jsonl`` on resume) and
-the seconds per step.
+the step's own time ("this step 179.6s": ``time/step``, generation to update). Beside the elapsed
+time, "mean 246.21s/step" is the wall time a step since the bar started (or the run resumed),
+evaluations and checkpoints included: the ETA is read from it (:data:`BAR_FORMAT`).
 
 On resume, lines written after the checkpoint's step are dropped first, so the files read as if
 the run had never been interrupted; that rewrite is atomic (a temporary file renamed over the old
@@ -35,6 +37,12 @@ BAR_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# tqdm's layouts with its rate named: with smoothing 0 the rate is the mean over the steps since the
+# bar started, not tqdm's moving average of the last few (which jumps after each evaluation).
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, mean {rate_fmt}{postfix}]"
+BAR_FORMAT_NO_TOTAL = "{desc}: {n_fmt}{unit} [{elapsed}, mean {rate_fmt}{postfix}]"  # no train.max_steps: no bar, no ETA
+
+
 def bar_text(metrics: dict, last_eval: str) -> str:
     """The text beside the progress bar's "k/N" for a step's ``metrics``."""
     parts = [f"{label} {fmt.format(metrics[key])}" for label, key, fmt in BAR_FIELDS if isinstance(metrics.get(key), (int, float))]
@@ -42,7 +50,7 @@ def bar_text(metrics: dict, last_eval: str) -> str:
         parts.append(sampling)
     parts.append(f"eval {last_eval}")
     if isinstance(metrics.get("time/step"), (int, float)):
-        parts.append(f"{metrics['time/step']:.1f}s/step")
+        parts.append(f"this step {metrics['time/step']:.1f}s")
     return " ".join(parts)
 
 
@@ -96,7 +104,8 @@ class RunLogger:
         _truncate_jsonl(self.run_dir / "eval.jsonl", start_step)
         t = cfg.train
         total = t.max_steps if t.max_steps else None
-        self.bar = tqdm(total=total, initial=start_step, desc="train", unit="step", disable=not t.progress, dynamic_ncols=True)
+        self.bar = tqdm(total=total, initial=start_step, desc="train", unit="step", disable=not t.progress, dynamic_ncols=True,
+                        smoothing=0, bar_format=BAR_FORMAT if total else BAR_FORMAT_NO_TOTAL)  # fmt: skip
         evals = read_jsonl(self.run_dir / "eval.jsonl")  # a resumed run's last evaluation
         self.last_eval: str = _eval_text(evals[-1]["accuracy"]) if evals and isinstance(evals[-1].get("accuracy"), (int, float)) else "-"
         self.watch = RunWatch(cfg)
