@@ -153,10 +153,25 @@ def _print_summary(run_dir: Path) -> None:
 def cmd_eval(args, overrides: list[str]) -> int:
     import dataclasses
 
-    from podsrl.run import checkpoint as ckpt
     from podsrl import config as config_mod
-    from podsrl.run.watch import eval_truncation_note
-    from podsrl.train.loop import describe_eval, run_eval, setup
+
+    cfg = _eval_config(args, overrides)
+    for option, value in (("--json", args.json), ("--completions", args.completions)):  # before the evaluation, not after it
+        if value:
+            _check_output_file(Path(value), option)
+    # Accuracy is the task's grader, whatever the run trained on: the run's own reward
+    # functions are never called, so they are not imported (a reward file need not be at hand).
+    cfg = dataclasses.replace(cfg, reward=config_mod.RewardConfig())
+    result = _evaluate(cfg, args)
+    _print_evaluation(result, cfg)
+    _write_evaluation(result, cfg, args)
+    return 0
+
+
+def _eval_config(args, overrides: list[str]):
+    """The config of what ``podsrl eval`` evaluates: a run's (--run, its config.toml), an exported
+    model's (--model, its podsrl_config.toml when it has one) or a config file's, with the overrides."""
+    from podsrl import config as config_mod
 
     if args.run and args.model:
         raise ConfigError("--run evaluates a run's checkpoint and --model a model directory; give one of them")
@@ -166,20 +181,22 @@ def cmd_eval(args, overrides: list[str]) -> int:
             raise ConfigError(f"--run {run_dir} evaluates with the run's own config.toml; drop {args.config} (change settings with --section.key=value)")
         cfg = _checkpointed_run_config(run_dir, "--run", overrides)
         check_weight_settings(run_dir, cfg)
-    elif args.model:
+        return cfg
+    if args.model:
         from podsrl.run.export import CONFIG_FILE, eval_config
 
         cfg = eval_config(args.model, args.config, overrides)
         if args.config is None and (Path(args.model).expanduser() / CONFIG_FILE).is_file():
             _say_reward_code(cfg, Path(args.model).expanduser() / CONFIG_FILE, rewards=False)
-    else:
-        cfg = config_mod.load(args.config, overrides)
-    for option, value in (("--json", args.json), ("--completions", args.completions)):  # before the evaluation, not after it
-        if value:
-            _check_output_file(Path(value), option)
-    # Accuracy is the task's grader, whatever the run trained on: the run's own reward
-    # functions are never called, so they are not imported (a reward file need not be at hand).
-    cfg = dataclasses.replace(cfg, reward=config_mod.RewardConfig())
+        return cfg
+    return config_mod.load(args.config, overrides)
+
+
+def _evaluate(cfg, args):
+    """Load the model (with --run, the run's newest checkpoint), say what is evaluated, evaluate."""
+    from podsrl.run import checkpoint as ckpt
+    from podsrl.train.loop import describe_eval, run_eval, setup
+
     s = setup(cfg)
     if s.grading_note is not None:
         print(f"podsrl: warning: {s.grading_note}")
@@ -193,6 +210,14 @@ def cmd_eval(args, overrides: list[str]) -> int:
         print(line, flush=True)
     result = run_eval(s, ckpt.TrainState(), progress=cfg.train.progress, keep_completions=bool(args.completions))
     s.engine.close()
+    return result
+
+
+def _print_evaluation(result, cfg) -> None:
+    """Accuracy with its interval and what it means, pass@k, lengths, and a note when the token
+    limit cost answers."""
+    from podsrl.run.watch import eval_truncation_note
+
     print(f"accuracy: {result.summary()}")
     print(f"  ({ACCURACY_MEANS})")
     for k, v in result.pass_at_k.items():
@@ -201,6 +226,10 @@ def cmd_eval(args, overrides: list[str]) -> int:
     note = eval_truncation_note(result, cfg, "the completions")
     if note is not None:
         print(note)
+
+
+def _write_evaluation(result, cfg, args) -> None:
+    """--json: the result's numbers; --completions: every completion with its grade (rank 0)."""
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(result.to_dict(), indent=2))
@@ -214,7 +243,6 @@ def cmd_eval(args, overrides: list[str]) -> int:
         except OSError as err:
             raise ConfigError(f"--completions {args.completions}: cannot write it ({err.strerror or err})") from None
         print(f"podsrl: {result.problems} problems x {cfg.eval.samples} completions, each with its grade, written to {args.completions}")
-    return 0
 
 
 def cmd_export(args, overrides: list[str]) -> int:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -116,6 +117,16 @@ def pass_at_k(samples: int, correct: int, k: int) -> float:
     return 1.0 - math.comb(samples - correct, k) / math.comb(samples, k)
 
 
+class Counts(NamedTuple):
+    """One problem's tallies over its samples: what ranks gather (one row of whole numbers each)."""
+
+    correct: int  # samples with full marks
+    tokens: int  # completion tokens, summed
+    truncated: int  # samples cut off at the token limit
+    truncated_right: int  # cut off and right anyway
+    truncated_unanswered: int  # cut off with no final answer in them (podsrl.grading.answers.extract_answer)
+
+
 def evaluate(
     engine: Engine,
     prompt_ids: list[list[int]],
@@ -138,49 +149,61 @@ def evaluate(
     dist = dist or Dist()
     order = list(range(len(examples)))
     mine, real = dist.pad_shard(order) if dist.active else (order, len(order))
-    rollouts = _generate(engine, [prompt_ids[i] for i in mine], samples, temperature, max_new_tokens, seed, dist, min_call,
-                         bar=tqdm(total=len(examples), desc="eval", unit="problem", disable=not (progress and dist.is_main),
-                                  dynamic_ncols=True))  # fmt: skip
-    rows = []  # [problem][correct, summed length, truncated, truncated and right, truncated and unanswered] (samples)
-    kept = []  # keep_completions: this rank's records
-    for j, i in enumerate(mine[:real]):
-        texts = rollouts.texts[j * samples : (j + 1) * samples]
-        ids = rollouts.completion_ids[j * samples : (j + 1) * samples]
-        cut = rollouts.truncated[j * samples : (j + 1) * samples]
-        grades = [grade(t, examples[i]) for t in texts]
-        right = [g >= 1.0 for g in grades]  # graders.is_right, on the grades computed once
-        if keep_completions:
-            e = examples[i]
-            kept.append({"id": e.id, "question": e.question, "answer": e.answer,
-                         "completions": [{"text": t, "grade": g, "truncated": bool(c)} for t, g, c in zip(texts, grades, cut)]})  # fmt: skip
-        rows.append([
-            sum(right),
-            sum(len(c) for c in ids),
-            sum(cut),
-            sum(c and r for c, r in zip(cut, right)),
-            sum(c and not r and extract_answer(t) is None for c, r, t in zip(cut, right, texts)),
-        ])  # fmt: skip
-    counts = dist.gather_ragged(torch.tensor(rows, dtype=torch.long).reshape(-1, 5)).tolist()  # [P, 5]
-    correct = [row[0] for row in counts]
-    means = [c / samples for c in correct]  # [P]
-    accuracy = sum(means) / len(means)
+    bar = tqdm(total=len(examples), desc="eval", unit="problem", disable=not (progress and dist.is_main), dynamic_ncols=True)
+    rollouts = _generate(engine, [prompt_ids[i] for i in mine], samples, temperature, max_new_tokens, seed, dist, min_call, bar)
+    scored = [_score(examples[i], rollouts, j, samples) for j, i in enumerate(mine[:real])]  # this rank's problems
+    rows = torch.tensor([counts for counts, _ in scored], dtype=torch.long).reshape(-1, len(Counts._fields))
+    counts = [Counts(*row) for row in dist.gather_ragged(rows).tolist()]  # [P], every rank's
+    completions = _gather_completions([record for _, record in scored], dist) if keep_completions else None
+    return _result(counts, samples, seconds=time.perf_counter() - start, completions=completions)
+
+
+def _score(example: Example, rollouts: Rollouts, j: int, samples: int) -> tuple[Counts, dict]:
+    """Problem ``example``'s tallies from its ``samples`` rollouts (the j-th block of ``rollouts``),
+    and its record for ``EvalResult.completions``: {"id", "question", "answer", "completions":
+    [{"text", "grade", "truncated"}]}."""
+    block = slice(j * samples, (j + 1) * samples)
+    texts, ids, cut = rollouts.texts[block], rollouts.completion_ids[block], rollouts.truncated[block]
+    grades = [grade(t, example) for t in texts]
+    right = [g >= 1.0 for g in grades]  # graders.is_right, on the grades computed once
+    counts = Counts(
+        correct=sum(right),
+        tokens=sum(len(c) for c in ids),
+        truncated=sum(cut),
+        truncated_right=sum(c and r for c, r in zip(cut, right)),
+        truncated_unanswered=sum(c and not r and extract_answer(t) is None for c, r, t in zip(cut, right, texts)),
+    )
+    record = {"id": example.id, "question": example.question, "answer": example.answer,
+              "completions": [{"text": t, "grade": g, "truncated": bool(c)} for t, g, c in zip(texts, grades, cut)]}  # fmt: skip
+    return counts, record
+
+
+def _gather_completions(records: list[dict], dist: Dist) -> list[dict] | None:
+    """Every rank's records on rank 0, in the held-out order (the ranks' shards, in rank order);
+    None on the other ranks."""
+    if not dist.active:
+        return records
+    gathered = dist.gather_objects(records)
+    return [r for part in gathered for r in part] if dist.is_main else None
+
+
+def _result(counts: list[Counts], samples: int, *, seconds: float, completions: list[dict] | None) -> EvalResult:
+    """Accuracy with its interval (:func:`podsrl.intervals.accuracy_interval`), pass@k and the
+    completions' lengths and cut-offs, from every problem's tallies."""
+    correct = [c.correct for c in counts]
     low, high = accuracy_interval(correct, samples)
-    ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
-    passes = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in correct) / len(examples) for k in ks}
-    if keep_completions and dist.active:
-        gathered = dist.gather_objects(kept)  # the ranks' shards, in rank order: the held-out order
-        kept = [r for part in gathered for r in part] if dist.is_main else None
-    completions = len(examples) * samples
+    total = len(counts) * samples  # completions
     return EvalResult(
-        accuracy=accuracy,
+        accuracy=sum(c / samples for c in correct) / len(counts),
         ci_low=low,
         ci_high=high,
-        problems=len(examples),
-        pass_at_k=passes,
-        mean_length=sum(row[1] for row in counts) / completions,
-        truncated=sum(row[2] for row in counts) / completions,
-        seconds=time.perf_counter() - start,
-        truncated_right=sum(row[3] for row in counts) / completions,
-        truncated_unanswered=sum(row[4] for row in counts) / completions,
-        completions=kept if keep_completions else None,
+        problems=len(counts),
+        pass_at_k={f"pass@{k}": sum(pass_at_k(samples, c, k) for c in correct) / len(counts)
+                   for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples},  # fmt: skip
+        mean_length=sum(c.tokens for c in counts) / total,
+        truncated=sum(c.truncated for c in counts) / total,
+        seconds=seconds,
+        truncated_right=sum(c.truncated_right for c in counts) / total,
+        truncated_unanswered=sum(c.truncated_unanswered for c in counts) / total,
+        completions=completions,
     )
