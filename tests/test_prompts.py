@@ -23,7 +23,7 @@ from podsrl.errors import ConfigError
 from podsrl.run import checkpoint as ckpt
 from podsrl.run.metrics import read_jsonl
 from podsrl.train import loop as trainer
-from podsrl.train.prompts import PromptStream
+from podsrl.train.prompts import PromptStream, repeats_warning
 
 from conftest import SAMPLING_RUN
 
@@ -39,8 +39,14 @@ def make_config(make_small_vocab_config):
 SELECT = PromptsConfig(skip_silent=True)
 
 
-def _taken(stream: PromptStream, batches: int, B: int) -> list[int]:
-    return [p for _ in range(batches) for p in stream.take(B).prompts]
+def _taken(stream: PromptStream, batches: int, B: int, first: int = 0) -> list[int]:
+    """The prompts of ``batches`` steps of one batch of B each, the first being step ``first``."""
+    return [p for step in range(first, first + batches) for p in stream.take(B, step).prompts]
+
+
+def _steps(stream: PromptStream, steps: int, B: int, batches: int = 1) -> list[list[int]]:
+    """The prompts each of ``steps`` steps samples in ``batches`` batches of B (dynamic sampling's)."""
+    return [[p for _ in range(batches) for p in stream.take(B, step).prompts] for step in range(steps)]
 
 
 # ------------------------------------------------------------------------- epochs
@@ -75,8 +81,72 @@ def test_the_position_survives_a_checkpoint():
     saved = ckpt.TrainState(prompts=part.state_dict())
     resumed = PromptStream(13, seed=3, cfg=SELECT)
     assert resumed.load_state_dict(saved.prompts) is None
-    assert first + _taken(resumed, 6, 4) == _taken(whole, 11, 4)
+    assert first + _taken(resumed, 6, 4, first=5) == _taken(whole, 11, 4)
     assert torch.equal(resumed.streak, whole.streak) and resumed.epochs == whole.epochs
+
+
+@pytest.mark.parametrize("pool,B,batches,steps", [(10, 4, 1, 10), (200, 32, 4, 50), (1000, 64, 1, 200)])
+def test_no_prompt_twice_in_a_step_across_an_epoch_boundary(pool, B, batches, steps):
+    """A step's batches ran over an epoch's end into the next epoch's permutation, which can hold
+    the same prompts (issue 57, seed 0: 10 prompts in batches of 4, step 8 was [8, 0, 9, 0]; 200
+    prompts in 4 batches of 32, 30 of 50 steps repeated one; 1,000 in batches of 64, 8 of 200).
+    The next epoch puts the prompts the step has sampled at its end: each prompt still once an epoch."""
+    taken = _steps(PromptStream(pool, seed=0, cfg=PromptsConfig()), steps, B, batches)
+    assert [i for i, step in enumerate(taken) if len(set(step)) < len(step)] == []
+    stream = [p for step in taken for p in step]
+    epochs = [stream[i : i + pool] for i in range(0, len(stream) - pool + 1, pool)]
+    assert len(epochs) >= 2 and all(sorted(e) == list(range(pool)) for e in epochs)
+    if pool == 10:
+        assert taken[7][:3] == [8, 0, 9] and 0 not in taken[7][3:]  # epoch 3 begins with 9, its 0 and 8 at its end
+
+
+def test_an_epoch_begun_in_a_step_survives_a_checkpoint():
+    """The order of an epoch a step began depends on what that step had sampled: the checkpoint
+    carries it (``back``), so a resumed run reads the rest of that epoch as an uninterrupted one."""
+    whole = _steps(PromptStream(10, seed=4, cfg=PromptsConfig()), 6, 4, batches=2)
+    part = PromptStream(10, seed=4, cfg=PromptsConfig())
+    first = _steps(part, 2, 4, batches=2)  # step 1 began epoch 1 with 2 prompts of epoch 0
+    state = ckpt.TrainState(prompts=part.state_dict()).prompts
+    assert len(state["back"]) == 2
+    resumed = PromptStream(10, seed=4, cfg=PromptsConfig())
+    assert resumed.load_state_dict(state) is None
+    assert first + [[p for _ in range(2) for p in resumed.take(4, step).prompts] for step in range(2, 6)] == whole
+
+
+def test_no_prompt_twice_in_a_step_that_skips_past_an_epoch():
+    """With prompt selection a step's candidates can run through the next epoch's front into the
+    prompts it put at the end: those are passed over (the step sampled them). A step of as many
+    prompts as the pool then samples every prompt once, however many it skips."""
+    stream = PromptStream(12, seed=1, cfg=PromptsConfig(skip_silent=True, explore=0.05, explore_min=0.05))
+    silent = torch.arange(12) % 4 != 0  # 3 prompts in 4 always silent
+    for step in range(20):
+        batches = [stream.take(4, step) for _ in range(3)]
+        taken = [p for b in batches for p in b.prompts]
+        assert sorted(taken) == list(range(12)), (step, taken)
+        stream.record(torch.tensor(taken), silent[taken])
+    assert stream.epoch >= 20
+
+
+def test_a_pool_smaller_than_the_step_samples_each_once_before_any_twice(make_config):
+    for taken in _steps(PromptStream(6, seed=2, cfg=PromptsConfig()), 6, 4, batches=2):  # 8 a step from 6
+        assert sorted(taken[:6]) == list(range(6)) and len(set(taken[6:])) == 2
+    cfg = make_config(**{"train.prompts_per_step": 4, "rollout.dynamic_sampling": True, "rollout.max_gen_batches": 3})
+    assert repeats_warning(12, cfg) is None
+    assert repeats_warning(11, cfg) == (
+        "the training set has 11 prompts, fewer than the 12 a step may sample (train.prompts_per_step = 4 x "
+        "rollout.max_gen_batches = 3): a step that samples more than 11 samples some prompts twice (each once before any twice)")  # fmt: skip
+    plain = make_config(**{"train.prompts_per_step": 4})
+    assert repeats_warning(4, plain) is None and "fewer than the 4 a step samples (train.prompts_per_step = 4)" in repeats_warning(3, plain)
+
+
+def test_a_run_whose_pool_is_smaller_than_a_step_says_so_once(make_config, tmp_path):
+    logs: list[str] = []
+    cfg = make_config(**{"task.options": {"ops": ["+"], "min_digits": 1, "max_digits": 1, "num_train": 3, "num_eval": 2}, "train.prompts_per_step": 4,
+                         "train.max_steps": 2, "rollout.n": 2, "eval.at_start": False, "eval.at_end": False, "train.export_model": False})  # fmt: skip
+    trainer.train(cfg, run_dir=tmp_path / "run", log=logs.append)
+    assert [line for line in logs if "samples some prompts twice" in line] == [
+        "podsrl: warning: the training set has 3 prompts, fewer than the 4 a step samples (train.prompts_per_step = 4): a step "
+        "that samples more than 3 samples some prompts twice (each once before any twice)"]  # fmt: skip
 
 
 def test_a_checkpoint_from_before_epochs_or_another_task_says_what_happens():
@@ -126,7 +196,7 @@ def test_the_stream_skips_what_the_rule_says():
     stream.record(torch.arange(pool), silent)  # streak 2 for the even ones
     stream.epoch = 1
     order, uniform = stream._epoch()
-    batch = stream.take(10)
+    batch = stream.take(10, step=0)
     skip = ps.skip_mask(stream.streak[order], uniform, 0.5, SELECT.min_sample_probability)  # [P] in stream order
     want = order[~skip][:10].tolist()
     assert batch.prompts == want
@@ -138,16 +208,16 @@ def test_the_stream_skips_what_the_rule_says():
 def test_a_stream_of_silent_prompts_never_stalls():
     stream = PromptStream(6, seed=0, cfg=PromptsConfig(skip_silent=True, explore=0.05, explore_min=0.05, min_sample_probability=1e-9))
     stream.record(torch.arange(6), torch.ones(6, dtype=torch.bool))
-    batch = stream.take(4)  # one epoch's worth examined, then taken without skipping
+    batch = stream.take(4, step=0)  # one epoch's worth examined, then taken without skipping
     assert len(batch.prompts) == 4 and batch.skipped + len(batch.prompts) <= 6 + 4
 
 
 def test_adapting_starts_in_the_second_epoch():
     stream = PromptStream(8, seed=0, cfg=SELECT)
-    stream.take(4)
+    stream.take(4, step=0)
     stream.end_step(sampled=4, silent=4)
     assert stream.explore == 0.5  # no prompt has come back yet
-    stream.take(4)
+    stream.take(4, step=1)
     stream.end_step(sampled=4, silent=4)
     assert stream.explore == pytest.approx(0.49)
     stream.end_step(sampled=4, silent=0)
@@ -220,6 +290,8 @@ def test_torchrun_ranks_take_the_same_prompt_decisions(two_rank_sampling_run):
     the same after every step."""
     rank0, rank1 = (read_jsonl(two_rank_sampling_run / "ranks" / f"rank{r}.jsonl") for r in (0, 1))
     assert len(rank0) == SAMPLING_RUN["train.max_steps"] and rank0 == rank1
+    assert all(len(set(r["sampled"])) == len(r["sampled"]) for r in rank0)  # no prompt twice in a step (issue 57)
+    assert any(r["back"] for r in rank0)  # among them a step that began an epoch
     assert sum(r["prompts_skipped"] for r in rank0) > 0
     rows = read_jsonl(two_rank_sampling_run / "run" / "metrics.jsonl")
     assert [r["prompts_skipped"] for r in rows] == [r["prompts_skipped"] for r in rank0] and rows[-1]["world_size"] == 2

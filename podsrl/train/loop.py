@@ -63,7 +63,7 @@ from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
 from podsrl.train.evaluate import EvalResult, calls, evaluate
 from podsrl.train.heartbeat import Heartbeat
-from podsrl.train.prompts import PromptStream
+from podsrl.train.prompts import PromptStream, repeats_warning
 from podsrl.train.sampling import Groups, StepSample, sample_metrics, sample_step
 from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
 
@@ -500,6 +500,8 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
         log(line)
     if s.grading_note is not None:
         log(f"podsrl: warning: {s.grading_note}")
+    if (note := repeats_warning(len(s.task.train), cfg)) is not None:
+        log(f"podsrl: warning: {note}")
     logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()
     save = lambda on_failure="stop": ckpt.save(  # noqa: E731
         run_dir, model, optimizer, scheduler, state, policy=ckpt.SavePolicy(cfg.train.keep_checkpoints, on_failure, log), dist=dist

@@ -3,11 +3,23 @@
 **Epochs.** The run reads its P training prompts as TRL's sampler and verl's dataloader do: epoch e
 is a permutation of all P, seeded by (train.seed, e) (:data:`podsrl.core.seeds.Stream.PROMPTS`;
 ``prompts.shuffle = false``: the task's order every epoch), and every generation batch takes the
-next B prompts of the stream, across an epoch's end when it comes (a pool smaller than B repeats
-prompts within a batch). Each prompt comes once an epoch; dynamic sampling's further batches take
-the next prompts of the same stream. The stream's position is a few numbers in the checkpoint
-(:meth:`PromptStream.state_dict`), so a resumed run continues exactly; under torchrun every rank
-reads the same stream and takes its block of each batch (:meth:`podsrl.train.distributed.Dist.shard`).
+next B prompts of the stream, across an epoch's end when it comes; dynamic sampling's further
+batches take the next prompts of the same stream. The stream's position is a few numbers in the
+checkpoint (:meth:`PromptStream.state_dict`), so a resumed run continues exactly; under torchrun
+every rank reads the same stream and takes its block of each batch
+(:meth:`podsrl.train.distributed.Dist.shard`).
+
+**No prompt twice in one step** (issue 57): a step whose batches run over an epoch's end would
+read the next epoch's permutation, which can hold the prompts the step has just sampled (a group
+sampled twice in one step is two groups of one prompt). So an epoch begun during a step puts the
+prompts that step has sampled at its end, in their permuted order (``back``, in the checkpoint):
+the epoch is still one of all P, each prompt comes once in it, and a step of at most P prompts
+never reaches them without skipping. Where prompt selection's skipping carries the step that far,
+it passes over them: the step sampled them, and they have had their turn of the epoch, as a
+skipped prompt has. Only a step that samples more than P prompts samples one twice, each once
+before any twice; the trainer says so at start-up (:func:`repeats_warning`). The alternatives:
+drawing the next epoch without the step's prompts would leave them out of that epoch, and holding
+a duplicate back for the next step would carry candidates (and their skip draws) across steps.
 
 Before (podsrl up to issue 44), each generation batch drew B prompts with a generator seeded by
 (seed, step, batch), independently of the others: a prompt could come twice in one step and some
@@ -35,7 +47,7 @@ from torch import Tensor
 from podsrl.core import prompt_selection as ps
 from podsrl.core.seeds import Stream, generator
 
-__all__ = ["PromptBatch", "PromptStream"]
+__all__ = ["PromptBatch", "PromptStream", "repeats_warning"]
 
 
 @dataclass
@@ -55,10 +67,13 @@ class PromptStream:
         if pool < 1:
             raise ValueError("the task has no training prompts")
         self.pool, self.seed, self.cfg = pool, seed, cfg
-        self.epoch = 0  # the epoch of the next candidate
-        self.position = 0  # candidates of that epoch already taken (sampled or skipped)
+        self.epoch = 0  # the epoch being read
+        self.position = 0  # candidates of that epoch already taken (sampled, skipped or passed over); P: the epoch is done
         self.explore = cfg.explore
         self.streak = torch.zeros(pool, dtype=torch.uint8) if cfg.skip_silent else None  # [P] consecutive silent visits
+        self._back: list[int] = []  # prompts moved to the end of the current epoch's order: the step that began it had sampled them
+        self._step: int | None = None  # the training step taking prompts
+        self._held: set[int] = set()  # the prompts that step has sampled (since it last held every prompt)
         self._cache: tuple[int, Tensor, Tensor | None] | None = None  # (epoch, order [P], uniforms [P])
 
     # ------------------------------------------------------------------ reading the stream
@@ -68,49 +83,65 @@ class PromptStream:
         """Passes over the training prompts so far (1.5: one and a half), as HF Trainer counts them."""
         return self.epoch + self.position / self.pool
 
-    def take(self, B: int) -> PromptBatch:
-        """The next B prompts to sample; with prompt selection, skipping the ones it predicts silent."""
+    def take(self, B: int, step: int) -> PromptBatch:
+        """The next B prompts to sample for training step ``step`` (a step may take several batches:
+        dynamic sampling); with prompt selection, skipping the ones it predicts silent. None is one
+        the step already sampled, until it has sampled every prompt (module docstring)."""
+        if step != self._step:
+            self._step, self._held = step, set()
         prompts: list[int] = []
         explored: list[bool] = []
         skipped = examined = 0
         while len(prompts) < B:
+            if self.position == self.pool:  # a new epoch, begun when its first candidate is needed
+                self.epoch, self.position, self._back = self.epoch + 1, 0, sorted(self._held)
             order, uniform = self._epoch()
-            chunk = order[self.position :]  # [C] this epoch's remaining candidates
-            if self.streak is None or examined >= self.pool:  # no selection, or one epoch's worth examined
-                take = chunk[: B - len(prompts)]
-                prompts += take.tolist()
-                explored += [False] * len(take) if self.streak is None else (self.streak[take] > 0).tolist()
-                self._advance(len(take))
-                continue
-            chunk = chunk[: self.pool - examined]  # examine no more than P candidates in all
-            streak = self.streak[chunk]  # [C]
-            skip = ps.skip_mask(streak, uniform[self.position : self.position + len(chunk)], self.explore, self.cfg.min_sample_probability)
-            kept = (~skip).nonzero().flatten()[: B - len(prompts)]  # positions in chunk of the next to sample
-            used = int(kept[-1]) + 1 if len(kept) == B - len(prompts) else len(chunk)  # candidates consumed
-            prompts += chunk[kept].tolist()
-            explored += (streak[kept] > 0).tolist()
-            skipped += used - len(kept)
+            candidates = order[self.position :]  # [C] this epoch's remaining candidates
+            selecting = self.streak is not None and examined < self.pool  # else: none, or one epoch's worth examined
+            if selecting:
+                candidates = candidates[: self.pool - examined]  # examine no more than P candidates in all
+                skip = ps.skip_mask(self.streak[candidates], uniform[self.position : self.position + len(candidates)], self.explore,
+                                    self.cfg.min_sample_probability).tolist()  # fmt: skip
+            used = 0  # candidates consumed (sampled, skipped, or passed over as already sampled this step)
+            for i, p in enumerate(candidates.tolist()):
+                used += 1
+                if p in self._held:
+                    continue
+                if selecting and skip[i]:
+                    skipped += 1
+                    continue
+                prompts.append(p)
+                explored.append(self.streak is not None and int(self.streak[p]) > 0)
+                self._hold(p)
+                if len(prompts) == B:
+                    break
             examined += used
-            self._advance(used)
+            self.position += used
         return PromptBatch(prompts=prompts, skipped=skipped, explored=explored)
 
+    def _hold(self, prompt: int) -> None:
+        """``prompt`` is sampled this step; once the step holds every prompt, it starts again."""
+        self._held.add(prompt)
+        if len(self._held) == self.pool:
+            self._held = set()
+
     def _epoch(self) -> tuple[Tensor, Tensor | None]:
-        """The current epoch's permutation [P] and, with selection, its candidates' uniforms [P]."""
+        """The current epoch's order [P] (its permutation, with :attr:`_back` moved to its end) and,
+        with selection, its candidates' uniforms [P]."""
         if self._cache is None or self._cache[0] != self.epoch:
             if self.cfg.shuffle:
                 order = torch.randperm(self.pool, generator=generator(self.seed, self.epoch, Stream.PROMPTS))
             else:
                 order = torch.arange(self.pool)
+            if self._back:
+                moved = torch.zeros(self.pool, dtype=torch.bool)
+                moved[self._back] = True
+                order = torch.cat([order[~moved[order]], order[moved[order]]])
             uniform = None
             if self.streak is not None:
                 uniform = torch.rand(self.pool, generator=generator(self.seed, self.epoch, Stream.PROMPT_SKIP), dtype=torch.float64)
             self._cache = (self.epoch, order, uniform)
         return self._cache[1], self._cache[2]
-
-    def _advance(self, count: int) -> None:
-        self.position += count
-        if self.position >= self.pool:
-            self.epoch, self.position = self.epoch + 1, 0
 
     # ------------------------------------------------------------------ what was seen
 
@@ -124,7 +155,7 @@ class PromptStream:
         """After a step whose sampled groups were ``silent`` of ``sampled`` silent: the exploration
         rate moves toward ``prompts.target_silent``, once prompts have come back (module docstring
         of :mod:`podsrl.core.prompt_selection`)."""
-        if self.streak is None or sampled == 0 or self.epoch == 0:
+        if self.streak is None or sampled == 0 or self.epochs < 1:
             return
         c = self.cfg
         self.explore = ps.next_explore_rate(self.explore, silent / sampled, target=c.target_silent, step=c.explore_step,
@@ -134,7 +165,7 @@ class PromptStream:
 
     def state_dict(self) -> dict:
         """Plain values and a tensor, for the checkpoint's ``state.pt`` (read with weights_only)."""
-        state = {"epoch": self.epoch, "position": self.position, "pool": self.pool}
+        state = {"epoch": self.epoch, "position": self.position, "pool": self.pool, "back": list(self._back)}
         if self.streak is not None:
             state |= {"explore": self.explore, "streak": self.streak.clone()}
         return state
@@ -150,6 +181,7 @@ class PromptStream:
             return (f"the checkpoint's training set had {state.get('pool')} prompts, this one has {self.pool}: the run "
                     "continues from the start of a new shuffled epoch, with no prompt history")  # fmt: skip
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._back, self._cache = [int(p) for p in state.get("back", [])], None  # no "back": written before issue 57, a plain permutation
         if self.streak is None:
             return None
         if "streak" not in state:
@@ -172,3 +204,15 @@ def explored_silent(batches: list[PromptBatch], silent: list[Tensor]) -> tuple[i
     hits = sum(int(s[torch.tensor(b.explored, dtype=torch.bool)].sum()) for b, s in zip(batches, silent) if len(b.explored))
     explored = sum(sum(b.explored) for b in batches)
     return hits, (hits / explored if explored else math.nan)
+
+
+def repeats_warning(pool: int, cfg) -> str | None:
+    """The start-up warning of a run (``cfg``: its :class:`podsrl.config.Config`) whose step can sample
+    more prompts than its ``pool`` training prompts, so samples some twice; None when no step can."""
+    B, dynamic, cap = cfg.train.prompts_per_step, cfg.rollout.dynamic_sampling, cfg.rollout.max_gen_batches
+    most = B * cap if dynamic else B
+    if pool >= most:
+        return None
+    settings = f"train.prompts_per_step = {B}" + (f" x rollout.max_gen_batches = {cap}" if dynamic else "")
+    return (f"the training set has {pool} prompts, fewer than the {most} a step {'may sample' if dynamic else 'samples'} ({settings}): "
+            f"a step that samples more than {pool} samples some prompts twice (each once before any twice)")

@@ -223,7 +223,7 @@ def sample_step(s, step: int, progress: float, timer) -> StepSample:
     selections: list[Selection] = []
     signals: list[Tensor] = []
     for j in range(cfg.rollout.max_gen_batches if dynamic else 1):
-        picks.append(s.prompts.take(B))
+        picks.append(s.prompts.take(B, step))
         batch = _sample_batch(s, step, j, m, picks[-1].prompts, timer)
         with timer("select"):  # the batch's one selection: its signal test, and the rows a step trains on
             selection = downsample(batch.reward, spec, progress=progress, generator=generator(seed, step, Stream.SELECTION + BATCH_OFFSET * j),
