@@ -212,6 +212,31 @@ def test_a_stream_of_silent_prompts_never_stalls():
     assert len(batch.prompts) == 4 and batch.skipped + len(batch.prompts) <= 6 + 4
 
 
+def test_prompts_the_fallback_forces_in_are_not_counted_as_explored():
+    """An all-silent pool: the batch examines an epoch's worth, skipping nearly all, then takes the
+    next candidates without skipping. Those were forced in, not explored (issue 57: skipped 10,
+    explored 8): ``prompts_explored`` and its precision count the prompts the rule chose to sample."""
+    stream = PromptStream(10, seed=0, cfg=PromptsConfig(skip_silent=True, explore=0.05, explore_min=0.05, min_sample_probability=1e-9))
+    stream.record(torch.arange(10), torch.ones(10, dtype=torch.bool))
+    stream.epoch = 1
+    order, uniform = stream._epoch()
+    chosen = int((~ps.skip_mask(stream.streak[order], uniform, 0.05, 1e-9)).sum())  # sampled by the rule, of the first 10 examined
+    batch = stream.take(8, step=0)
+    assert (sum(batch.explored), batch.forced, batch.skipped) == (chosen, 8 - chosen, 10 - chosen) and chosen < 8
+    metrics = stream.metrics([batch])
+    assert (metrics["prompts_explored"], metrics["prompts_forced"], metrics["prompts_skipped"]) == (chosen, 8 - chosen, 10 - chosen)
+
+
+def test_the_epoch_logged_is_the_one_the_steps_prompts_came_from():
+    """``epoch`` is the passes over the prompts when the step began taking them: the step that
+    crosses into epoch 1 is from epoch 0 (issue 57: it was logged after its prompts were taken, 1.2)."""
+    stream = PromptStream(10, seed=0, cfg=PromptsConfig())
+    logged = []
+    for step in range(6):
+        logged.append(stream.metrics([stream.take(4, step)])["epoch"])
+    assert logged == [0.0, 0.4, 0.8, 1.2, 1.6, 2.0]
+
+
 def test_adapting_starts_in_the_second_epoch():
     stream = PromptStream(8, seed=0, cfg=SELECT)
     stream.take(4, step=0)
@@ -262,16 +287,16 @@ def test_a_run_skips_the_prompts_that_were_silent_and_resumes_exactly(make_confi
     full = trainer.train(cfg, run_dir=tmp_path / "full", log=lambda *_: None)
     rows = read_jsonl(full / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 9))
-    assert rows[0]["prompts_skipped"] == 0 and rows[0]["epoch"] == pytest.approx(rows[0]["prompts_sampled"] / 12, abs=5e-5)  # logged to 4 places
+    assert rows[0]["prompts_skipped"] == 0 and rows[0]["epoch"] == 0 and rows[1]["epoch"] == pytest.approx(rows[0]["prompts_sampled"] / 12, abs=5e-5)
     assert sum(r["prompts_skipped"] for r in rows) > 0  # once the silent prompts have come back
     assert all(0.05 <= r["explore_rate"] <= 0.95 for r in rows)
     for r in rows:  # everything sampled was recorded; what was explored anyway came back as predicted (even: silent)
         assert r["groups_passed"] + r["groups_surplus"] + r["groups_silent"] == r["prompts_sampled"]
-        assert r["prompts_explored_silent"] <= r["prompts_explored"]
+        assert r["prompts_explored_silent"] <= r["prompts_explored"] and r["prompts_explored"] + r["prompts_forced"] <= r["prompts_sampled"]
     explored = sum(r["prompts_explored"] for r in rows)  # mostly even prompts, always silent (an odd one: 1 in 8)
     assert explored > 0 and sum(r["prompts_explored_silent"] for r in rows) >= 0.5 * explored
     state = ckpt.read_train_state(ckpt.latest(full))
-    assert state.prompts["pool"] == 12 and state.prompts["epoch"] == int(rows[-1]["epoch"])
+    assert state.prompts["pool"] == 12 and state.prompts["epoch"] + state.prompts["position"] / 12 > rows[-1]["epoch"]  # logged before its step
     even = torch.tensor([int(ex.answer) % 2 == 0 for ex in trainer.build_task(cfg).train])
     assert bool((state.prompts["streak"][even] >= 1).all())  # every one was sampled in the first epoch, and was silent
     part = trainer.train(_selecting(make_config, tmp_path, **{"rollout.dynamic_sampling": True, "rollout.max_gen_batches": 3,

@@ -31,7 +31,10 @@ predicted silent is skipped with a probability that the exploration rate sets, b
 is sampled for it: the batch takes the next candidates in its place. A skipped prompt has had its
 turn of the epoch. A batch examines at most one epoch's worth of candidates (P) for skipping; if
 that does not fill it, the next candidates are taken without skipping, so a step never stalls
-when nearly every prompt is predicted silent. The outcomes recorded are the ones the step's
+when nearly every prompt is predicted silent. A prompt predicted silent that the rule's draw
+sampled is *explored*; one taken so, without the rule, is *forced* (``prompts_forced``), so that
+``prompts_explored`` and the prediction's precision (:func:`explored_silent`) count the rule's
+choices alone. The outcomes recorded are the ones the step's
 selection decided (:func:`podsrl.core.downsample.group_signal`), for every group sampled: with
 dynamic sampling, the silent groups and the surplus too.
 """
@@ -56,7 +59,8 @@ class PromptBatch:
 
     prompts: list[int]  # [B] indices into task.train, in stream order
     skipped: int  # candidates passed over (predicted silent) to find them
-    explored: list[bool]  # [B] True where the prompt was predicted silent (a silent streak) and sampled anyway
+    explored: list[bool]  # [B] True where the prompt was predicted silent (a silent streak) and the rule's draw sampled it anyway
+    forced: int  # prompts predicted silent taken without the rule, the batch having examined an epoch's worth (module docstring)
 
 
 class PromptStream:
@@ -74,6 +78,7 @@ class PromptStream:
         self._back: list[int] = []  # prompts moved to the end of the current epoch's order: the step that began it had sampled them
         self._step: int | None = None  # the training step taking prompts
         self._held: set[int] = set()  # the prompts that step has sampled (since it last held every prompt)
+        self._step_start = 0.0  # passes over the prompts when that step began taking them (:meth:`metrics`)
         self._cache: tuple[int, Tensor, Tensor | None] | None = None  # (epoch, order [P], uniforms [P])
 
     # ------------------------------------------------------------------ reading the stream
@@ -88,10 +93,10 @@ class PromptStream:
         dynamic sampling); with prompt selection, skipping the ones it predicts silent. None is one
         the step already sampled, until it has sampled every prompt (module docstring)."""
         if step != self._step:
-            self._step, self._held = step, set()
+            self._step, self._held, self._step_start = step, set(), self.epochs
         prompts: list[int] = []
         explored: list[bool] = []
-        skipped = examined = 0
+        skipped = examined = forced = 0
         while len(prompts) < B:
             if self.position == self.pool:  # a new epoch, begun when its first candidate is needed
                 self.epoch, self.position, self._back = self.epoch + 1, 0, sorted(self._held)
@@ -110,14 +115,16 @@ class PromptStream:
                 if selecting and skip[i]:
                     skipped += 1
                     continue
+                silent = self.streak is not None and int(self.streak[p]) > 0  # predicted silent
                 prompts.append(p)
-                explored.append(self.streak is not None and int(self.streak[p]) > 0)
+                explored.append(silent and selecting)
+                forced += silent and not selecting
                 self._hold(p)
                 if len(prompts) == B:
                     break
             examined += used
             self.position += used
-        return PromptBatch(prompts=prompts, skipped=skipped, explored=explored)
+        return PromptBatch(prompts=prompts, skipped=skipped, explored=explored, forced=forced)
 
     def _hold(self, prompt: int) -> None:
         """``prompt`` is sampled this step; once the step holds every prompt, it starts again."""
@@ -190,11 +197,14 @@ class PromptStream:
         return None
 
     def metrics(self, batches: list[PromptBatch]) -> dict:
-        """The step's prompt-stream metrics (after its batches were taken)."""
-        out: dict = {"epoch": round(self.epochs, 4)}
+        """The step's prompt-stream metrics (after its batches were taken): ``epoch`` is the passes
+        over the prompts when the step began taking them, so its whole part is the epoch its first
+        candidate came from (a step that runs into epoch 1 is logged from epoch 0)."""
+        out: dict = {"epoch": round(self._step_start, 4)}
         if self.streak is not None:
             explored = sum(sum(b.explored) for b in batches)
-            out |= {"prompts_skipped": sum(b.skipped for b in batches), "explore_rate": self.explore, "prompts_explored": explored}
+            out |= {"prompts_skipped": sum(b.skipped for b in batches), "explore_rate": self.explore, "prompts_explored": explored,
+                    "prompts_forced": sum(b.forced for b in batches)}  # fmt: skip
         return out
 
 

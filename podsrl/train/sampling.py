@@ -207,7 +207,7 @@ class StepSample:
     keep: Tensor | None = None  # [len(groups), n] bool: their selection, decided with the signal test; None: select anew (d3s_cross)
     passed: int = 0  # of the groups trained on, those whose signal test passed (B unless at the cap)
     silent: int = 0  # groups sampled this step (every batch) without a signal
-    prompts: dict = field(default_factory=dict)  # the prompt stream's metrics: epoch; with prompt selection, skipped and explored prompts
+    prompts: dict = field(default_factory=dict)  # the prompt stream's metrics: epoch; with prompt selection, skipped, explored and forced prompts
 
 
 def sample_step(s, step: int, progress: float, timer) -> StepSample:
