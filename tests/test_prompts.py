@@ -23,7 +23,7 @@ from podsrl.errors import ConfigError
 from podsrl.run import checkpoint as ckpt
 from podsrl.run.metrics import read_jsonl
 from podsrl.train import loop as trainer
-from podsrl.train.prompts import PromptStream, repeats_warning
+from podsrl.train.prompts import PromptStream, prompt_metrics, repeats_warning
 
 from conftest import SAMPLING_RUN
 
@@ -58,7 +58,7 @@ def test_each_prompt_comes_once_an_epoch(pool, B):
     taken = _taken(stream, batches=4 * pool, B=B)  # 4 * B epochs
     epochs = [taken[i : i + pool] for i in range(0, len(taken) - pool + 1, pool)]
     assert all(sorted(e) == list(range(pool)) for e in epochs)
-    assert stream.epochs == pytest.approx(len(taken) / pool)
+    assert stream.order.passes == pytest.approx(len(taken) / pool)
     if pool >= 10:  # (7! orders over 28 epochs may repeat one)
         assert len({tuple(e) for e in epochs}) == len(epochs)  # a new order each epoch
         assert epochs[0] != list(range(pool))
@@ -76,13 +76,13 @@ def test_the_position_survives_a_checkpoint():
     part = PromptStream(13, seed=3, cfg=SELECT)
     for stream in (whole, part):  # some history, so that skipping happens
         stream.record(torch.arange(13), torch.arange(13) % 3 == 0)
-        stream.epoch = 1
+        stream.order.epoch = 1
     first = _taken(part, 5, 4)
     saved = ckpt.TrainState(prompts=part.state_dict())
     resumed = PromptStream(13, seed=3, cfg=SELECT)
     assert resumed.load_state_dict(saved.prompts) is None
     assert first + _taken(resumed, 6, 4, first=5) == _taken(whole, 11, 4)
-    assert torch.equal(resumed.streak, whole.streak) and resumed.epochs == whole.epochs
+    assert torch.equal(resumed.selection.streak, whole.selection.streak) and resumed.order.passes == whole.order.passes
 
 
 @pytest.mark.parametrize("pool,B,batches,steps", [(10, 4, 1, 10), (200, 32, 4, 50), (1000, 64, 1, 200)])
@@ -124,7 +124,7 @@ def test_no_prompt_twice_in_a_step_that_skips_past_an_epoch():
         taken = [p for b in batches for p in b.prompts]
         assert sorted(taken) == list(range(12)), (step, taken)
         stream.record(torch.tensor(taken), silent[taken])
-    assert stream.epoch >= 20
+    assert stream.order.epoch >= 20
 
 
 def test_a_pool_smaller_than_the_step_samples_each_once_before_any_twice(make_config):
@@ -154,7 +154,7 @@ def test_a_checkpoint_from_before_epochs_or_another_task_says_what_happens():
     assert "before prompts were read in epochs" in stream.load_state_dict({})
     assert "had 12 prompts, this one has 10" in stream.load_state_dict({"epoch": 2, "position": 3, "pool": 12})
     assert "history starts empty" in stream.load_state_dict({"epoch": 2, "position": 3, "pool": 10})
-    assert (stream.epoch, stream.position) == (2, 3)
+    assert (stream.order.epoch, stream.order.position) == (2, 3)
 
 
 # ------------------------------------------------------------------------- prompt selection: the pure rule
@@ -194,13 +194,13 @@ def test_the_stream_skips_what_the_rule_says():
     silent = torch.arange(pool) % 2 == 0  # even prompts always silent
     stream.record(torch.arange(pool), silent)
     stream.record(torch.arange(pool), silent)  # streak 2 for the even ones
-    stream.epoch = 1
-    order, uniform = stream._epoch()
+    stream.order.epoch = 1
+    order, uniform = stream.order.current(), stream.selection.draws(1)
     batch = stream.take(10, step=0)
-    skip = ps.skip_mask(stream.streak[order], uniform, 0.5, SELECT.min_sample_probability)  # [P] in stream order
+    skip = ps.skip_mask(stream.selection.streak[order], uniform, 0.5, SELECT.min_sample_probability)  # [P] in stream order
     want = order[~skip][:10].tolist()
     assert batch.prompts == want
-    assert batch.skipped == int(skip[: stream.position].sum())  # every candidate passed over was a skip
+    assert batch.skipped == int(skip[: stream.order.position].sum())  # every candidate passed over was a skip
     assert batch.explored == [p % 2 == 0 for p in want]  # sampled although predicted silent
     assert 0 < batch.skipped and sum(batch.explored) < 10 / 2
 
@@ -218,12 +218,12 @@ def test_prompts_the_fallback_forces_in_are_not_counted_as_explored():
     explored 8): ``prompts_explored`` and its precision count the prompts the rule chose to sample."""
     stream = PromptStream(10, seed=0, cfg=PromptsConfig(skip_silent=True, explore=0.05, explore_min=0.05, min_sample_probability=1e-9))
     stream.record(torch.arange(10), torch.ones(10, dtype=torch.bool))
-    stream.epoch = 1
-    order, uniform = stream._epoch()
-    chosen = int((~ps.skip_mask(stream.streak[order], uniform, 0.05, 1e-9)).sum())  # sampled by the rule, of the first 10 examined
+    stream.order.epoch = 1
+    order, uniform = stream.order.current(), stream.selection.draws(1)
+    chosen = int((~ps.skip_mask(stream.selection.streak[order], uniform, 0.05, 1e-9)).sum())  # sampled by the rule, of the first 10 examined
     batch = stream.take(8, step=0)
     assert (sum(batch.explored), batch.forced, batch.skipped) == (chosen, 8 - chosen, 10 - chosen) and chosen < 8
-    metrics = stream.metrics([batch])
+    metrics = prompt_metrics([batch], [torch.ones(8, dtype=torch.bool)], epoch=stream.step_epoch, explore_rate=stream.explore_rate)
     assert (metrics["prompts_explored"], metrics["prompts_forced"], metrics["prompts_skipped"]) == (chosen, 8 - chosen, 10 - chosen)
 
 
@@ -233,20 +233,33 @@ def test_the_epoch_logged_is_the_one_the_steps_prompts_came_from():
     stream = PromptStream(10, seed=0, cfg=PromptsConfig())
     logged = []
     for step in range(6):
-        logged.append(stream.metrics([stream.take(4, step)])["epoch"])
+        batch = stream.take(4, step)
+        logged.append(prompt_metrics([batch], [torch.zeros(4, dtype=torch.bool)], epoch=stream.step_epoch, explore_rate=None)["epoch"])
     assert logged == [0.0, 0.4, 0.8, 1.2, 1.6, 2.0]
+
+
+def test_the_step_metrics_by_hand():
+    from podsrl.train.prompts import PromptBatch
+
+    batches = [PromptBatch([3, 5, 7], skipped=2, explored=[True, False, True], forced=0), PromptBatch([1, 2, 4], skipped=1, explored=[False, True, False], forced=1)]
+    silent = [torch.tensor([True, True, False]), torch.tensor([False, True, True])]
+    assert prompt_metrics(batches, silent, epoch=1.23456, explore_rate=0.4) == {
+        "epoch": 1.2346, "prompts_skipped": 3, "explore_rate": 0.4, "prompts_explored": 3, "prompts_forced": 1,
+        "prompts_explored_silent": 2, "explored_silent_share": 2 / 3}  # fmt: skip
+    assert prompt_metrics(batches, silent, epoch=0.5, explore_rate=None) == {"epoch": 0.5}  # no prompt selection
+    assert math.isnan(prompt_metrics(batches[:0], [], epoch=0.0, explore_rate=0.4)["explored_silent_share"])
 
 
 def test_adapting_starts_in_the_second_epoch():
     stream = PromptStream(8, seed=0, cfg=SELECT)
     stream.take(4, step=0)
     stream.end_step(sampled=4, silent=4)
-    assert stream.explore == 0.5  # no prompt has come back yet
+    assert stream.explore_rate == 0.5  # no prompt has come back yet
     stream.take(4, step=1)
     stream.end_step(sampled=4, silent=4)
-    assert stream.explore == pytest.approx(0.49)
+    assert stream.explore_rate == pytest.approx(0.49)
     stream.end_step(sampled=4, silent=0)
-    assert stream.explore == pytest.approx(0.5)
+    assert stream.explore_rate == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(

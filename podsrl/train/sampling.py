@@ -75,7 +75,7 @@ from podsrl.core.seeds import BATCH_OFFSET, RANK_OFFSET, ROUND_OFFSET, Stream, g
 from podsrl.core.selection import nonzero_variance_groups
 from podsrl.engines import Rollouts, Sampling
 from podsrl.grading.rewards import RewardResult, compute_rewards, explain_undeclared
-from podsrl.train.prompts import PromptBatch, explored_silent
+from podsrl.train.prompts import PromptBatch, prompt_metrics
 
 
 @dataclass
@@ -151,7 +151,7 @@ class Groups:
                 logprobs = None if out.logprobs is None else out.logprobs[j * k + i]
                 self.completions[g][first + i] = Completion(out.completion_ids[j * k + i], logprobs)
 
-    def take(self, rows: Tensor | list[int]) -> Groups:
+    def subset(self, rows: Tensor | list[int]) -> Groups:
         """The groups at ``rows`` (indices or a [G] bool mask), in that order."""
         rows = torch.as_tensor(rows)
         if rows.dtype == torch.bool:
@@ -243,10 +243,7 @@ def sample_step(s, step: int, progress: float, timer) -> StepSample:
     else:
         groups, keep, found = batches[0], selections[0].keep, int(signals[0].sum())
     silent = sum(int((~x).sum()) for x in signals)
-    prompts = s.prompts.metrics(picks)
-    if s.prompts.streak is not None:
-        hits, share = explored_silent(picks, [~x for x in signals])
-        prompts |= {"prompts_explored_silent": hits, "explored_silent_share": share}
+    prompts = prompt_metrics(picks, [~x for x in signals], epoch=s.prompts.step_epoch, explore_rate=s.prompts.explore_rate)
     s.prompts.end_step(sampled=len(everything), silent=silent)
     return StepSample(
         groups=groups,
@@ -275,7 +272,7 @@ def _with_signal(batches: list[Groups], selections: list[Selection], signals: li
             passed = _balance(batch.rank[passed], held, need, passed)
         held += torch.bincount(batch.rank[passed], minlength=world)
         rows.append(passed)
-    groups = Groups.cat([b.take(r) for b, r in zip(batches, rows)])
+    groups = Groups.cat([b.subset(r) for b, r in zip(batches, rows)])
     keep = torch.cat([sel.keep[r] for sel, r in zip(selections, rows)])  # [G, n]
     return groups, keep, sum(int(x.sum()) for x in signals)
 
