@@ -222,32 +222,39 @@ def test_prompts_the_fallback_forces_in_are_not_counted_as_explored():
     order, uniform = stream.order.current(), stream.selection.draws(1)
     chosen = int((~ps.skip_mask(stream.selection.streak[order], uniform, 0.05, 1e-9)).sum())  # sampled by the rule, of the first 10 examined
     batch = stream.take(8, step=0)
-    assert (sum(batch.explored), batch.forced, batch.skipped) == (chosen, 8 - chosen, 10 - chosen) and chosen < 8
-    metrics = prompt_metrics([batch], [torch.ones(8, dtype=torch.bool)], epoch=stream.step_epoch, explore_rate=stream.explore_rate)
+    assert (sum(batch.explored), sum(batch.forced), batch.skipped) == (chosen, 8 - chosen, 10 - chosen) and chosen < 8
+    assert batch.forced == [not e for e in batch.explored]  # every prompt is predicted silent: sampled by the rule, or forced
+    silent = torch.tensor([True, False] * 4)
+    metrics = prompt_metrics([batch], [silent], epoch=stream.step_epoch, epoch_end=stream.order.passes, explore_rate=stream.explore_rate)
     assert (metrics["prompts_explored"], metrics["prompts_forced"], metrics["prompts_skipped"]) == (chosen, 8 - chosen, 10 - chosen)
+    forced = torch.tensor(batch.forced)
+    assert (metrics["prompts_explored_silent"], metrics["prompts_forced_silent"]) == (int(silent[~forced].sum()), int(silent[forced].sum()))
 
 
 def test_the_epoch_logged_is_the_one_the_steps_prompts_came_from():
     """``epoch`` is the passes over the prompts when the step began taking them: the step that
-    crosses into epoch 1 is from epoch 0 (issue 57: it was logged after its prompts were taken, 1.2)."""
+    crosses into epoch 1 is from epoch 0 (issue 57: it was logged after its prompts were taken, 1.2);
+    ``epoch_end`` the passes once it has taken them (what ``epoch`` was before; the report's epochs)."""
     stream = PromptStream(10, seed=0, cfg=PromptsConfig())
     logged = []
     for step in range(6):
         batch = stream.take(4, step)
-        logged.append(prompt_metrics([batch], [torch.zeros(4, dtype=torch.bool)], epoch=stream.step_epoch, explore_rate=None)["epoch"])
-    assert logged == [0.0, 0.4, 0.8, 1.2, 1.6, 2.0]
+        row = prompt_metrics([batch], [torch.zeros(4, dtype=torch.bool)], epoch=stream.step_epoch, epoch_end=stream.order.passes, explore_rate=None)
+        logged.append((row["epoch"], row["epoch_end"]))
+    assert logged == [(0.0, 0.4), (0.4, 0.8), (0.8, 1.2), (1.2, 1.6), (1.6, 2.0), (2.0, 2.4)]
 
 
 def test_the_step_metrics_by_hand():
     from podsrl.train.prompts import PromptBatch
 
-    batches = [PromptBatch([3, 5, 7], skipped=2, explored=[True, False, True], forced=0), PromptBatch([1, 2, 4], skipped=1, explored=[False, True, False], forced=1)]
+    batches = [PromptBatch([3, 5, 7], skipped=2, explored=[True, False, True], forced=[False, False, False]),
+               PromptBatch([1, 2, 4], skipped=1, explored=[False, True, False], forced=[True, False, True])]  # fmt: skip
     silent = [torch.tensor([True, True, False]), torch.tensor([False, True, True])]
-    assert prompt_metrics(batches, silent, epoch=1.23456, explore_rate=0.4) == {
-        "epoch": 1.2346, "prompts_skipped": 3, "explore_rate": 0.4, "prompts_explored": 3, "prompts_forced": 1,
-        "prompts_explored_silent": 2, "explored_silent_share": 2 / 3}  # fmt: skip
-    assert prompt_metrics(batches, silent, epoch=0.5, explore_rate=None) == {"epoch": 0.5}  # no prompt selection
-    assert math.isnan(prompt_metrics(batches[:0], [], epoch=0.0, explore_rate=0.4)["explored_silent_share"])
+    assert prompt_metrics(batches, silent, epoch=1.23456, epoch_end=1.87654, explore_rate=0.4) == {
+        "epoch": 1.2346, "epoch_end": 1.8765, "prompts_skipped": 3, "explore_rate": 0.4, "prompts_explored": 3, "prompts_forced": 2,
+        "prompts_explored_silent": 2, "prompts_forced_silent": 1, "explored_silent_share": 2 / 3}  # fmt: skip
+    assert prompt_metrics(batches, silent, epoch=0.5, epoch_end=0.8, explore_rate=None) == {"epoch": 0.5, "epoch_end": 0.8}  # no prompt selection
+    assert math.isnan(prompt_metrics(batches[:0], [], epoch=0.0, epoch_end=0.0, explore_rate=0.4)["explored_silent_share"])
 
 
 def test_adapting_starts_in_the_second_epoch():
@@ -306,10 +313,12 @@ def test_a_run_skips_the_prompts_that_were_silent_and_resumes_exactly(make_confi
     for r in rows:  # everything sampled was recorded; what was explored anyway came back as predicted (even: silent)
         assert r["groups_passed"] + r["groups_surplus"] + r["groups_silent"] == r["prompts_sampled"]
         assert r["prompts_explored_silent"] <= r["prompts_explored"] and r["prompts_explored"] + r["prompts_forced"] <= r["prompts_sampled"]
+        assert r["prompts_forced_silent"] <= r["prompts_forced"]
     explored = sum(r["prompts_explored"] for r in rows)  # mostly even prompts, always silent (an odd one: 1 in 8)
     assert explored > 0 and sum(r["prompts_explored_silent"] for r in rows) >= 0.5 * explored
     state = ckpt.read_train_state(ckpt.latest(full))
     assert state.prompts["pool"] == 12 and state.prompts["epoch"] + state.prompts["position"] / 12 > rows[-1]["epoch"]  # logged before its step
+    assert state.prompts["epoch"] + state.prompts["position"] / 12 == pytest.approx(rows[-1]["epoch_end"], abs=5e-5)  # and after it
     even = torch.tensor([int(ex.answer) % 2 == 0 for ex in trainer.build_task(cfg).train])
     assert bool((state.prompts["streak"][even] >= 1).all())  # every one was sampled in the first epoch, and was silent
     part = trainer.train(_selecting(make_config, tmp_path, **{"rollout.dynamic_sampling": True, "rollout.max_gen_batches": 3,

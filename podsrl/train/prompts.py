@@ -32,9 +32,10 @@ sampled for it: the batch takes the next candidates in its place. A skipped prom
 of the epoch. A batch examines at most one epoch's worth of candidates (P) for skipping; if that
 does not fill it, the next candidates are taken without skipping, so a step never stalls when nearly
 every prompt is predicted silent. A prompt predicted silent that the rule's draw sampled is
-*explored*; one taken so, without the rule, is *forced* (``prompts_forced``), so that
-``prompts_explored`` and the prediction's precision (``explored_silent_share``:
-:func:`prompt_metrics`) count the rule's choices alone. The outcomes recorded are the ones the
+*explored*; one taken so, without the rule, is *forced* (``prompts_forced``, and of those the ones
+that came back silent, ``prompts_forced_silent``), so that ``prompts_explored`` and the
+prediction's precision (``explored_silent_share``: :func:`prompt_metrics`) count the rule's choices
+alone. The outcomes recorded are the ones the
 step's selection decided (:func:`podsrl.core.downsample.group_signal`), for every group sampled:
 with dynamic sampling, the silent groups and the surplus too.
 
@@ -65,7 +66,7 @@ class PromptBatch:
     prompts: list[int]  # [B] indices into task.train, in stream order
     skipped: int  # candidates passed over (predicted silent) to find them
     explored: list[bool]  # [B] True where the prompt was predicted silent (a silent streak) and the rule's draw sampled it anyway
-    forced: int  # prompts predicted silent taken without the rule, the batch having examined an epoch's worth (module docstring)
+    forced: list[bool]  # [B] True where the prompt was predicted silent and taken without the rule, an epoch's worth examined (module docstring)
 
 
 class EpochOrder:
@@ -199,7 +200,8 @@ class PromptStream:
             self._step, self._held, self.step_epoch = step, set(), self.order.passes
         prompts: list[int] = []
         explored: list[bool] = []
-        skipped = examined = forced = 0
+        forced: list[bool] = []
+        skipped = examined = 0
         while len(prompts) < B:
             if self.order.done:  # a new epoch, begun when its first candidate is needed
                 self.order.next_epoch(back=list(self._held))
@@ -219,7 +221,7 @@ class PromptStream:
                 silent = self.selection is not None and self.selection.predicts_silent(p)
                 prompts.append(p)
                 explored.append(silent and selecting)
-                forced += silent and not selecting
+                forced.append(silent and not selecting)
                 self._hold(p)
                 if len(prompts) == B:
                     break
@@ -274,23 +276,28 @@ class PromptStream:
         return None
 
 
-def prompt_metrics(batches: list[PromptBatch], silent: list[Tensor], *, epoch: float, explore_rate: float | None) -> dict:
+def prompt_metrics(batches: list[PromptBatch], silent: list[Tensor], *, epoch: float, epoch_end: float, explore_rate: float | None) -> dict:
     """A step's prompt metrics (docs/run-directory.md) from the batches it took, ``silent`` [G] bool
     per batch in prompt order (each group's outcome), ``epoch`` the passes over the prompts when it
     began taking them (:attr:`PromptStream.step_epoch`: its whole part is the epoch its first
-    candidate came from, so a step that runs into epoch 1 is logged from epoch 0) and
-    ``explore_rate`` the exploration rate its batches used (None: no prompt selection, no more)."""
-    out: dict = {"epoch": round(epoch, 4)}
+    candidate came from, so a step that runs into epoch 1 is logged from epoch 0), ``epoch_end``
+    the passes once it had taken them (what ``epoch`` was before issue 57: the passes by this step)
+    and ``explore_rate`` the exploration rate its batches used (None: no prompt selection, no more)."""
+    out: dict = {"epoch": round(epoch, 4), "epoch_end": round(epoch_end, 4)}
     if explore_rate is None:
         return out
-    explored = sum(sum(b.explored) for b in batches)
-    hits = sum(int(s[torch.tensor(b.explored, dtype=torch.bool)].sum()) for b, s in zip(batches, silent) if len(b.explored))
+
+    def silent_among(mask: str) -> int:  # of the prompts ``mask`` marks, the ones that came back silent
+        return sum(int(s[torch.tensor(getattr(b, mask), dtype=torch.bool)].sum()) for b, s in zip(batches, silent) if len(b.prompts))
+
+    explored, hits = sum(sum(b.explored) for b in batches), silent_among("explored")
     return out | {
         "prompts_skipped": sum(b.skipped for b in batches),
         "explore_rate": explore_rate,
         "prompts_explored": explored,  # predicted silent, sampled by the rule's draw
-        "prompts_forced": sum(b.forced for b in batches),
+        "prompts_forced": sum(sum(b.forced) for b in batches),  # predicted silent, taken without the rule (the fallback)
         "prompts_explored_silent": hits,  # of those explored, the ones that came back silent
+        "prompts_forced_silent": silent_among("forced"),  # of those forced, the ones that came back silent
         "explored_silent_share": hits / explored if explored else math.nan,  # the prediction's precision
     }
 

@@ -207,7 +207,7 @@ class StepSample:
     keep: Tensor | None = None  # [len(groups), n] bool: their selection, decided with the signal test; None: select anew (d3s_cross)
     passed: int = 0  # of the groups trained on, those whose signal test passed (B unless at the cap)
     silent: int = 0  # groups sampled this step (every batch) without a signal
-    prompts: dict = field(default_factory=dict)  # the prompt stream's metrics: epoch; with prompt selection, skipped, explored and forced prompts
+    prompts: dict = field(default_factory=dict)  # the prompt stream's metrics: epoch, epoch_end; with prompt selection, skipped, explored and forced prompts
 
 
 def sample_step(s, step: int, progress: float, timer) -> StepSample:
@@ -243,7 +243,8 @@ def sample_step(s, step: int, progress: float, timer) -> StepSample:
     else:
         groups, keep, found = batches[0], selections[0].keep, int(signals[0].sum())
     silent = sum(int((~x).sum()) for x in signals)
-    prompts = prompt_metrics(picks, [~x for x in signals], epoch=s.prompts.step_epoch, explore_rate=s.prompts.explore_rate)
+    prompts = prompt_metrics(picks, [~x for x in signals], epoch=s.prompts.step_epoch, epoch_end=s.prompts.order.passes,
+                             explore_rate=s.prompts.explore_rate)  # fmt: skip
     s.prompts.end_step(sampled=len(everything), silent=silent)
     return StepSample(
         groups=groups,
