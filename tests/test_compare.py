@@ -1108,6 +1108,35 @@ def test_the_signal_table_sets_the_predicted_silent_against_the_rest(tmp_path):
     assert "silent from epoch 1" in compare.format_table(report)
 
 
+def test_the_signal_table_reads_new_and_old_prompt_metrics_alike(tmp_path):
+    """Since issue 57 a step logs ``epoch`` at its start and ``epoch_end`` once it took its prompts,
+    and the prompts the fallback forced in (predicted silent too) apart from the explored: epochs is
+    the last step's ``epoch_end`` (older rows: ``epoch``, which was the passes after the step), and
+    rest_silent leaves the forced out of the rest as it does the explored (older rows counted them as
+    explored)."""
+    plan = _plan(tmp_path)
+    out = tmp_path / "out"
+    common = {"reward_mean": 0.5, "rollouts_generated": 64, "groups_with_signal": 2}
+    new = [{"step": 1, "epoch": 0.7, "epoch_end": 0.9, "prompts_sampled": 8, "groups_silent": 8, "prompts_explored": 0,
+            "prompts_explored_silent": 0, "prompts_forced": 0, "prompts_forced_silent": 0},
+           {"step": 2, "epoch": 1.1, "epoch_end": 1.3, "prompts_sampled": 8, "groups_silent": 6, "prompts_explored": 4,
+            "prompts_explored_silent": 3, "prompts_forced": 2, "prompts_forced_silent": 2},
+           {"step": 3, "epoch": 1.3, "epoch_end": 1.7, "prompts_sampled": 16, "groups_silent": 6, "prompts_explored": 2,
+            "prompts_explored_silent": 2, "prompts_forced": 1, "prompts_forced_silent": 0}]  # fmt: skip
+    old = [{"step": 1, "epoch": 0.9, "prompts_sampled": 8, "groups_silent": 8, "prompts_explored": 0, "prompts_explored_silent": 0},
+           {"step": 2, "epoch": 1.1, "prompts_sampled": 8, "groups_silent": 6, "prompts_explored": 6, "prompts_explored_silent": 5},
+           {"step": 3, "epoch": 1.3, "prompts_sampled": 16, "groups_silent": 6, "prompts_explored": 3, "prompts_explored_silent": 2}]  # fmt: skip
+    for method, rows in (("grpo", new), ("pods", old)):
+        path = _write_run(out, plan, method, 0, [(0, 0.1), (100, 0.3)])
+        (path / "metrics.jsonl").write_text("".join(json.dumps(common | r) + "\n" for r in rows))
+    methods = compare.build_report(plan, out)["methods"]
+    sig, before = methods["grpo"]["signal_per_seed"][0], methods["pods"]["signal_per_seed"][0]
+    # steps 2 and 3 (logged at epoch >= 1): 24 sampled, 12 silent; explored 6 (5 silent), forced 3 (2 silent): the rest 15, 5 silent
+    assert (sig["epochs"], sig["explored_silent"], sig["revisits_silent"], sig["rest_silent"]) == (1.7, 5 / 6, 0.5, 5 / 15)
+    # the same steps as logged before: forced among the explored (9, 7 silent): the rest 15, 5 silent
+    assert (before["epochs"], before["explored_silent"], before["revisits_silent"], before["rest_silent"]) == (1.3, 7 / 9, 0.5, 5 / 15)
+
+
 def test_training_reward_compares_like_with_like(tmp_path):
     """The training reward of a run with exact early stopping logged before podsrl reported it on a
     fixed-n basis (issue 36) pooled every sampled rollout: such steps are left out of ``signal`` and

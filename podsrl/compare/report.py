@@ -83,8 +83,8 @@ DEFINITIONS = {
               "runs without it: null); explored_silent: of the prompts sampled although predicted silent, the share that came "
               "back silent (the prediction's precision, the run's sums); revisits_silent: of the groups sampled in steps logged at "
               "epoch 1 or later (every prompt had a history), the share that came back silent (what prompt selection sets out "
-              "to lower; runs older than epochs: null); rest_silent: of those, the ones not predicted silent (sampled, not "
-              "explored): the share silent (prompt selection only; set against explored_silent it says how much the "
+              "to lower; runs older than epochs: null); rest_silent: of those, the ones not predicted silent (sampled, neither "
+              "explored nor forced in): the share silent (prompt selection only; set against explored_silent it says how much the "
               "prediction tells apart); epochs: passes over the training prompts by the run's last step (runs older than "
               "epochs: null). Every one counts a step logged again after a resume once (its last row)",
     "sampler": "the rollout engine's sampler beside the trainer, from the run's config and metrics.jsonl: dtype "
@@ -525,7 +525,9 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     explored = sum(values("prompts_explored"))
     out["explored_silent"] = sum(values("prompts_explored_silent")) / explored if explored else None
     out["revisits_silent"], out["rest_silent"] = _revisits_silent(metrics)
-    out["epochs"] = epochs[-1] if (epochs := values("epoch")) else None
+    # the passes by each step: epoch_end since issue 57 (epoch is now the passes when the step began), epoch before it
+    ends = [float(v) for r in metrics if isinstance(v := r.get("epoch_end", r.get("epoch")), (int, float)) and v == v]
+    out["epochs"] = ends[-1] if ends else None
     return {name: out[name] for name in SIGNAL}
 
 
@@ -559,7 +561,8 @@ def _sampler_over_seeds(cfg: Config, runs: list[dict[str, float | None]]) -> dic
 
 def _revisits_silent(metrics: list[dict]) -> tuple[float | None, float | None]:
     """Of the groups sampled in the steps logged at epoch >= 1: the share silent, and the share silent
-    among those not predicted silent (sampled without a silent streak; None without prompt selection)."""
+    among those not predicted silent (sampled without a silent streak: neither explored nor forced
+    in; rows before issue 57 counted the forced as explored; None without prompt selection)."""
     rows = [r for r in metrics if isinstance(r.get("epoch"), (int, float)) and r["epoch"] >= 1
             and isinstance(r.get("groups_silent"), int) and isinstance(r.get("prompts_sampled"), int)]  # fmt: skip
     sampled = sum(r["prompts_sampled"] for r in rows)
@@ -568,9 +571,9 @@ def _revisits_silent(metrics: list[dict]) -> tuple[float | None, float | None]:
     silent = sum(r["groups_silent"] for r in rows)
     if not any("prompts_explored" in r for r in rows):
         return silent / sampled, None
-    explored = sum(r.get("prompts_explored", 0) for r in rows)
-    rest = sampled - explored
-    rest_silent = silent - sum(r.get("prompts_explored_silent", 0) for r in rows)
+    predicted = sum(r.get("prompts_explored", 0) + r.get("prompts_forced", 0) for r in rows)
+    rest = sampled - predicted
+    rest_silent = silent - sum(r.get("prompts_explored_silent", 0) + r.get("prompts_forced_silent", 0) for r in rows)
     return silent / sampled, (rest_silent / rest if rest else None)
 
 
