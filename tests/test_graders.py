@@ -210,3 +210,18 @@ def test_a_config_that_names_grader_code_says_so(tmp_path, write_module, capsys)
     assert capsys.readouterr().out == ""
     _say_reward_code(load(None, [f"task.grader={module}:exact"]), tmp_path / "config.toml")
     assert capsys.readouterr().out == f"podsrl: {tmp_path / 'config.toml'} names grader code, which is imported and run (task.grader): {module}:exact\n"
+
+
+def test_a_grade_just_under_one_is_not_full_credit_in_float32(tmp_path):
+    """Any grader's sum of partial credits can land within float error of 1.0 (issue 57): such a grade
+    stays below 1.0 where training keeps it (float32); 1.0 and ordinary partial credit are unchanged."""
+    import torch
+
+    from podsrl.grading.graders import BELOW_ONE
+
+    (tmp_path / "near.py").write_text("def grade(completion, example):\n    return float(completion)\n")
+    spec = f"{tmp_path / 'near.py'}:grade"
+    for written, expected in (("0.9999999999999999", BELOW_ONE), ("0.99999997", BELOW_ONE), ("1.0", 1.0), ("0.5", 0.5), ("0.9999999", 0.9999999)):
+        value = graders.grade(written, Example("q", "", "x", grader=spec))
+        assert value == expected, written
+        assert (torch.tensor([value], dtype=torch.float32).item() < 1.0) == (float(written) < 1.0), written

@@ -315,6 +315,27 @@ def test_partial_credit_is_the_datasets_on_the_extracted_answer():
     assert correctness(f"The answer is {binary.train[0].answer}.", binary.train[0]) == 1.0
 
 
+def test_a_score_just_under_full_credit_stays_under_it_in_float32():
+    """spell_backward adds 1/L L times for every letter in place and more after them: 0.9999999999999999
+    for "ycnamorihcx" against "ycnamorihc" (issue 57), which float32 (where training keeps rewards)
+    rounded to full credit."""
+    import dataclasses
+
+    import torch
+
+    from podsrl.grading.graders import BELOW_ONE, is_right
+
+    spell = _task("spell_backward").train[0]
+    entry = {**spell.data["entry"], "answer": "ycnamorihc"}
+    example = dataclasses.replace(spell, answer="ycnamorihc", data={**spell.data, "entry": entry})
+    raw = rg_grading.score("ycnamorihcx", example)
+    assert 1.0 - 1e-15 < raw < 1.0  # reasoning-gym's own score: not full credit, but within float error of it
+    reward = correctness("ycnamorihcx", example)
+    assert reward == BELOW_ONE and torch.tensor([reward], dtype=torch.float32).item() < 1.0
+    assert not is_right("ycnamorihcx", example)
+    assert torch.tensor([correctness("ycnamorihc", example)], dtype=torch.float32).item() == 1.0  # the answer itself
+
+
 def test_held_out_accuracy_reads_the_sentence_too():
     from tests.test_graders import _Answering
     from podsrl.train.evaluate import evaluate

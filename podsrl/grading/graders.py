@@ -4,7 +4,12 @@ A grader is a function ``fn(completion: str, example: Example) -> float``: the c
 [0, 1], where 1.0 is correct and anything below is wrong (or, from a grader that gives partial
 credit, partly right). Held-out accuracy counts a completion as correct when its grade is 1.0
 (:func:`is_right`, exactly 1.0: a partial credit of 0.9999 is not a right answer); the `correctness`
-reward is the grade itself. A task chooses its grader (`Task.grader`; `task.grader` in a config
+reward is the grade itself. A grade below 1.0 stays below 1.0 where training stores it, in float32
+(:func:`grade`): one within float32 rounding of 1.0 becomes :data:`BELOW_ONE` (1 - 2**-24, the
+largest float32 under 1) instead of rounding up to full credit. A partial credit summed in floats
+can land there: reasoning-gym's spell_backward adds 1/L L times for an answer with every letter in
+place and more after them, 0.9999999999999999 for L = 6, 7, 9, 10, ..., which float32 stored as 1.0
+(reference "ycnamorihc", completion "ycnamorihcx": full reward in training, wrong in accuracy). A task chooses its grader (`Task.grader`; `task.grader` in a config
 overrides it) and every Example carries the choice (`Example.grader`), so a completion is graded the
 same way wherever it is scored: the training loop, a reward worker process, `podsrl eval`, TRL
 (:func:`podsrl.integrations.rewards.as_trl_reward`).
@@ -54,9 +59,11 @@ from podsrl.grading import equivalence
 from podsrl.grading.answers import SURROUNDING, answer_text, answers_match, extract_answer, last_boxed, parse_number
 from podsrl.tasks.types import Example
 
-__all__ = ["GRADERS", "answer_text", "check_grader", "get_grader", "grade", "grade_values", "is_right", "text_key", "ungraded"]
+__all__ = ["BELOW_ONE", "GRADERS", "answer_text", "check_grader", "get_grader", "grade", "grade_values", "is_right", "text_key", "ungraded"]
 
 Grader = Callable[[str, Example], float]
+
+BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1.0: where a grade just under 1.0 is kept (grade)
 
 # A reference of words, compared as text.
 _WORDS = re.compile(r"[^\W\d_]{2,}(?:[\s'-]+[^\W\d_]+)*\.?")
@@ -157,13 +164,16 @@ def get_grader(name: str) -> Grader:
 
 
 def grade(completion: str, example: Example) -> float:
-    """The completion's grade in [0, 1] by the example's grader (`Example.grader`)."""
+    """The completion's grade in [0, 1] by the example's grader (`Example.grader`); a grade in
+    (:data:`BELOW_ONE`, 1) is :data:`BELOW_ONE`, so that float32 does not round it to 1.0."""
     value = get_grader(example.grader)(completion, example)
     if isinstance(value, bool):
         return float(value)
     if not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise TypeError(f"grader {example.grader!r} returned {value!r}; a grade is a number in [0, 1] (1.0: right)")
-    return float(value)
+    value = float(value)
+    # Not full credit stays not full credit in float32 (module docstring): 1 - 1e-16 would round to 1.0.
+    return BELOW_ONE if BELOW_ONE < value < 1.0 else value
 
 
 def is_right(completion: str, example: Example) -> bool:

@@ -203,7 +203,9 @@ VALUES: dict[str, Callable[[dict], set[float]]] = {
     # 1.0 all right; 0.3 + 0.7 m / n with m of n people right (m >= 1); else 0.0.
     "knights_knaves": lambda entry: {0.0, 1.0} | {0.3 + 0.7 * m / len(entry["metadata"]["names"]) for m in range(1, len(entry["metadata"]["names"]) + 1)},
     # k / L letters right in place (L the word's length, summed 1/L at a time; within float tolerance), 0.8 for
-    # every letter right and more written after them, 1.0 exact.
+    # every letter right and more written after them, 1.0 exact. For L = 6, 7, 9, 10, 11, 13, ... that sum is
+    # 0.9999999999999999, not 1.0, so the 0.8 is never taken off: podsrl keeps it below 1.0 in float32
+    # (podsrl.grading.graders.BELOW_ONE, within float tolerance of the declared 1.0) but cannot know the 0.8 meant.
     "spell_backward": lambda entry: _fractions(len(entry["answer"])) | {0.8},
     # k / N words in place; at least 0.2 for the right words in another order.
     "word_sorting": lambda entry: _fractions(len(entry["metadata"]["sorted_words"])) | {0.2},
