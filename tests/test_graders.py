@@ -225,3 +225,15 @@ def test_a_grade_just_under_one_is_not_full_credit_in_float32(tmp_path):
         value = graders.grade(written, Example("q", "", "x", grader=spec))
         assert value == expected, written
         assert (torch.tensor([value], dtype=torch.float32).item() < 1.0) == (float(written) < 1.0), written
+
+
+def test_one_answer_tag_read_alike_by_every_grader():
+    """The `<answer>` tag is one definition (answers.ANSWER_TAG, any case), whose content the numeric
+    and text graders read as they read a plain completion (issue 57)."""
+    from podsrl.grading import answers, reasoning_gym
+
+    assert not hasattr(reasoning_gym, "_ANSWER_TAG") and answers.ANSWER_TAG.flags & __import__("re").IGNORECASE
+    assert graders.numeric("<answer>81.676.</answer>", Example("q", "", "81.676")) == graders.numeric("81.676.", Example("q", "", "81.676")) == 1.0
+    assert graders.numeric("<Answer>12</Answer> and then 13", Example("q", "", "12")) == 1.0  # the tag marks the answer
+    assert graders.text("<answer>The answer is Paris.</answer>", Example("q", "", "Paris")) == 1.0
+    assert graders.auto("<ANSWER>**Paris**</ANSWER>", Example("q", "", "Paris")) == 1.0

@@ -95,9 +95,9 @@ def _tagged(answer: str) -> str:
     "dataset, wrong, partial",
     [
         # (the dataset, a wrong answer from the right one, a partly right one and its score)
-        ("chain_sum", lambda a: str(int(a) + 1), lambda a: (f"{a} is it", len(a) / len(f"{a} is it"))),
-        ("leg_counting", lambda a: str(int(a) + 2), lambda a: (f"= {a}", len(a) / len(f"= {a}"))),
-        ("letter_counting", lambda a: str(int(a) + 1), lambda a: (f"{a} times", len(a) / len(f"{a} times"))),
+        ("chain_sum", lambda a: str(int(a) + 1), lambda a: (f"{a}0", len(a) / len(f"{a}0"))),
+        ("leg_counting", lambda a: str(int(a) + 2), lambda a: (f"{a}0", len(a) / len(f"{a}0"))),
+        ("letter_counting", lambda a: str(int(a) + 1), lambda a: (f"{a}0", len(a) / len(f"{a}0"))),
         ("spell_backward", lambda a: "zz", lambda a: (a[:-1] + ("a" if a[-1] != "a" else "b"), (len(a) - 1) / len(a))),
         ("word_sorting", lambda a: "zzz", lambda a: (", ".join(a.split(", ")[1:] + a.split(", ")[:1]), 0.2)),  # none in place
     ],
@@ -157,7 +157,7 @@ def test_declared_values_where_known():
     binary = _task("chain_sum", partial_credit=False)
     assert binary.grader == "reasoning_gym_binary" and task_values(binary) == {"correctness": (0.0, 1.0)}
     example = binary.train[0]
-    assert correctness(_tagged(example.answer), example) == 1.0 and correctness(_tagged(f"{example.answer} it is"), example) == 0.0
+    assert correctness(_tagged(example.answer), example) == 1.0 and correctness(_tagged(f"{example.answer}0"), example) == 0.0
 
 
 def test_exact_early_stopping_follows_the_declared_values():
@@ -275,7 +275,7 @@ def test_what_is_extracted():
     extract = rg_grading.extract
     assert extract("The GCD of 50 and 46 is 2.", "2") == "2"
     assert extract("7 - 9 = -2", "-2") == "-2" and extract("It is 1,234.", "1234") == "1234"
-    assert extract("<answer>about 2</answer> or 3", "2") == "about 2"  # a tag is the answer as written (reasoning-gym's)
+    assert extract("<answer>about 2</answer> or 3", "2") == "2"  # a tag's content, read as an untagged completion is
     assert extract("no number here", "2") == "no number here"  # no number: the text's answer, for the checker to refuse
     assert extract("The word is:\n'olleh'.", "olleh") == "olleh"
     assert extract("The answer is: Smith has to perform.", "Smith has to perform.") == "Smith has to perform."  # its own period kept
@@ -302,12 +302,28 @@ def test_number_format_accepts_the_candidate_as_written_in_scientific_notation()
     assert correctness(f"It is {float(written) + 1:e}.", example) == 0.0
 
 
+def test_a_tagged_answer_is_read_as_the_plain_one_is():
+    """One unwrapping for a tag's content and an untagged completion (issue 57): "<answer>81.676.</answer>"
+    scored 0 (the checker's float() refused the period) while the plain "81.676." scored 1."""
+    task = _task("number_format", config={"min_num_candidates": 2, "max_num_candidates": 2, "min_n": 1, "max_n": 100}, num_train=40)
+    example = next(ex for ex in task.train if "." in ex.answer)
+    a = example.answer
+    for answer in (f"{a}.", f"The answer is {a}.", f"**{a}**", f" {a} "):
+        assert correctness(answer, example) == 1.0, answer
+        for tagged in (f"<answer>{answer}</answer>", f"<ANSWER>{answer}</Answer>", f"Let me see.\n<answer>{answer}</answer>"):
+            assert correctness(tagged, example) == 1.0, tagged
+    spell = _task("spell_backward").train[0]
+    for tagged in (f"<answer>{spell.answer}.</answer>", f"<answer>The answer is: '{spell.answer}'</answer>"):
+        assert rg_grading.extract(tagged, spell.answer) == spell.answer
+    assert correctness(f"<answer>{float(a) + 1}</answer>", example) == 0.0  # another number stays wrong
+
+
 def test_partial_credit_is_the_datasets_on_the_extracted_answer():
     example = _positive(_task("chain_sum"))
     a = example.answer
     # reasoning-gym's default: len(reference) / len(answer) when the answer holds the reference.
     assert correctness(f"The answer is {a}0.", example) == pytest.approx(len(a) / len(a + "0"))
-    assert correctness(_tagged(f"{a} is it"), example) == pytest.approx(len(a) / len(f"{a} is it"))  # a tag: as written
+    assert correctness(_tagged(f"{a}0"), example) == pytest.approx(len(a) / len(a + "0"))  # a tag's content: the same
     spell = _task("spell_backward").train[0]
     b = spell.answer
     assert correctness(f"The answer is: {b[:-1]}#.", spell) == pytest.approx((len(b) - 1) / len(b))

@@ -4,7 +4,10 @@ Answer extraction (`extract_answer`), in priority order:
   1. the first number after the last "####" (GSM8K's own answer marker);
   2. the content of the last `\\boxed{...}` (nested braces handled): the whole content if it is a
      number, else its last number, else the content as text;
-  3. the last number anywhere in the text ("The answer is 7. Wait, 8" -> "8").
+  3. the content of the last `<answer>...</answer>` (reasoning-gym's tag, any case), read as a
+     completion of its own is (steps 1, 2 and 4 inside it: "<answer>81.676.</answer>" gives
+     "81.676", as the plain "81.676." does), else the content as text;
+  4. the last number anywhere in the text ("The answer is 7. Wait, 8" -> "8").
 Numbers may carry a sign, thousands commas ("1,234"), decimals (".5", "3.50"), a fraction ("3/4",
 "\\frac{3}{4}"), "$" or "%" around them, or a sentence's trailing period. A "-" right after a word
 character or closing bracket is read as subtraction, not a sign ("7-5" gives 7 and 5).
@@ -19,7 +22,7 @@ number is compared as text, ignoring case and runs of whitespace.
 import re
 from fractions import Fraction
 
-__all__ = ["SURROUNDING", "answer_text", "answers_match", "ends_with_number", "extract_answer", "last_boxed", "parse_number"]
+__all__ = ["ANSWER_TAG", "SURROUNDING", "answer_text", "answers_match", "ends_with_number", "extract_answer", "last_boxed", "last_tag", "parse_number"]
 
 _PLAIN = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"  # 1,234.5 | 1234 | .5
 _LATEX_FRAC = r"\\[dt]?frac\{\s*-?(?:\d+(?:\.\d+)?)\s*\}\{\s*-?(?:\d+(?:\.\d+)?)\s*\}"
@@ -78,6 +81,9 @@ def extract_answer(text: str) -> str | None:
             return _normalise(inside[-1])
         if boxed.strip():
             return boxed.strip()
+    tag = last_tag(text)
+    if tag is not None:  # no tag inside it: its content is read as a plain completion
+        return extract_answer(tag) or tag.strip() or None
     numbers_ = _NUMBER.findall(text)
     return _normalise(numbers_[-1]) if numbers_ else None
 
@@ -102,6 +108,12 @@ def last_boxed(text: str) -> str | None:
             if depth == 0:
                 return text[match.end() : i]
     return None  # none, or every box is cut off (a truncated completion)
+
+
+def last_tag(text: str) -> str | None:
+    """The content of the last complete `<answer>...</answer>` (any case), or None."""
+    tags = ANSWER_TAG.findall(text)
+    return tags[-1] if tags else None
 
 
 def ends_with_number(text: str) -> bool:
@@ -137,7 +149,8 @@ def _text_key(text: str) -> str:
 
 # The text grader's reading of a completion (podsrl.grading.graders' ``text``; reasoning-gym's
 # extraction uses it too): here, in the leaf, so that both import it from below.
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+# reasoning-gym's answer tag, in any case ("<Answer>"): the one definition (`last_tag`).
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _MARKER = re.compile(r"answer\s*(?:is|:)", re.IGNORECASE)
 SURROUNDING = " \t\r\n\"'`.,;:!?*_$\u201c\u201d\u2018\u2019\u00ab\u00bb"  # stripped around a text answer
 
@@ -153,9 +166,9 @@ def answer_text(completion: str) -> str:
     boxed = last_boxed(completion)
     if boxed is not None:
         return boxed
-    tags = _ANSWER_TAG.findall(completion)
-    if tags:
-        return tags[-1]
+    tag = last_tag(completion)
+    if tag is not None:
+        return answer_text(tag)  # the tag's content read as a plain completion is ("<answer>The answer is: x</answer>")
     lines = [line for line in completion.splitlines() if line.strip()]
     if not lines:
         return ""

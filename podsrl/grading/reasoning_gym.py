@@ -7,9 +7,12 @@ graders ``reasoning_gym`` (that score) and ``reasoning_gym_binary`` (1.0 for ful
 call it on the completion's extracted answer (:func:`extract`), the same for the reward and for
 held-out accuracy, whichever ``answer_format`` the task asked for:
 
-1. the content of the last `<answer>...</answer>`, stripped, as written (reasoning-gym's own answer
-   format: "<answer>about 2</answer>" is scored as "about 2", partial credit and all);
-2. else, when the example's reference answer is a number as text (an integer, a decimal, a
+1. the content of the last `<answer>...</answer>` (reasoning-gym's own answer format; the tag in any
+   case, :data:`podsrl.grading.answers.ANSWER_TAG`), read by steps 2-4 as an untagged completion
+   is: one unwrapping for both, so "<answer>81.676.</answer>" is scored as "81.676", as the plain
+   "81.676." is (reasoning-gym's own reading, the content as written, gave the checker "81.676.",
+   which float() refuses: 0 for a right answer), and "<answer>The answer is 12.</answer>" as "12";
+2. when the example's reference answer is a number as text (an integer, a decimal, a
    fraction: one that podsrl's numeric extraction reads back whole, so not "1.7e-22"), the
    completion's final number by podsrl's numeric extraction, the one the arithmetic task's
    correctness uses (:func:`podsrl.grading.answers.extract_answer`: after "####", in the last
@@ -34,14 +37,13 @@ read (prime_factorization's int() on a sentence) scores it 0.0, as reasoning-gym
 
 Where podsrl differs from reasoning-gym's `reasoning_gym.utils.extract_answer` (the last
 `<answer>` tag's content, stripped, else None, so 0 for any untagged completion) and why: podsrl
-scores an untagged completion too (steps 2-4), because a small model asked for the answer alone
+scores an untagged completion too (steps 2-4), and a tag's content as it scores an untagged one, because a small model asked for the answer alone
 (``answer_format = "plain"``) answers in a sentence ("The GCD of 50 and 46 is 2."), and a checker
 given the whole sentence gives it 0, or a sliver of partial credit for its length, although the
 answer is right: the embedded model's cheap checks scored 0-5% on every dataset that way while up
 to 70% of its completions held the right answer (results/screen-reasoning-gym/README.md). The
 reward is then the problem's answer, not the sentence's length, as in podsrl's arithmetic task.
-podsrl's tag pattern is reasoning-gym's but for the optional space it allows inside the tags,
-which podsrl strips with the rest. Partial credit is the dataset's, on the extracted answer
+podsrl's tag pattern is reasoning-gym's but in any case. Partial credit is the dataset's, on the extracted answer
 (reasoning-gym's default on "The answer is 120." for a reference "12": "120" holds "12", 2/3).
 
 What scoring an example needs travels with it, in ``Example.data`` (set by
@@ -67,13 +69,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from podsrl.errors import ConfigError
-from podsrl.grading.answers import SURROUNDING, answer_text, extract_answer, parse_number
+from podsrl.grading.answers import SURROUNDING, answer_text, extract_answer, last_tag, parse_number
 
 if TYPE_CHECKING:  # a leaf below podsrl.tasks, whose reasoning_gym loader imports this module
     from podsrl.tasks.types import Example
 
 EXTRA = "reasoning-gym"  # pip install 'podsrl[reasoning-gym]'
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # A number in scientific notation, as Python's float() reads it ("5.9671e+01", "-1E-3", ".5e2");
 # whether it is the completion's final number is _final_scientific's check.
 _SCIENTIFIC = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d+")
@@ -95,9 +96,9 @@ def extract(completion: str, reference: str | None) -> str | None:
     """The answer of ``completion`` that reasoning-gym's checker scores, given the example's
     reference answer (None: it has none); None when empty. The rules, in order, are the module
     docstring's."""
-    tags = _ANSWER_TAG.findall(completion)
-    if tags:
-        return tags[-1].strip() or None
+    tag = last_tag(completion)
+    if tag is not None:
+        completion = tag  # read as an untagged completion is (module docstring, step 1)
     reference = None if reference is None else str(reference)
     if reference is None or "\n" in reference.strip():
         return completion.strip() or None
