@@ -237,3 +237,22 @@ def test_one_answer_tag_read_alike_by_every_grader():
     assert graders.numeric("<Answer>12</Answer> and then 13", Example("q", "", "12")) == 1.0  # the tag marks the answer
     assert graders.text("<answer>The answer is Paris.</answer>", Example("q", "", "Paris")) == 1.0
     assert graders.auto("<ANSWER>**Paris**</ANSWER>", Example("q", "", "Paris")) == 1.0
+
+
+@pytest.mark.parametrize("name", ["numeric", "text", "auto"])
+def test_the_marked_answer_is_graded_not_the_last_number(name):
+    """Where the final sentence marks its answer ("the answer is", "answer:"), that answer is graded,
+    not a number after it (issue 57); a marker a later sentence corrects is not."""
+    grader = graders.GRADERS[name]
+    cases = [
+        ("The answer is 81.676 because it is smaller than 91.278.", "81.676", "91.278"),
+        ("The answer is 12, not 13.", "12", "13"),
+        ("Answer: **12** (13 was a slip)", "12", "13"),
+        ("The final answer is 3 + 4 = 7.", "7", "3"),
+        ("The answer is $1,234. ", "1234", "1"),
+        ("The answer is 7. Wait, 8", "8", "7"),  # the final sentence corrects it
+        ("The answer is not 5, it is 6", "6", "5"),
+    ]
+    for completion, right, wrong in cases:
+        assert grader(completion, Example("q", "", right)) == 1.0, (completion, right)
+        assert grader(completion, Example("q", "", wrong)) == 0.0, (completion, wrong)

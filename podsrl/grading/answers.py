@@ -7,7 +7,13 @@ Answer extraction (`extract_answer`), in priority order:
   3. the content of the last `<answer>...</answer>` (reasoning-gym's tag, any case), read as a
      completion of its own is (steps 1, 2 and 4 inside it: "<answer>81.676.</answer>" gives
      "81.676", as the plain "81.676." does), else the content as text;
-  4. the last number anywhere in the text ("The answer is 7. Wait, 8" -> "8").
+  4. the answer the final sentence marks (`marked_answer`): after its last "the answer is" /
+     "answer:" up to the first clause break (", ", "; ", a sentence end, "(", " because", " since",
+     " as", " not", " but", " and", " or", " which", " than", ...), that clause's last number:
+     "The answer is 81.676 because it is smaller than 91.278." -> "81.676", "The answer is 12, not
+     13." -> "12", "The answer is 3 + 4 = 7." -> "7";
+  5. the last number anywhere in the text ("The answer is 7. Wait, 8" -> "8": the marker is not in
+     the final sentence, which corrects it).
 Numbers may carry a sign, thousands commas ("1,234"), decimals (".5", "3.50"), a fraction ("3/4",
 "\\frac{3}{4}"), "$" or "%" around them, or a sentence's trailing period. A "-" right after a word
 character or closing bracket is read as subtraction, not a sign ("7-5" gives 7 and 5).
@@ -22,7 +28,7 @@ number is compared as text, ignoring case and runs of whitespace.
 import re
 from fractions import Fraction
 
-__all__ = ["ANSWER_TAG", "SURROUNDING", "answer_text", "answers_match", "ends_with_number", "extract_answer", "last_boxed", "last_tag", "parse_number"]
+__all__ = ["ANSWER_TAG", "SURROUNDING", "answer_text", "answers_match", "ends_with_number", "extract_answer", "final_sentence", "last_boxed", "last_tag", "marked_answer", "parse_number"]
 
 _PLAIN = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"  # 1,234.5 | 1234 | .5
 _LATEX_FRAC = r"\\[dt]?frac\{\s*-?(?:\d+(?:\.\d+)?)\s*\}\{\s*-?(?:\d+(?:\.\d+)?)\s*\}"
@@ -84,6 +90,11 @@ def extract_answer(text: str) -> str | None:
     tag = last_tag(text)
     if tag is not None:  # no tag inside it: its content is read as a plain completion
         return extract_answer(tag) or tag.strip() or None
+    marked = marked_answer(text)
+    if marked:
+        inside = _NUMBER.findall(marked)
+        if inside:
+            return _normalise(inside[-1])
     numbers_ = _NUMBER.findall(text)
     return _normalise(numbers_[-1]) if numbers_ else None
 
@@ -151,8 +162,37 @@ def _text_key(text: str) -> str:
 # extraction uses it too): here, in the leaf, so that both import it from below.
 # reasoning-gym's answer tag, in any case ("<Answer>"): the one definition (`last_tag`).
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_MARKER = re.compile(r"answer\s*(?:is|:)", re.IGNORECASE)
+# "the answer is", "Answer:", "Final answer:"; not "the answer is not" (nor "isn't").
+_MARKER = re.compile(r"\banswer\s*(?:is\b|:)(?!\s*not\b)", re.IGNORECASE)
+# Where a sentence ends and another begins: . ! ? and whitespace, or a line break, before more text.
+_SENTENCE_BREAK = re.compile(r"[.!?]+\s+(?=\S)|\n\s*(?=\S)")
+# Where a marked answer's clause ends (`marked_answer`).
+_CLAUSE_BREAK = re.compile(
+    r"[,;]\s|[.!?](?:\s|$)|\s*[(\u2014]|\s(?:because|since|as|not|but|and|or|which|while|than|so|given|from|instead)\b",
+    re.IGNORECASE,
+)
 SURROUNDING = " \t\r\n\"'`.,;:!?*_$\u201c\u201d\u2018\u2019\u00ab\u00bb"  # stripped around a text answer
+
+
+def final_sentence(text: str) -> str:
+    """The last sentence of ``text``: after its last ". ", "! ", "? " or line break that more text follows."""
+    text = text.strip()
+    start = 0
+    for match in _SENTENCE_BREAK.finditer(text):
+        start = match.end()
+    return text[start:]
+
+
+def marked_answer(text: str) -> str | None:
+    """The answer the completion's final sentence marks: from after its last "the answer is" /
+    "answer:" to the first clause break (module docstring, step 4), surrounding `*`, quotes and
+    whitespace stripped; None when the final sentence has no marker."""
+    sentence = final_sentence(text)
+    markers = list(_MARKER.finditer(sentence))
+    if not markers:
+        return None
+    rest = sentence[markers[-1].end() :].lstrip(" \t:*_\"'`")
+    return _CLAUSE_BREAK.split(rest, maxsplit=1)[0].strip(SURROUNDING)
 
 
 def answer_text(completion: str) -> str:

@@ -16,8 +16,9 @@ same way wherever it is scored: the training loop, a reward worker process, `pod
 
 The built-in graders (`GRADERS`), each 0.0 or 1.0:
 
-- ``numeric``: the completion's final number (:func:`podsrl.grading.answers.extract_answer`: after
-  "####", in the last `\\boxed{}`, else the last number) equals the reference exactly, as fractions
+- ``numeric``: the completion's answer (:func:`podsrl.grading.answers.extract_answer`: after
+  "####", in the last `\\boxed{}` or `<answer>` tag, else the answer its final sentence marks, "The
+  answer is 12, not 13." -> 12, else the last number) equals the reference exactly, as fractions
   ("0.5" == "1/2", "1,000" == "1000"). A reference that is not a number is never matched.
 - ``text``: exact match after the normalisation users expect: case, runs of whitespace, surrounding
   whitespace, quotes and punctuation (a trailing period, "**bold**", backticks), LaTeX `\\text{}`

@@ -16,7 +16,8 @@ held-out accuracy, whichever ``answer_format`` the task asked for:
    fraction: one that podsrl's numeric extraction reads back whole, so not "1.7e-22"), the
    completion's final number by podsrl's numeric extraction, the one the arithmetic task's
    correctness uses (:func:`podsrl.grading.answers.extract_answer`: after "####", in the last
-   `\\boxed{}`, else the last number; normalised, "1,234." -> "1234"): "12", "The answer is 12.",
+   `\\boxed{}`, else the answer the final sentence marks ("The answer is 12, not 13." -> "12"), else
+   the last number; normalised, "1,234." -> "1234"): "12", "The answer is 12.",
    "gcd = 12" and "6 + 6 = 12" all give "12"; but a final number in scientific notation comes back
    as written ("The largest is 5.9671e+01." gives "5.9671e+01", which number_format's checker reads
    as 59.671), where podsrl's numeric extraction, which does not read that notation, would give its

@@ -18,6 +18,12 @@ over those with one in scientific notation and one not ("mixed notation", about 
 larger number), "plain" (of the candidate answers to the mixed-notation problems, the share that
 picked the one not in scientific notation), "other" (a number that is neither candidate), "none" (no
 number). FILE may be gzipped (.gz), as results/compare-reasoning-gym/answers/ holds them.
+
+    .venv/bin/python results/compare-reasoning-gym/answers.py --regrade NAME=FILE.jsonl [NAME=FILE.jsonl ...]
+
+grades every completion again with podsrl's grader as it is now (the held-out problems rebuilt from
+runs/grpo/seed1/config.toml: every run's task and held-out set are the same) and counts the verdicts
+(full credit or not) that differ from the grade the file recorded (issue 57: the marked answer).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+from pathlib import Path
 
 from podsrl.grading.reasoning_gym import extract
 
@@ -73,7 +80,29 @@ def summarize(rows: list[dict]) -> dict:
             "other": pct(other, n), "none": pct(none, n)}  # fmt: skip
 
 
+def regrade(rows: list[dict]) -> dict:
+    """The completions whose verdict podsrl's grader as it is now gives otherwise than the file recorded."""
+    from podsrl.config import load
+    from podsrl.grading.graders import is_right
+    from podsrl.tasks import load_task
+
+    cfg = load(str(Path(__file__).parent / "runs/grpo/seed1/config.toml"), [])
+    examples = {ex.id: ex for ex in load_task(cfg.task.name, **cfg.task.options).eval}
+    n = up = down = 0
+    for row in rows:
+        example = examples[row["id"]]
+        assert example.answer == row["answer"], row["id"]
+        for c in row["completions"]:
+            n += 1
+            was, now = c["grade"] >= 1.0, is_right(c["text"], example)
+            up += now and not was
+            down += was and not now
+    return {"completions": n, "verdicts changed": up + down, "wrong -> right": up, "right -> wrong": down}
+
+
 def main(argv: list[str]) -> int:
+    again = argv[:1] == ["--regrade"]
+    argv = argv[1:] if again else argv
     if not argv or any("=" not in a for a in argv):
         print(__doc__.split("\n\n")[2], file=sys.stderr)
         return 2
@@ -81,7 +110,8 @@ def main(argv: list[str]) -> int:
     for arg in argv:
         name, path = arg.split("=", 1)
         with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
-            stats = summarize([json.loads(line) for line in f if line.strip()])
+            rows = [json.loads(line) for line in f if line.strip()]
+        stats = regrade(rows) if again else summarize(rows)
         if header is None:
             header = list(stats)
             print("| run | " + " | ".join(header) + " |")
