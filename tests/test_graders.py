@@ -50,7 +50,8 @@ def test_as_trl_reward_grades_text_answers():
         ("Paris, or Lyon", "Paris", False),
         ("1,000", "1000", True),  # numbers stay numeric
         ("The answer is 12.0", "12", True),
-        ("twelve", "12", False),
+        ("twelve", "12", True),  # a number word is that number (issue 57)
+        ("thirteen", "12", False),
         ("x+1", "x+1", True),
         ("(C)", "\\text{(C)}", True),
         ("C", "\\text{(C)}", False),
@@ -81,11 +82,12 @@ def test_auto_grader_reads_numbers_words_and_mathematics(completion, reference, 
 
 
 def test_numeric_grader_never_matches_words_and_the_start_up_check_says_so():
-    examples = [Example(str(i), "q", word, grader="numeric") for i, word in enumerate(WORDS)]
+    examples = [Example(str(i), "q", word, grader="numeric") for i, word in enumerate(WORDS) if word != "Seven"]
     assert all(graders.grade(ex.answer, ex) == 0.0 for ex in examples)
+    assert graders.grade("Seven", Example("7", "q", "Seven", grader="numeric")) == 1.0  # a number word is a number
     note = graders.ungraded_note(examples + [Example("n", "q", "12", grader="numeric")])
     assert note is not None
-    assert f"{len(WORDS)} of {len(WORDS) + 1} held-out answers" in note and "'numeric'" in note and "'text'" in note
+    assert f"{len(examples)} of {len(examples) + 1} held-out answers" in note and "'numeric'" in note and "'text'" in note
     assert graders.ungraded_note([dataclasses.replace(ex, grader="auto") for ex in examples]) is None
     assert graders.ungraded_note([Example("n", "q", "12", grader="numeric")]) is None
 
@@ -118,7 +120,8 @@ def test_held_out_accuracy_of_a_jsonl_task_with_word_answers(tmp_path):
     # The numeric grader cannot read them: what the issue saw, 0% however right the model is.
     numeric = dataclasses.replace(task, grader="numeric")
     assert {ex.grader for ex in numeric.eval} == {"numeric"}
-    assert evaluate(_Answering(right), prompts, numeric.eval).accuracy == 0.0
+    readable = sum(ex.answer == "Seven" for ex in numeric.eval)  # a number word: the numeric grader reads it
+    assert evaluate(_Answering(right), prompts, numeric.eval).accuracy == readable / len(numeric.eval) < 0.5
 
 
 def test_evaluation_keeps_what_the_model_answered_when_asked(tmp_path, write_module):
@@ -256,3 +259,68 @@ def test_the_marked_answer_is_graded_not_the_last_number(name):
     for completion, right, wrong in cases:
         assert grader(completion, Example("q", "", right)) == 1.0, (completion, right)
         assert grader(completion, Example("q", "", wrong)) == 0.0, (completion, wrong)
+
+
+RED = "Which planet is known as the red planet?"
+SPIDER = "How many legs does a spider have?"
+
+
+@pytest.mark.parametrize(
+    "question, reference, completion, right",
+    [
+        # Issue 57's new-user trial: right in a sentence, graded 0 before.
+        ("What is the capital of Germany?", "Berlin", "The capital of Germany is Berlin.", True),
+        ("What is the opposite of summer?", "winter", "The opposite of summer is winter.", True),
+        ("What is the largest planet in our solar system?", "Jupiter", "The largest planet in our solar system is Jupiter.", True),
+        ("What do bees make?", "honey", "bees make honey", True),
+        (RED, "Mars", "The red planet is Mars.", True),
+        (RED, "Mars", "It is Mars", True),
+        (RED, "Mars", "Mars is the red planet.", True),
+        (RED, "Mars", "Let me think.\nI think it's **Mars**!", True),
+        # ... and graded right before, still right.
+        (RED, "Mars", "The answer is Mars.", True),
+        (RED, "Mars", "mars", True),
+        (RED, "Mars", "Answer: Mars", True),
+        (RED, "Mars", "**Mars.**", True),
+        (RED, "Mars", "The answer is Mars, not Venus.", True),  # marked: a clause may follow
+        (RED, "Mars", "The answer is Mars because it is red.", True),
+        # Numbers and number words alike.
+        (SPIDER, "eight", "8", True),
+        (SPIDER, "8", "eight", True),
+        (SPIDER, "8", "A spider has eight legs.", True),
+        (SPIDER, "eight", "A spider has 8 legs.", True),
+        (SPIDER, "eight", "The answer is 8.", True),
+        (SPIDER, "twenty-one", "21", True),
+        # Must stay wrong: a negation before it,
+        (RED, "Mars", "It is not Mars.", False),
+        (RED, "Mars", "It isn't Mars.", False),
+        (RED, "Mars", "Venus, not Mars.", False),
+        (SPIDER, "8", "Not eight.", False),
+        # the reference inside another word, or another number,
+        (RED, "Mars", "Marsh", False),
+        (RED, "Mars", "The red planet is Marsh.", False),
+        (SPIDER, "eight", "A spider has 8.5 legs.", False),
+        (SPIDER, "8", "A spider has nine legs.", False),
+        # several candidates ("or", a list, the question's alternatives, a word the question does not hold),
+        (RED, "Mars", "Mars or Venus", False),
+        (RED, "Mars", "Venus or Mars", False),
+        (RED, "Mars", "The answer is Mars, or Venus.", False),
+        (RED, "Mars", "Mars and Venus", False),
+        (RED, "Mars", "Mars is bigger than Venus.", False),
+        ("Which is bigger, Mars or Jupiter?", "Jupiter", "Mars is bigger than Jupiter.", False),
+        ("Which is bigger, Mars or Jupiter?", "Jupiter", "Mars Jupiter", False),
+        ("What is the opposite of summer?", "winter", "spring autumn winter", False),
+        # not the sentence's answer: neither its first nor its last words,
+        ("What is the opposite of summer?", "winter", "The opposite of winter is summer.", False),
+        (RED, "Mars", "Mars is not the red planet.", False),
+        # not in the final sentence.
+        (RED, "Mars", "The red planet is Mars. Or Venus.", False),
+        (RED, "Mars", "Mars is red.\nBut the red planet is Venus.", False),
+    ],
+)
+def test_a_word_answer_in_a_sentence(question, reference, completion, right):
+    """The sentence rule (graders' docstring, docs/your-task.md): the reference as whole words in the
+    final sentence, opening or ending it, every other word the question's or a filler (issue 57)."""
+    example = Example("1", question, reference)
+    for name in ("text", "auto"):
+        assert graders.GRADERS[name](completion, example) == (1.0 if right else 0.0), name

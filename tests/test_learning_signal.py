@@ -106,10 +106,26 @@ def test_steps_without_signal_warn_once_per_streak_naming_the_cause():
     assert [len(n) for n in notes] == [0] * (SILENT_STEPS - 1) + [1, 0, 0]
     warning = notes[SILENT_STEPS - 1][0]
     assert warning.startswith("podsrl: warning: steps 1-5 had no kept rollout with a nonzero advantage")
-    assert "every completion scored 0" in warning and "constant" in warning and "too hard" in warning
+    assert "every completion scored 0" in warning and "too hard" in warning
+    # With the built-in correctness reward (the default), the grader and what it counts as right (issue 57).
+    assert "task.grader = 'auto' (the task's own)" in warning and "'Mars is the red planet.'" in warning
+    assert "--completions" in warning and "constant" not in warning
     # A step with a signal ends the streak; a new streak warns again.
     assert watch.step(_step(8, signal_rows=3)) == []
     assert [len(watch.step(_step(s))) for s in range(9, 9 + SILENT_STEPS)][-1] == 1
+
+
+def test_the_all_zero_warning_names_the_grader_in_use_or_blames_the_reward_function(reward_file):
+    """Every completion 0: with `correctness`, the grader the run uses and its rule; with a user reward alone, that function."""
+    def warn(overrides):
+        watch = RunWatch(load(None, overrides))
+        return [n for s in range(1, SILENT_STEPS + 1) for n in watch.step(_step(s))][0]
+
+    assert "task.grader = 'text'," in warn(["task.grader=text"]) and "opening or ending it" in warn(["task.grader=text"])
+    rg = warn(["task.name=reasoning_gym", "task.options.partial_credit=false"])
+    assert "task.grader = 'reasoning_gym_binary' (the task's own)" in rg and "checker" in rg
+    user = warn([f"reward.names=['{reward_file}:length_reward']"])
+    assert "constant" in user and "task.grader" not in user
 
 
 def test_the_no_signal_warning_names_truncation_and_group_size():

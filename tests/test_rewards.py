@@ -138,7 +138,7 @@ def test_registry_and_unknown_names():
 
 
 def test_compute_rewards_weights_and_breakdown():
-    completions = ["12", "The answer is 11.", "twelve"]
+    completions = ["12", "The answer is 11.", "eleven"]
     specs = [("correctness", 1.0), RewardSpec("format", 0.1)]
     result = compute_rewards(completions, [ex("12")] * 3, specs)
     assert result.per_reward == {"correctness": [1.0, 0.0, 0.0], "format": [1.0, 1.0, 0.0]}

@@ -17,7 +17,8 @@ Answer extraction (`extract_answer`), in priority order:
 Numbers may carry a sign, thousands commas ("1,234"), decimals (".5", "3.50"), a fraction ("3/4",
 "\\frac{3}{4}"), "$" or "%" around them, or a sentence's trailing period. A "-" right after a word
 character or closing bracket is read as subtraction, not a sign ("7-5" gives 7 and 5).
-Scientific notation and number words ("twelve") are not recognised.
+Scientific notation and number words ("twelve") are not extracted; `number_value` reads a number
+word from zero to one hundred where a grader compares one (podsrl.grading.graders).
 
 Matching (`answers_match`) is exact: both sides become `fractions.Fraction`, so "0.5", ".5" and
 "1/2" are equal and no float tolerance is needed; "%" is dropped without scaling ("5%" == "5"),
@@ -28,7 +29,7 @@ number is compared as text, ignoring case and runs of whitespace.
 import re
 from fractions import Fraction
 
-__all__ = ["ANSWER_TAG", "SURROUNDING", "answer_text", "answers_match", "ends_with_number", "extract_answer", "final_sentence", "last_boxed", "last_tag", "marked_answer", "parse_number"]
+__all__ = ["ANSWER_TAG", "NUMBER_WORDS", "SURROUNDING", "answer_text", "answers_match", "ends_with_number", "extract_answer", "final_sentence", "last_boxed", "last_tag", "marked_answer", "number_value", "parse_number"]
 
 _PLAIN = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"  # 1,234.5 | 1234 | .5
 _LATEX_FRAC = r"\\[dt]?frac\{\s*-?(?:\d+(?:\.\d+)?)\s*\}\{\s*-?(?:\d+(?:\.\d+)?)\s*\}"
@@ -41,6 +42,26 @@ _FRAC_PARTS = re.compile(r"^(-?)\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}$")
 _BOXED = re.compile(r"\\boxed\s*\{")
 # What may follow a final answer and still count as "the number ends the text" (`ends_with_number`).
 _TRAILING = " \t\r\n.!?*\"'`)$%"
+
+
+# Number words, 0 to 100, as the words a sentence writes them in ("twenty-one" is twenty, one).
+_UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+NUMBER_WORDS: dict[int, tuple[str, ...]] = {
+    **{n: (word,) for n, word in enumerate(_UNITS)},
+    **{20 + 10 * t + u: (tens,) + ((_UNITS[u],) if u else ()) for t, tens in enumerate(_TENS) for u in range(10)},
+    100: ("one", "hundred"),
+}
+_WORD_NUMBERS = {words: n for n, words in NUMBER_WORDS.items()} | {("hundred",): 100, ("a", "hundred"): 100}
+
+
+def number_value(text: str) -> int | Fraction | None:
+    """The value of a number written in digits (`parse_number`) or in words from zero to one
+    hundred ("eight", "Twenty-one"), or None."""
+    value = parse_number(text)
+    if value is not None:
+        return value
+    return _WORD_NUMBERS.get(tuple(re.findall(r"[a-z]+", text.casefold())))
 
 
 def parse_number(text: str) -> Fraction | None:

@@ -25,8 +25,23 @@ The built-in graders (`GRADERS`), each 0.0 or 1.0:
   (`\\textbf`, `\\mathrm`) and `$`. What is compared is the completion's answer (:func:`answer_text`:
   after "####", in the last `\\boxed{}` or `<answer>...</answer>`, else its last non-empty line,
   from after "answer is" / "answer:" when the line says so), or else the whole completion
-  (a multi-line answer). "The capital is Paris." is not "Paris": ask for the answer alone, or mark
-  it ("The answer is Paris."). A reference that is a number is compared as a number (``numeric``).
+  (a multi-line answer). Or else the sentence rule (:func:`names_answer`), for a reference of words
+  or a number: the completion's final sentence (of its last non-empty line, or of what follows
+  "####" or is in the box or tag) holds the reference as whole words, case and punctuation and
+  markdown aside, a number also in digits or in words ("8" and "eight", zero to one hundred), and
+  it is the sentence's answer: it opens or ends the sentence (a number may be followed by the
+  question's words, its unit) and every other word is a word of the question or a filler
+  (:data:`FILLERS`: articles, "it", "is", "the answer", "I think", "so", "called", ...). Right: "The
+  capital of Germany is Berlin.", "bees make honey", "It is Mars", "Mars is the red planet.", "A
+  spider has eight legs." (for "8"). Wrong, on purpose: a negation right before it ("not Mars",
+  "It isn't Mars"), the reference inside another word ("Marsh") or number ("8.5" for "8"), several
+  candidates ("Mars or Venus", "Mars and Venus", a word the question does not hold, either of the
+  question's own "A or B" alternatives: "Mars is bigger than Jupiter" for "Which is bigger, Mars or
+  Jupiter?"), the reference in the middle ("The opposite of winter is summer." for "winter"), or
+  only in an earlier sentence. After a marker a clause may follow ("The answer is Mars, not
+  Venus.", "... Mars because it is red."; not ", or Venus"). The rule reads no grammar: it errs
+  towards wrong ("Berlin, a large city." is wrong), never towards a second candidate. A reference
+  that is a number is compared as a number (``numeric``, which also reads a number word).
 - ``math``: math-verify (:mod:`podsrl.grading.equivalence`: LaTeX, intervals, sets, expressions
   by value); a reference it cannot parse, or a missing math-verify, falls back to ``text``.
 - ``auto`` (every built-in task's default but reasoning_gym): by what the reference is. A plain
@@ -57,10 +72,13 @@ from functools import lru_cache
 
 from podsrl.errors import ConfigError
 from podsrl.grading import equivalence
-from podsrl.grading.answers import SURROUNDING, answer_text, answers_match, extract_answer, last_boxed, parse_number
+from podsrl.grading.answers import (
+    NUMBER_WORDS, SURROUNDING, answer_text, answers_match, extract_answer, final_sentence, last_boxed, last_tag, number_value,
+    parse_number,
+)  # fmt: skip
 from podsrl.tasks.types import Example
 
-__all__ = ["BELOW_ONE", "GRADERS", "answer_text", "check_grader", "get_grader", "grade", "grade_values", "is_right", "text_key", "ungraded"]
+__all__ = ["BELOW_ONE", "GRADERS", "RULES", "answer_text", "check_grader", "get_grader", "grade", "grade_values", "is_right", "names_answer", "text_key", "ungraded"]
 
 Grader = Callable[[str, Example], float]
 
@@ -69,22 +87,45 @@ BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1.0: where a grade just 
 # A reference of words, compared as text.
 _WORDS = re.compile(r"[^\W\d_]{2,}(?:[\s'-]+[^\W\d_]+)*\.?")
 _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}")
-# What surrounds an answer without being part of it: quotes, sentence punctuation, markdown emphasis, `$`.
+# The sentence rule (`names_answer`, module docstring).
+_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+")  # a word, or a number with its decimals ("8.5" is not "8")
+_CONTRACTED_NOT = re.compile(r"n[\'\u2019]t\b", re.IGNORECASE)  # "isn't" reads as "is not"
+# Words a sentence may add around its answer without naming another one.
+FILLERS = frozenset(
+    "a an the it its s this that is are was were be has have had do does did i think believe guess would say my our final "
+    "answer correct right so thus therefore hence then well called named known as".split()
+)
+NEGATIONS = frozenset("not no never neither nor none cannot".split())
+_ARTICLES = frozenset(("a", "an", "the"))
+# A marker right before the answer ("The answer is Mars, not Venus."): what follows may then be a clause of its own.
+_MARKED_BEFORE = re.compile(r"\banswer\s*(?:is\b|:)[\s:*_\"'`]*(?:(?:the|a|an)\s+)?$", re.IGNORECASE)
+_CLAUSE_AFTER = re.compile(
+    r"[\s*_\"'`]*(?:$|[.!?]|[,;]\s*(?!(?:or|and)\b)|[(\u2014]|\s(?:because|since|as|not|but|which|while|given|instead)\b)",
+    re.IGNORECASE,
+)
 
 
 def numeric(completion: str, example: Example) -> float:
-    """1.0 if the completion's final number equals the reference, a number, exactly (module docstring)."""
-    if parse_number(example.answer) is None:
+    """1.0 if the completion's answer equals the reference, a number, exactly; a number written in
+    words on either side ("eight") is that number (module docstring)."""
+    value = number_value(example.answer)
+    if value is None:
         return 0.0
-    return 1.0 if answers_match(extract_answer(completion), example.answer) else 0.0
+    if number_value(extract_answer(completion) or "") == value:
+        return 1.0
+    # No number in digits in the final sentence: its answer may be a number word ("A spider has eight legs.").
+    if value in NUMBER_WORDS and not re.search(r"\d", final_sentence(_answer_region(completion))):
+        return 1.0 if names_answer(completion, example.answer, example.question) else 0.0
+    return 0.0
 
 
 def text(completion: str, example: Example) -> float:
-    """1.0 if the completion's answer is the reference's text, normalised (module docstring); a
-    reference that is a number is compared as a number."""
+    """1.0 if the completion's answer is the reference's text, normalised, or its final sentence
+    names the reference as its answer (module docstring); a reference that is a number is compared
+    as a number."""
     if parse_number(example.answer) is not None:
         return numeric(completion, example)
-    return 1.0 if _same_text(completion, example.answer) else 0.0
+    return 1.0 if _same_text(completion, example.answer) or names_answer(completion, example.answer, example.question) else 0.0
 
 
 def math_(completion: str, example: Example) -> float:
@@ -137,6 +178,21 @@ GRADERS: dict[str, Grader] = {
     "math": math_,
     "reasoning_gym": _reasoning_gym,
     "reasoning_gym_binary": _reasoning_gym_binary,
+}
+
+
+# What each built-in grader counts as right, in a line (the zero-signal warning names it: podsrl.run.watch).
+RULES: dict[str, str] = {
+    "auto": "a number as a number, the marked or last one; words as the reference alone or marked ('The answer is Mars.', "
+    "'**Mars.**') or named by the final sentence, opening or ending it ('The red planet is Mars.', 'Mars is the red planet.'); "
+    "LaTeX by math-verify",
+    "numeric": "the answer's number equals the reference: after '####', in a box or <answer> tag, marked by 'the answer is', "
+    "else the last number; a number word ('eight') is a number",
+    "text": "the answer is the reference's text ('The answer is Mars.', '**Mars.**'), or the final sentence names it, opening or "
+    "ending it, every other word the question's or a filler ('The red planet is Mars.', 'Mars is the red planet.')",
+    "math": "math-verify finds the answer equal to the reference",
+    "reasoning_gym": "the reasoning-gym dataset's own checker on the extracted answer",
+    "reasoning_gym_binary": "the reasoning-gym dataset's own checker on the extracted answer, full credit only",
 }
 
 
@@ -234,10 +290,7 @@ def ungraded_note(examples: Sequence[Example]) -> str | None:
 def text_key(text_: str, *, casefold: bool = True) -> str:
     """``text_`` as the ``text`` grader compares it: LaTeX `\\text{}` unwrapped, surrounding quotes,
     punctuation and whitespace stripped, runs of whitespace made one space, case folded."""
-    previous = None
-    while previous != text_:  # nested \text{\textbf{..}}
-        previous, text_ = text_, _TEXT_MACRO.sub(r"\1", text_)
-    text_ = " ".join(text_.strip(SURROUNDING).split())
+    text_ = " ".join(_unmacro(text_).strip(SURROUNDING).split())
     return text_.casefold() if casefold else text_
 
 
@@ -246,6 +299,84 @@ def _same_text(completion: str, reference: str, *, casefold: bool = True) -> boo
     if not key:
         return False
     return text_key(answer_text(completion), casefold=casefold) == key or text_key(completion, casefold=casefold) == key
+
+
+def names_answer(completion: str, reference: str, question: str = "") -> bool:
+    """Whether the completion's final sentence names ``reference`` as its answer (the sentence rule,
+    module docstring): the reference as whole words (a number also in digits or words), opening or
+    ending the sentence (a number may be followed by the question's words), every other word of the
+    sentence a word of the ``question`` or a filler (:data:`FILLERS`), no negation right before it,
+    no "or", none of the question's "A or B" alternatives; after a marker ("The answer is Mars, not
+    Venus.") a clause of its own may follow it. For references of words or numbers only."""
+    forms = _forms(reference)
+    if not forms:
+        return False
+    sentence = _CONTRACTED_NOT.sub(" not", _unmacro(final_sentence(_answer_region(completion))))
+    spans = [(m.group().casefold(), m.start(), m.end()) for m in _TOKEN.finditer(sentence)]
+    words = [w for w, _, _ in spans]
+    asked, alternatives = _question_words(question)
+    is_number = number_value(reference) is not None
+    for form in forms:
+        k = len(form)
+        allowed = lambda w: w not in ("or", "nor") and (w in FILLERS or w in asked) and (w in form or w not in alternatives)  # noqa: E731
+        for i in range(len(words) - k + 1):
+            if tuple(words[i : i + k]) != form:
+                continue
+            before, after = words[:i], words[i + k :]
+            unarticled = [w for w in before if w not in _ARTICLES]
+            if unarticled and unarticled[-1] in NEGATIONS or not all(map(allowed, before)):
+                continue  # "not Mars", "It isn't Mars"; another word before it
+            # It opens or ends the sentence ("Mars is the red planet.", "It is Mars."); a number may be
+            # followed by the question's words, its unit ("A spider has eight legs.").
+            opens, ends = set(before) <= FILLERS, set(after) <= FILLERS or is_number
+            if (opens or ends) and all(map(allowed, after)):
+                return True
+            start, end = spans[i][1], spans[i + k - 1][2]
+            if _MARKED_BEFORE.search(sentence[:start]) and _CLAUSE_AFTER.match(sentence[end:]) and not {"or", "nor"} & set(after):
+                return True
+    return False
+
+
+def _forms(reference: str) -> tuple[tuple[str, ...], ...]:
+    """The ways a sentence may write ``reference``, as words: its own, and for a number from zero to
+    one hundred its digits and its words; () for a reference the sentence rule does not read."""
+    reference = reference.strip()
+    value = number_value(reference)
+    if value is None and not _WORDS.fullmatch(reference):
+        return ()
+    forms = {tuple(w.casefold() for w in _TOKEN.findall(reference))}
+    if value is not None and value in NUMBER_WORDS:
+        forms |= {(str(int(value)),), NUMBER_WORDS[int(value)]}
+    return tuple(sorted(f for f in forms if f))
+
+
+@lru_cache(maxsize=4096)  # a prompt's n rollouts share its question
+def _question_words(question: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The question's words, and its alternatives: the words either side of each "or" ("Mars or Venus")."""
+    words = [w.casefold() for w in _TOKEN.findall(_CONTRACTED_NOT.sub(" not", question))]
+    alternatives = {words[j] for i, w in enumerate(words) if w == "or" for j in (i - 1, i + 1) if 0 <= j < len(words)}
+    return frozenset(words), frozenset(alternatives)
+
+
+def _answer_region(completion: str) -> str:
+    """Where the completion's answer is: after "####" (its first line), in the last `\\boxed{}` or
+    `<answer>` tag, else its last non-empty line (:func:`answer_text` without cutting at a marker)."""
+    if "####" in completion:
+        tail = completion.rsplit("####", 1)[1].strip()
+        if tail:
+            return tail.splitlines()[0]
+    for inside in (last_boxed(completion), last_tag(completion)):
+        if inside is not None:
+            return inside
+    lines = [line for line in completion.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _unmacro(text_: str) -> str:
+    previous = None
+    while previous != text_:  # nested \text{\textbf{..}}
+        previous, text_ = text_, _TEXT_MACRO.sub(r"\1", text_)
+    return text_
 
 
 def _numeric_decides(completion: str, reference: str) -> bool:

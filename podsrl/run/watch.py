@@ -5,7 +5,9 @@
   all right or all wrong); :data:`SILENT_STEPS` in a row mean the run is learning nothing, and the
   message names the likely cause from the steps' metrics: completions cut off at
   ``rollout.max_new_tokens``, every completion scoring the same (a reward function returning a
-  constant, a task the model always fails or always solves), each group scoring alike (the task too
+  constant, a task the model always fails or always solves; every completion 0 with the built-in
+  ``correctness`` reward names the grader and what it counts as right, since answers right in a form
+  the grader does not read look the same), each group scoring alike (the task too
   hard or too easy for n rollouts), or kept subsets scoring alike although the groups did not (the
   rule and m). Settings under which no step could ever learn are refused before the run starts
   (:meth:`podsrl.core.downsample.DownsampleSpec.check_signal`, ``RewardConfig``).
@@ -135,13 +137,37 @@ def _likely_cause(cfg, steps: list[dict]) -> str:
         )
     if len(rewards) == 1 and all((s.get("reward_std") or 0.0) == 0 for s in steps):
         value = next(iter(rewards))
-        causes.append(
-            f"every completion scored {value if value is None else f'{value:g}'}: a reward function that returns a constant "
-            "(check reward.names on a few completions), or a task the model always fails (too hard) or always solves (too easy)"
-        )
+        scored = f"every completion scored {value if value is None else f'{value:g}'}"
+        if value == 0 and "correctness" in cfg.reward.names:
+            causes.append(f"{scored}: {_grader_cause(cfg)}")
+        else:
+            causes.append(
+                f"{scored}: a reward function that returns a constant (check reward.names on a few completions), "
+                "or a task the model always fails (too hard) or always solves (too easy)"
+            )
     else:
         causes.append(
             f"every group's {n} rollouts scored alike (reward_mean {mean('reward_mean'):.2f}): the task is too hard or too easy "
             "for the model at this size of group; raise rollout.n, or pick problems nearer its level"
         )
     return "likely cause: " + "; or ".join(causes)
+
+
+def _grader_cause(cfg) -> str:
+    """Why the built-in correctness reward gave every completion 0: its grader, named with its rule."""
+    from podsrl.grading.graders import RULES
+
+    grader = cfg.task.grader
+    if grader is None:  # the task's own (podsrl.tasks: reasoning_gym's checker, the others auto)
+        if cfg.task.name == "reasoning_gym":
+            grader = "reasoning_gym" if cfg.task.options.get("partial_credit", True) else "reasoning_gym_binary"
+        else:
+            grader = "auto"
+    named = f"task.grader = {grader!r}" + ("" if cfg.task.grader else " (the task's own)")
+    rule = RULES.get(grader, "your function's grade is 1.0")
+    return (
+        f"the correctness reward's grader, {named}, found no answer right (it counts: {rule}); look at what the model "
+        "answers (`podsrl eval --run RUN --completions FILE` writes each completion with its grade): answers right in a form "
+        "the grader does not read need another instruction (task.instruction) or grader (task.grader; `podsrl config task` "
+        "lists them), else the task is too hard for the model"
+    )
