@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from float_bounds import U32, sum_bound
 from podsrl.core.loss import AGGREGATIONS, BatchCounts, LossMetrics, LossSettings, clipped_surrogate, k3_kl, policy_loss, token_ratio
 
 
@@ -28,6 +29,19 @@ MASK = [[True, True, True], [True, True, False]]
 # Sums 2.7 and -3.8 over 3 and 2 tokens.
 
 
+def _atol(*terms: float) -> float:
+    """The float32 error a hand value's computation can have: each term's ratio exp(log rho) rounded
+    twice (the log, the exp: 2 U32 of the term each), and the sum of the terms in any order."""
+    return sum_bound(terms) + 4 * U32 * sum(abs(t) for t in terms)
+
+
+K3 = math.exp(0.1) - 1.1
+# k3 = e^d - d - 1 at d = 0.1 cancels: its float32 error is U32 of e^d + d + 1 per rounding (d itself
+# from ref - logp, rounded at |log rho| + 0.1 <= 0.8; exp within 2 U32; two subtractions), a relative
+# error of the small result ~0.005 far above U32.
+K3_ATOL = U32 * (2 * math.exp(0.1) + 2 * (math.exp(0.1) + 1.1) + 2 * 0.8 * math.exp(0.1))
+
+
 def _example(requires_grad: bool = False):
     logprobs = torch.tensor(RATIOS).log().requires_grad_(requires_grad)
     return logprobs, torch.zeros(2, 3), torch.tensor(ADVANTAGES), torch.tensor(MASK)
@@ -43,8 +57,11 @@ def _example(requires_grad: bool = False):
 )
 def test_hand_computed_aggregations(aggregation, kwargs, expected):
     loss, metrics = loss_of(*_example(), aggregation=aggregation, **kwargs)
-    assert loss.item() == pytest.approx(expected, rel=1e-6)
-    assert metrics.pg_loss == pytest.approx(expected, rel=1e-6)
+    per_token = {"sequence": [1.0 / 6, 1.2 / 6, 0.5 / 6, 2.2 / 4, 1.6 / 4], "token": [t / 5 for t in (1.0, 1.2, 0.5, 2.2, 1.6)],
+                 "constant": [t / 8 for t in (1.0, 1.2, 0.5, 2.2, 1.6)]}[aggregation]  # fmt: skip
+    atol = _atol(*per_token)
+    assert loss.item() == pytest.approx(expected, rel=0, abs=atol)
+    assert metrics.pg_loss == pytest.approx(expected, rel=0, abs=atol)
     assert metrics.clip_frac_low == pytest.approx(0.2)
     assert metrics.clip_frac_high == pytest.approx(0.2)
     assert metrics.ratio_mean == pytest.approx((1 + 1.5 + 0.5 + 1.1 + 0.7) / 5)
@@ -55,7 +72,7 @@ def test_hand_computed_aggregations(aggregation, kwargs, expected):
 def test_asymmetric_clipping():
     # eps_high = 0.6: rho 1.5 is no longer clipped -> seq 0 sums 3.0
     loss, metrics = loss_of(*_example(), eps_high=0.6, aggregation="token")
-    assert loss.item() == pytest.approx(-(3.0 - 3.8) / 5, rel=1e-6)
+    assert loss.item() == pytest.approx(-(3.0 - 3.8) / 5, rel=0, abs=_atol(1.0 / 5, 1.5 / 5, 0.5 / 5, 2.2 / 5, 1.6 / 5))
     assert metrics.clip_frac_high == 0.0
     assert metrics.clip_frac_low == pytest.approx(0.2)
 
@@ -65,45 +82,46 @@ def test_token_mask_keeps_the_sequence_lengths():
     token_mask = torch.tensor([[True, False, True], [False, True, True]])
     # in the pg term: seq 0 tokens 0, 2 (1 + 0.5 = 1.5, over its 3 tokens); seq 1 token 1 (-1.6, over 2)
     loss, metrics = loss_of(*_example(), token_mask=token_mask)
-    assert loss.item() == pytest.approx(-(1.5 / 3 - 1.6 / 2) / 2, rel=1e-6)
+    assert loss.item() == pytest.approx(-(1.5 / 3 - 1.6 / 2) / 2, rel=0, abs=_atol(1.0 / 6, 0.5 / 6, 1.6 / 4))
     assert metrics.tokens == 3 and metrics.completion_tokens == 5
     loss, _ = loss_of(*_example(), token_mask=token_mask, aggregation="token")
-    assert loss.item() == pytest.approx(-(1.5 - 1.6) / 5, rel=1e-6)
+    assert loss.item() == pytest.approx(-(1.5 - 1.6) / 5, rel=0, abs=_atol(1.0 / 5, 0.5 / 5, 1.6 / 5))
 
 
 def test_sequence_without_selected_tokens_still_counts_in_total():
     token_mask = torch.tensor([[True, True, True], [False, False, False]])
     loss, _ = loss_of(*_example(), token_mask=token_mask)
-    assert loss.item() == pytest.approx(-(2.7 / 3) / 2, rel=1e-6)
+    assert loss.item() == pytest.approx(-(2.7 / 3) / 2, rel=0, abs=_atol(1.0 / 6, 1.2 / 6, 0.5 / 6))
 
 
 def test_kl_covers_every_completion_token_under_a_token_mask():
     logprobs, old, adv, mask = _example()
     ref = logprobs.detach() + 0.1  # k3 = e^0.1 - 1.1 on every token
-    k3 = math.exp(0.1) - 1.1
+    k3 = K3
     token_mask = torch.tensor([[True, False, False], [False, False, False]])
     loss, metrics = loss_of(logprobs, old, adv, mask, token_mask=token_mask, ref_logprobs=ref, beta=0.5, aggregation="token")
-    assert loss.item() == pytest.approx(-1.0 / 5 + 0.5 * k3, rel=1e-5)
-    assert metrics.kl == pytest.approx(k3, rel=1e-5)
+    assert loss.item() == pytest.approx(-1.0 / 5 + 0.5 * k3, rel=0, abs=_atol(1.0 / 5) + 0.5 * K3_ATOL)
+    assert metrics.kl == pytest.approx(k3, rel=0, abs=K3_ATOL)
 
 
 def test_kl_term_hand_value():
     logprobs, old, adv, mask = _example()
     ref = logprobs.detach() + 0.1  # ref - logp = 0.1 everywhere: k3 = e^0.1 - 0.1 - 1
-    k3 = math.exp(0.1) - 1.1
+    k3 = K3
+    pg = lambda n: _atol(*[t / n for t in (1.0, 1.2, 0.5, 2.2, 1.6)])  # noqa: E731  (the policy-gradient term over n)
     loss, metrics = loss_of(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5, aggregation="token")
-    assert metrics.kl == pytest.approx(k3, rel=1e-5)  # mean per completion token
-    assert loss.item() == pytest.approx(0.22 + 0.5 * k3, rel=1e-5)
+    assert metrics.kl == pytest.approx(k3, rel=0, abs=K3_ATOL)  # mean per completion token
+    assert loss.item() == pytest.approx(0.22 + 0.5 * k3, rel=0, abs=pg(5) + 0.5 * K3_ATOL)
     loss, metrics = loss_of(logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5)
-    assert loss.item() == pytest.approx(0.5 + 0.5 * k3, rel=1e-5)  # sequence means of a constant
+    assert loss.item() == pytest.approx(0.5 + 0.5 * k3, rel=0, abs=pg(2) + 0.5 * K3_ATOL)  # sequence means of a constant
     loss, metrics = loss_of(
         logprobs, old, adv, mask, ref_logprobs=ref, beta=0.5, aggregation="constant", max_completion_len=4
     )
-    assert loss.item() == pytest.approx(0.1375 + 0.5 * k3 * 5 / 8, rel=1e-5)
-    assert metrics.kl == pytest.approx(k3, rel=1e-5)
+    assert loss.item() == pytest.approx(0.1375 + 0.5 * k3 * 5 / 8, rel=0, abs=pg(8) + 0.5 * K3_ATOL)
+    assert metrics.kl == pytest.approx(k3, rel=0, abs=K3_ATOL)
     _, metrics = loss_of(logprobs, old, adv, mask, ref_logprobs=ref)
-    assert metrics.kl == pytest.approx(k3, rel=1e-5)  # reported with beta = 0
-    assert metrics.loss == pytest.approx(0.5, rel=1e-6)  # but not added
+    assert metrics.kl == pytest.approx(k3, rel=0, abs=K3_ATOL)  # reported with beta = 0
+    assert metrics.loss == pytest.approx(0.5, rel=0, abs=pg(2))  # but not added
 
 
 # ----------------------------------------------------------------------------- reference
