@@ -715,6 +715,40 @@ def test_reasoning_task_commands_set_a_length():
     assert not short, f"set max_new_tokens (the default, 16, truncates a worked answer): {short}"
 
 
+# Words that claim one method is ahead of (or level with) another: a paragraph that says one must not
+# show a 95% interval that straddles zero (README said "learned at least as well" beside [-5.1, +7.0]).
+CLAIMS = re.compile(r"at least as well|\bbeats?\b|\bis best\b|clear loser|\blearns faster\b|\boutperforms?\b", re.I)
+INTERVAL = re.compile(r"\[(?:paired 95% CI )?([+-]?\d+(?:\.\d+)?), ([+-]?\d+(?:\.\d+)?)\]")
+
+
+def claims_beyond_their_intervals(text: str) -> list[str]:
+    """The sentences of ``text`` that claim an ordering beside an interval that contains zero ("no
+    resolved difference" is what such an interval says); a paragraph's bold lead ("**X beats Y.**")
+    claims for its whole paragraph (or list item)."""
+
+    def straddling(part: str) -> list[str]:
+        return [m[0] for m in INTERVAL.finditer(part) if float(m[1]) < 0 < float(m[2])]
+
+    out = []
+    for para in re.split(r"\n\s*\n|\n(?=- )", text):
+        flat = " ".join(para.split())
+        lead = re.match(r"(?:- )?\*\*(.+?)\*\*", flat)
+        parts = [flat] if lead and CLAIMS.search(lead[1]) else re.split(r"(?<=\.)\s+(?=[A-Z*])", flat)
+        for part in parts:
+            if (claim := CLAIMS.search(part)) and (bad := straddling(part)):
+                out.append(f"{claim[0]!r} beside {', '.join(bad)}: {part[:120]}...")
+    return out
+
+
+def test_no_claim_beyond_its_interval():
+    assert claims_beyond_their_intervals("It learned at least as well: +1.0 [paired 95% CI -5.1, +7.0].")
+    assert claims_beyond_their_intervals("- **It learns at least as well.** Means +1.0 and +3.7 (+1.6 [-5.0, +8.3]).")
+    assert not claims_beyond_their_intervals("A beats B (+5.9 [+1.8, +10.0]). C and A are level (-0.3 [-2.5, +1.9]).")
+    assert not claims_beyond_their_intervals("No resolved difference (+1.0 [paired 95% CI -5.1, +7.0]).\n\nA beats B (+2.7 [+0.8, +4.6]).")
+    found = [f"{page}: {c}" for page in PAGES for c in claims_beyond_their_intervals((REPO / page).read_text())]
+    assert not found, "a claim stronger than its interval (say what the interval says):\n" + "\n".join(found)
+
+
 def test_toml_blocks_use_the_option_names_podsrl_config_prints(tmp_path):
     """Every page's TOML, a file it writes or a config shown, loads, with today's option names."""
     tomls = [b for blocks, _ in ALL.values() for b in blocks if b.kind == "toml" or (b.kind == "file" and b.marker("file").arg.endswith(".toml"))]
