@@ -749,6 +749,19 @@ def test_no_claim_beyond_its_interval():
     assert not found, "a claim stronger than its interval (say what the interval says):\n" + "\n".join(found)
 
 
+def test_readme_is_one_page():
+    """README.md is the product page (issue 57): at most 300 lines, one results table and one figure;
+    every table row it shows is also in docs/results.md, where the evidence lives."""
+    readme = (REPO / "README.md").read_text()
+    results = (REPO / "docs" / "results.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    tables = len(re.findall(r"^\|---", readme, re.M))
+    figures = re.findall(r"^!\[", readme, re.M)
+    assert len(readme.splitlines()) <= 300, f"README.md has {len(readme.splitlines())} lines; keep it under 300 (results: docs/results.md)"
+    assert (tables, len(figures)) == (1, 1), f"README.md shows {tables} tables and {len(figures)} figures: one each, the rest in docs/results.md"
+    assert all(row in results for row in rows), "a README table row that docs/results.md lacks"
+
+
 def test_toml_blocks_use_the_option_names_podsrl_config_prints(tmp_path):
     """Every page's TOML, a file it writes or a config shown, loads, with today's option names."""
     tomls = [b for blocks, _ in ALL.values() for b in blocks if b.kind == "toml" or (b.kind == "file" and b.marker("file").arg.endswith(".toml"))]
