@@ -47,6 +47,11 @@ With ``"TEXT"`` a marker applies only to the block's commands that contain TEXT.
 marker that the test does not know how to run (an unknown language, a command it cannot run, a
 line that is neither a command nor a command's output) fails :func:`test_every_block_is_handled`,
 so a new page cannot escape. ``python tests/test_docs.py`` prints every block and what is done with it.
+
+**Recipe lengths.** A block that trains (a TOML config with a ``[task]``, a ``PODSConfig``) sets its
+completion length; one that trains the embedded model sets a length that cuts off at most a quarter
+of that model's completions on the recipe's own prompts (:data:`RECIPE_CUT_OFF`, measured by
+``python tests/test_docs.py --lengths``; :func:`test_recipes_set_a_length_their_answers_fit`).
 """
 
 from __future__ import annotations
@@ -762,6 +767,149 @@ def test_readme_is_one_page():
     assert all(row in results for row in rows), "a README table row that docs/results.md lacks"
 
 
+# --------------------------------------------------------------------------- recipe lengths (issue 57)
+
+# A recipe is a block that trains: a TOML config with a [task], or a PODSConfig. Each sets its
+# completion length (rollout.max_new_tokens, max_completion_length): docs/your-task.md's
+# reasoning-gym recipe inherited the default 16 and 74-80% of its completions were cut off.
+# Where a recipe trains the embedded model, the length must leave at most MAX_CUT_OFF of that
+# model's completions on the recipe's own prompts cut off, as its training samples them (before any
+# training: a cut-off completion scores what the grader makes of half a sentence). The shares are
+# RECIPE_CUT_OFF, measured by `python tests/test_docs.py --lengths` (no GPU: a minute or a few per
+# recipe on 2 CPU cores); test_recipe_lengths_measured (slow) measures them again.
+MAX_CUT_OFF = 0.25
+LENGTHS = (16, 32, 64, 96, 128, 192, 256)
+LENGTH = re.compile(r"\b(?:max_new_tokens|max_completion_length)\s*=\s*(\d+)")
+# recipe -> {length: share of the embedded model's completions cut off at that length}: 64
+# completions (16 prompts x 4, or 8 x 8), seed 0, measured 2026-11-28 on this project's 2-core CPU by `python tests/test_docs.py --lengths`.
+RECIPE_CUT_OFF: dict[str, dict[int, float]] = {
+    "docs/trl.md runs/trl-embedded": {16: 0.641, 32: 0.516, 64: 0.266, 96: 0.172, 128: 0.156, 192: 0.094, 256: 0.078},  # 432 s
+    "docs/your-task.md mytask.toml": {16: 0.922, 32: 0.797, 64: 0.547, 96: 0.406, 128: 0.266, 192: 0.203, 256: 0.156},  # 927 s
+    "docs/your-task.md legs.toml": {16: 0.891, 32: 0.719, 64: 0.453, 96: 0.344, 128: 0.266, 192: 0.141, 256: 0.125},  # 583 s
+}
+
+
+def recipes() -> list[Block]:
+    return [b for blocks, _ in ALL.values() for b in blocks
+            if (b.lang == "toml" and re.search(r"^\[task\]", b.text, re.M)) or "PODSConfig(" in b.text]  # fmt: skip
+
+
+def recipe_name(block: Block) -> str:
+    """The page and the file the block writes (``docs/your-task.md legs.toml``), or its trainer's
+    output_dir (``docs/trl.md runs/trl-embedded``), else its line."""
+    out = re.search(r"output_dir=\"([^\"]+)\"", block.text)
+    return f"{block.page} {block.marker('file').arg if block.marker('file') else out[1] if out else block.line}"
+
+
+def trains_the_embedded_model(block: Block) -> bool:
+    if "PODSConfig(" in block.text:
+        return 'model="smollm2-135m-instruct"' in block.text
+    name = tomllib.loads(block.text).get("model", {}).get("name", "smollm2-135m-instruct")
+    return name == "smollm2-135m-instruct"
+
+
+def test_recipes_set_a_length_their_answers_fit():
+    short = []
+    for block in recipes():
+        lengths = [int(n) for n in LENGTH.findall(block.text)]
+        if not lengths:
+            short.append(f"{block.where}: sets no completion length (rollout.max_new_tokens / max_completion_length)")
+        elif trains_the_embedded_model(block):
+            measured = RECIPE_CUT_OFF.get(recipe_name(block))
+            if measured is None:
+                short.append(f"{block.where}: not measured; add `python tests/test_docs.py --lengths`'s line to RECIPE_CUT_OFF")
+                continue
+            fits = max((n for n in measured if n <= lengths[0]), default=None)
+            if fits is None or measured[fits] > MAX_CUT_OFF:
+                share = "?" if fits is None else f"{measured[fits]:.0%}"
+                enough = min((n for n, cut in measured.items() if cut <= MAX_CUT_OFF), default=None)
+                short.append(f"{block.where}: {lengths[0]} tokens cut off {share} of the embedded model's completions "
+                             f"(at most {MAX_CUT_OFF:.0%}: {enough or 'more than ' + str(max(measured))} tokens)")  # fmt: skip
+    assert len(recipes()) >= 3 and not short, "\n".join(short)
+
+
+def recipe_prompts(block: Block, ws: Path, tokenizer) -> tuple[list[list[int]], dict]:
+    """The prompts (token ids) a recipe trains on, at most 16, and its sampling settings, built as
+    its trainer builds them: podsrl's task and chat template, or TRL's chat template of the dataset."""
+    if "PODSConfig(" in block.text:
+        import podsrl.integrations.trl as trl
+
+        seen = {}
+
+        class Recorder:  # the trainer the page builds, recorded instead of trained
+            def __init__(self, *, args, train_dataset, **_):
+                seen.update(args=args, dataset=train_dataset)
+
+            def train(self):
+                pass
+
+        real, cwd = trl.PODSTrainer, os.getcwd()
+        trl.PODSTrainer = Recorder
+        os.chdir(ws)
+        try:
+            exec(compile(block.text, block.where, "exec"), {"__name__": "__recipe__"})  # noqa: S102 - the page's own code
+        finally:
+            trl.PODSTrainer = real
+            os.chdir(cwd)
+        args = seen["args"]
+        prompts = [tokenizer.apply_chat_template(row, add_generation_prompt=True, tokenize=False) for row in seen["dataset"]["prompt"][:16]]
+        ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+        return ids, {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k or 0}
+    from podsrl import config
+    from podsrl.train.loop import build_task, prompt_ids
+
+    for earlier in ALL[block.page][0]:  # the page's files before it (mytask.jsonl, my_rewards.py)
+        if earlier.kind == "file" and earlier.line < block.line:
+            _write_file(earlier, ws)
+    (ws / "recipe.toml").write_text(block.text)
+    cwd = os.getcwd()
+    os.chdir(ws)
+    try:
+        cfg = config.load(ws / "recipe.toml")
+        task = build_task(cfg)
+    finally:
+        os.chdir(cwd)
+    return prompt_ids(tokenizer, task, task.train[:16]), {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p, "top_k": 0}
+
+
+def cut_off_shares(block: Block, ws: Path, lengths=LENGTHS, completions: int = 64, seed: int = 0) -> dict[int, float]:
+    """{length: share of the embedded model's completions (about ``completions``, spread evenly
+    over the recipe's prompts, sampled as the recipe samples them) that have not ended within it}."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from podsrl.models import resolve_model_path
+
+    path = resolve_model_path("smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts, sampling = recipe_prompts(block, ws, tokenizer)
+    rows = [p for p in prompts for _ in range(-(-completions // len(prompts)))]
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # left-padded
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=max(lengths), pad_token_id=pad,
+                             eos_token_id=tokenizer.eos_token_id, **sampling)[:, width:]  # fmt: skip
+    ended = (out == tokenizer.eos_token_id).int()
+    first_end = torch.where(ended.any(1), ended.argmax(1) + 1, max(lengths) + 1)  # tokens up to and with the end
+    return {n: round(float((first_end > n).float().mean()), 3) for n in lengths}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RECIPE_CUT_OFF))
+def test_recipe_lengths_measured(name, tmp_path, one_thread):
+    """RECIPE_CUT_OFF measured again at the recipe's own length: within 3 standard errors of 64
+    completions (sampling differs across CPUs' kernels: the share, not the samples, must hold)."""
+    block = next(b for b in recipes() if recipe_name(b) == name)
+    length = int(LENGTH.findall(block.text)[0])
+    got = cut_off_shares(block, tmp_path, lengths=(length,))[length]
+    want = RECIPE_CUT_OFF[name][max(n for n in RECIPE_CUT_OFF[name] if n <= length)]
+    assert got <= MAX_CUT_OFF + 3 * (MAX_CUT_OFF * (1 - MAX_CUT_OFF) / 64) ** 0.5, (name, length, got, want)
+
+
 def test_toml_blocks_use_the_option_names_podsrl_config_prints(tmp_path):
     """Every page's TOML, a file it writes or a config shown, loads, with today's option names."""
     tomls = [b for blocks, _ in ALL.values() for b in blocks if b.kind == "toml" or (b.kind == "file" and b.marker("file").arg.endswith(".toml"))]
@@ -827,4 +975,14 @@ def _how(command: Command) -> str:
 
 
 if __name__ == "__main__":
-    print("\n".join(inventory()))
+    if sys.argv[1:] == ["--lengths"]:  # RECIPE_CUT_OFF's lines: every recipe that trains the embedded model
+        import tempfile
+
+        for block in recipes():
+            if trains_the_embedded_model(block):
+                with tempfile.TemporaryDirectory() as ws:
+                    start = time.perf_counter()
+                    shares = cut_off_shares(block, Path(ws))
+                print(f"    {recipe_name(block)!r}: {shares},  # {time.perf_counter() - start:.0f} s", flush=True)
+    else:
+        print("\n".join(inventory()))
