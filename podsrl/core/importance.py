@@ -73,37 +73,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-__all__ = ["LEVELS", "CONSTRAINTS", "MODES", "ImportanceMetrics", "ImportanceSettings", "importance_weights"]
+__all__ = ["MODES", "ImportanceMetrics", "ImportanceSettings", "importance_weights"]
 
-
-def _token_level(diff: Tensor, mask: Tensor) -> Tensor:
-    """d [N, T] (0 outside mask) -> the log-ratio of each token [N, T]."""
-    return diff
-
-
-def _sequence_level(diff: Tensor, mask: Tensor) -> Tensor:
-    """d [N, T] (0 outside mask) -> each sequence's log-ratio sum_t d, carried by every token [N, T]."""
-    return diff.sum(dim=1, keepdim=True).expand_as(diff)
-
-
-def _truncate(ratio: Tensor, outside: Tensor, clip_min: float | None, clip_max: float) -> Tensor:
-    return ratio.clamp(min=clip_min, max=clip_max)
-
-
-def _mask(ratio: Tensor, outside: Tensor, clip_min: float | None, clip_max: float) -> Tensor:
-    return torch.where(outside, 0.0, ratio)
-
-
-# Each level maps (d [N, T], mask [N, T] bool) -> log-ratio [N, T]; each constraint maps (ratio [N, T],
-# outside [N, T] bool, clip_min, clip_max) -> weight [N, T]. A mode is "<level>_<constraint>".
-LEVELS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"token": _token_level, "sequence": _sequence_level}
-CONSTRAINTS: dict[str, Callable[[Tensor, Tensor, "float | None", float], Tensor]] = {"truncate": _truncate, "mask": _mask}
-MODES: tuple[str, ...] = tuple(f"{level}_{constraint}" for level in LEVELS for constraint in CONSTRAINTS)
+# A mode is "<level>_<constraint>": level token | sequence, constraint truncate | mask.
+MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 @dataclass(frozen=True)
@@ -205,11 +182,17 @@ def importance_weights(
     dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
     diff = trainer_logprobs.to(dtype) - sampler_logprobs.to(device=trainer_logprobs.device, dtype=dtype)  # [N, T]
     diff = torch.where(mask & ~diff.isnan(), diff, 0.0)  # [N, T]: no correction outside the completion or where the sampler gave NaN
-    log_ratio = LEVELS[settings.level](diff, mask)  # [N, T]
+    if settings.level == "token":
+        log_ratio = diff  # [N, T]
+    else:  # sequence: the sum over the completion, carried by every token
+        log_ratio = diff.sum(dim=1, keepdim=True).expand_as(diff)  # [N, T]
     ratio = log_ratio.exp()  # [N, T], inf past float range: then truncated to clip_max or masked
     lower = -math.inf if settings.clip_min is None else settings.clip_min
     outside = (ratio > settings.clip_max) | (ratio < lower)  # [N, T]
-    weights = CONSTRAINTS[settings.constraint](ratio, outside, settings.clip_min, settings.clip_max)  # [N, T]
+    if settings.constraint == "truncate":
+        weights = ratio.clamp(min=settings.clip_min, max=settings.clip_max)  # [N, T]
+    else:  # mask: weight 0 outside the bounds
+        weights = torch.where(outside, 0.0, ratio)  # [N, T]
     weights = torch.where(mask, weights, 0.0)  # [N, T]
 
     counted = mask if token_mask is None else mask & token_mask  # [N, T]
