@@ -56,13 +56,20 @@ def _hand_case():
         ("sequence_truncate", 0.5, [[3.0, 3.0, 3.0], [0.5, 0.5, 0.0]], 5),
         ("sequence_mask", None, [[0.0, 0.0, 0.0], [0.375, 0.375, 0.0]], 3),
         ("sequence_mask", 0.3, [[0.0, 0.0, 0.0], [0.375, 0.375, 0.0]], 3),
+        # geometric: (2 x 0.5 x 4)^(1/3) = 4^(1/3) | (1.5 x 0.25)^(1/2) = 0.375^(1/2)
+        ("geometric_truncate", None, [[4 ** (1 / 3)] * 3, [0.375**0.5] * 2 + [0.0]], 0),
+        ("geometric_truncate", 0.7, [[4 ** (1 / 3)] * 3, [0.7, 0.7, 0.0]], 2),
+        ("geometric_truncate", 0.5, [[1.5, 1.5, 1.5], [0.375**0.5] * 2 + [0.0]], 3),  # clip_max 1.5
+        ("geometric_mask", 0.7, [[4 ** (1 / 3)] * 3, [0.0, 0.0, 0.0]], 2),
+        ("geometric_mask", None, [[0.0, 0.0, 0.0], [0.375**0.5] * 2 + [0.0]], 3),  # clip_max 1.5
     ],
 )
 def test_hand_numbers(mode, clip_min, expected, clipped):
     trainer, sampler, mask = _hand_case()
-    weights, metrics = importance_weights(trainer, sampler, mask, ImportanceSettings(mode=mode, clip_max=3.0, clip_min=clip_min))
+    clip_max = 1.5 if mode.startswith("geometric") and clipped == 3 else 3.0
+    weights, metrics = importance_weights(trainer, sampler, mask, ImportanceSettings(mode=mode, clip_max=clip_max, clip_min=clip_min))
     torch.testing.assert_close(weights, torch.tensor(expected), rtol=1e-6, atol=1e-7)
-    ratios = [2.0, 0.5, 4.0, 1.5, 0.25] if mode.startswith("token") else [4.0, 4.0, 4.0, 0.375, 0.375]
+    ratios = {"token": [2.0, 0.5, 4.0, 1.5, 0.25], "sequence": [4.0] * 3 + [0.375] * 2, "geometric": [4 ** (1 / 3)] * 3 + [0.375**0.5] * 2}[mode.split("_")[0]]
     assert metrics.tokens == 5 and metrics.clipped == clipped
     assert metrics.ratio_mean == pytest.approx(sum(ratios) / 5, rel=1e-6)
     assert metrics.ratio_min == pytest.approx(min(ratios), rel=1e-6) and metrics.ratio_max == pytest.approx(max(ratios), rel=1e-6)
@@ -79,8 +86,9 @@ def _brute_force(trainer, sampler, mask, settings: ImportanceSettings, token_mas
         d = [float(trainer[i, t]) - float(sampler[i, t]) for t in range(T) if mask[i, t]]
         d = [0.0 if math.isnan(x) else x for x in d]
         seq = math.exp(sum(d))
+        geo = math.exp(sum(d) / len(d)) if d else 1.0
         for k, t in enumerate(t for t in range(T) if mask[i, t]):
-            r = math.exp(d[k]) if settings.level == "token" else seq
+            r = {"token": math.exp(d[k]), "sequence": seq, "geometric": geo}[settings.level]
             outside = r > settings.clip_max or r < low
             if settings.constraint == "truncate":
                 w = min(max(r, low), settings.clip_max)
@@ -138,7 +146,8 @@ def test_padding_and_overflow_never_give_nan():
         weights, metrics = importance_weights(trainer, sampler, mask, ImportanceSettings(mode=mode))
         assert torch.isfinite(weights).all(), mode
         assert float(weights[0, 0]) == (3.0 if mode.endswith("truncate") else 0.0), mode
-        assert weights[0, 2] == 0 and math.isfinite(metrics.ratio_max) and metrics.ratio_max == pytest.approx(math.exp(200), rel=1e-6)
+        gap = 200.0 / 2 if mode.startswith("geometric") else 200.0  # the geometric mean over the row's 2 tokens
+        assert weights[0, 2] == 0 and math.isfinite(metrics.ratio_max) and metrics.ratio_max == pytest.approx(math.exp(gap), rel=1e-6)
 
 
 def test_no_token_counted():
@@ -168,6 +177,20 @@ def test_defaults_are_trls():
     assert (r.importance_sampling_mode, r.importance_sampling_clip_max, r.importance_sampling_clip_min) == (s.mode, s.clip_max, s.clip_min)
 
 
+def test_trl_refuses_the_geometric_modes(tmp_path):
+    """TRL 1.16 computes PODSTrainer's correction itself and has no geometric level: PODSConfig says
+    so at construction (TRL would fail mid-training), and takes TRL's own modes, which are podsrl's others."""
+    pytest.importorskip("trl", reason="the TRL integration needs the trl extra (make test installs it)")
+    from podsrl.integrations.trl import TRL_IMPORTANCE_MODES, PODSConfig
+
+    assert set(TRL_IMPORTANCE_MODES) == {m for m in MODES if not m.startswith("geometric")}
+    common = dict(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, report_to=[], use_cpu=True)
+    for mode in ("geometric_truncate", "geometric_mask"):
+        with pytest.raises(ValueError, match=f"vllm_importance_sampling_mode = '{mode}': TRL's GRPOTrainer .* knows token_truncate"):
+            PODSConfig(**common, vllm_importance_sampling_mode=mode)
+    assert PODSConfig(**common, vllm_importance_sampling_mode="token_truncate").vllm_importance_sampling_mode == "token_truncate"
+
+
 def test_bad_input():
     x = torch.zeros(2, 3)
     mask = torch.ones(2, 3, dtype=torch.bool)
@@ -188,7 +211,7 @@ def test_bad_input():
 def test_config_fields_are_checked(make_config):
     from podsrl.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="rollout.importance_sampling_mode: unknown value 'sequence'"):
+    with pytest.raises(ConfigError, match="rollout.importance_sampling_mode: unknown value 'sequence'; valid values: geometric_mask, geometric_truncate, "):
         make_config(**{"rollout.importance_sampling_mode": "sequence"})
     with pytest.raises(ConfigError, match="rollout.importance_sampling_clip_max: must be >= 1"):
         make_config(**{"rollout.importance_sampling_clip_max": 0.5})
@@ -198,6 +221,8 @@ def test_config_fields_are_checked(make_config):
 
     cfg = make_config(**{"rollout.importance_sampling_mode": "token_truncate", "rollout.importance_sampling_clip_min": 0.5})
     assert UpdateSettings.from_config(cfg, pad_id=0).importance == ImportanceSettings("token_truncate", 3.0, 0.5)
+    cfg = make_config(**{"rollout.importance_sampling_mode": "geometric_mask", "rollout.importance_sampling_clip_max": 1.01})
+    assert UpdateSettings.from_config(cfg, pad_id=0).importance == ImportanceSettings("geometric_mask", 1.01, None)
     cfg = make_config(**{"rollout.importance_sampling_correction": False})
     assert UpdateSettings.from_config(cfg, pad_id=0).importance is None
 
@@ -298,13 +323,18 @@ def _step(model, batch, **options):
     return [p.detach().clone() for p in params], optimizer.recorded, stats
 
 
+def _hand_ratio(d: torch.Tensor, level: str) -> torch.Tensor:
+    """One row's ratio at each token from its log-ratios d [len], from the formula."""
+    return {"token": d.exp(), "sequence": d.sum().exp().expand_as(d), "geometric": d.mean().exp().expand_as(d)}[level]
+
+
 def _hand_weights(own: list[torch.Tensor], sampler: list[torch.Tensor], s: ImportanceSettings) -> list[torch.Tensor]:
     """The weights from the formula, row by row (not through importance_weights)."""
     out = []
     low = -math.inf if s.clip_min is None else s.clip_min
     for o, q in zip(own, sampler):
         d = (o - q).double()
-        r = d.exp() if s.level == "token" else d.sum().exp().expand_as(d)
+        r = _hand_ratio(d, s.level)
         out.append(r.clamp(min=low, max=s.clip_max) if s.constraint == "truncate" else torch.where((r > s.clip_max) | (r < low), 0.0, r))
     return out
 
@@ -396,12 +426,14 @@ def test_update_equals_the_hand_weighted_loss(tiny_policy, token_gradient_norms,
     model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer)
     own = _own_logprobs(model, batch)
     sampler = _gapped_sampler(own, 0.25 if mode.startswith("sequence") else 0.5)
-    settings = ImportanceSettings(mode=mode, clip_max=1.5, clip_min=0.7)
+    # A geometric mean of 2-8 tokens' ratios spreads less: tighter bounds, so that they act.
+    settings = ImportanceSettings(mode=mode, clip_max=1.5, clip_min=0.7) if not mode.startswith("geometric") else ImportanceSettings(mode=mode, clip_max=1.1, clip_min=0.9)
     weights = _hand_weights(own, sampler, settings)
     ran = [i for i in range(10) if i not in ZEROS]
     flat = torch.cat([weights[i] for i in ran])
-    assert (flat == 0).any() if mode.endswith("mask") else ((flat == 1.5).any() or (flat == 0.7).any())  # the bounds act
-    assert ((flat > 0.7) & (flat < 1.5)).any()  # and some ratios pass unchanged
+    high, low = settings.clip_max, settings.clip_min
+    assert (flat == 0).any() if mode.endswith("mask") else ((flat == high).any() or (flat == low).any())  # the bounds act
+    assert ((flat > low) & (flat < high)).any()  # and some ratios pass unchanged
     _, grads, stats = _step(model, _with_sampler(batch, sampler), importance=settings, aggregation=aggregation)
     # The update's weights come from its packed forward, the hand ones from one row per forward.
     rtol = _ratio_rtol(model, own, settings.level)
@@ -411,11 +443,11 @@ def test_update_equals_the_hand_weighted_loss(tiny_policy, token_gradient_norms,
     with pytest.raises(AssertionError, match="relative difference"):
         _close(plain[0], _hand_gradient(model, batch, weights, aggregation), "uncorrected")
     # Metrics: over the tokens of the rows that ran (advantage != 0), from the formula.
-    ratios = torch.cat([((own[i] - sampler[i]).double().exp() if mode.startswith("token") else (own[i] - sampler[i]).double().sum().exp().expand(len(own[i]))) for i in ran])
+    ratios = torch.cat([_hand_ratio((own[i] - sampler[i]).double(), mode.split("_")[0]) for i in ran])
     assert stats.is_ratio_mean == pytest.approx(float(ratios.mean()), rel=rtol)
     assert stats.is_ratio_min == pytest.approx(float(ratios.min()), rel=rtol)
     assert stats.is_ratio_max == pytest.approx(float(ratios.max()), rel=rtol)
-    assert stats.is_clip_frac == pytest.approx(float(((ratios > 1.5) | (ratios < 0.7)).double().mean()))
+    assert stats.is_clip_frac == pytest.approx(float(((ratios > high) | (ratios < low)).double().mean()))
     assert {"is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac"} <= stats.metrics().keys()
 
 

@@ -16,17 +16,28 @@ TRL 1.16's ``GRPOTrainer`` (``vllm_importance_sampling_mode`` and its bounds; th
 once per generation batch from TRL's ``old_per_token_logps``), which verl offers as ``rollout_is``
 (truncate) and ``rollout_rs`` (mask).
 
-Modes (:data:`MODES`, ``<level>_<constraint>``), with d_{i,t} = log pi_old - log pi_sampler on the
-completion tokens (``mask``):
+Modes (:data:`MODES`, ``<level>_<constraint>``; ``rollout.importance_sampling_mode``), with
+d_{i,t} = log pi_old - log pi_sampler on the completion tokens (``mask``), |o_i| of them:
 
-- level ``token``: one ratio per token, r_{i,t} = exp(d_{i,t});
-  level ``sequence``: one ratio per sequence, r_i = exp(sum_t d_{i,t}) (the ratio of the whole
-  completion's probabilities, the product of its token ratios, not their geometric mean), carried by
-  every token of the sequence.
+- level ``token`` (``token_truncate`` is TIS; ``token_mask`` is token-level MIS): one ratio per
+  token, r_{i,t} = exp(d_{i,t}).
+- level ``sequence``: one ratio per sequence, r_i = exp(sum_t d_{i,t}), the ratio of the whole
+  completion's probabilities (the product of its token ratios), carried by every token of the
+  sequence. The only level whose weight is the importance weight of what was sampled; its log has
+  mean -|o_i| x KL per token, so on long completions it shrinks and spreads (docs/vllm.md, "Long
+  completions").
+- level ``geometric``: one ratio per sequence, the geometric mean of its token ratios,
+  r_i = exp((1/|o_i|) sum_t d_{i,t}), carried by every token (verl's ``rollout_is_level`` /
+  ``rollout_rs`` "geometric", SkyRL's geometric mask / truncate). Not an importance weight of the
+  sequence: a per-token average whose spread does not grow with the length (bias traded for
+  variance, as in GSPO's length-normalised ratio). It stays near 1 (exp(-KL) on average), so TRL's
+  clip_max of 3 (a mean gap of 1.1 nats per token) almost never acts: bound it near 1 (verl
+  suggests thresholds of about 1.0002-1.001 for it) if it is to reject anything.
 - constraint ``truncate``: w = clamp(r, clip_min, clip_max); constraint ``mask``: w = r inside
   [clip_min, clip_max], 0 outside (the token, or the whole sequence, leaves the policy-gradient term).
 
-TRL's defaults: ``sequence_mask``, clip_max 3, no clip_min.
+TRL's defaults: ``sequence_mask``, clip_max 3, no clip_min. TRL 1.16 has the token and sequence
+levels only (:class:`podsrl.integrations.trl.PODSConfig` refuses a geometric mode).
 
 What the weight multiplies, and what it does not (TRL's choices, followed here):
 
@@ -49,7 +60,8 @@ Choices made where TRL is silent or differs:
   is never corrected: a zero gap is then exactly a no-op (w = exp(0) = 1, and x * 1.0 is x), and no
   setting scales the on-policy loss. TRL accepts clip_max = None (no upper bound); here clip_max is
   a number, since an unbounded weight is the variance TIS exists to cut.
-- A token whose sampler log-prob is NaN gets d = 0 (no correction), as in TRL.
+- A token whose sampler log-prob is NaN gets d = 0 (no correction), as in TRL; it still counts in
+  the geometric mean's |o_i|.
 - The weight is computed in the log-probs' dtype, at least float32; the metrics from the log-ratio
   in float64 (a sequence ratio overflows float32 past 88 nats; the weight is then clip_max or 0).
 - Positions outside ``mask`` get weight 0 and never reach the exponential's input (d = 0 there), so
@@ -79,8 +91,8 @@ from torch import Tensor
 
 __all__ = ["MODES", "ImportanceMetrics", "ImportanceSettings", "importance_weights"]
 
-# A mode is "<level>_<constraint>": level token | sequence, constraint truncate | mask.
-MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# A mode is "<level>_<constraint>": level token | sequence | geometric, constraint truncate | mask.
+MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_truncate", "geometric_mask")
 
 
 @dataclass(frozen=True)
@@ -184,8 +196,11 @@ def importance_weights(
     diff = torch.where(mask & ~diff.isnan(), diff, 0.0)  # [N, T]: no correction outside the completion or where the sampler gave NaN
     if settings.level == "token":
         log_ratio = diff  # [N, T]
-    else:  # sequence: the sum over the completion, carried by every token
+    elif settings.level == "sequence":  # the sum over the completion, carried by every token
         log_ratio = diff.sum(dim=1, keepdim=True).expand_as(diff)  # [N, T]
+    else:  # geometric: the mean over the completion, carried by every token
+        length = mask.sum(dim=1, keepdim=True).clamp(min=1)  # [N, 1]
+        log_ratio = (diff.sum(dim=1, keepdim=True) / length).expand_as(diff)  # [N, T]
     ratio = log_ratio.exp()  # [N, T], inf past float range: then truncated to clip_max or masked
     lower = -math.inf if settings.clip_min is None else settings.clip_min
     outside = (ratio > settings.clip_max) | (ratio < lower)  # [N, T]

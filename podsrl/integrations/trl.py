@@ -139,6 +139,7 @@ Choices and limits:
   is TRL's own, on the kept rows: their vLLM log-probs travel with them, and TRL's weights equal
   :func:`podsrl.core.importance.importance_weights` on them (tests/test_trl.py). With padding slots,
   the two means TRL logs of it are recomputed over the kept rows (:meth:`PODSTrainer._pods_sampling_means`).
+  TRL 1.16 has the token and sequence modes only: PODSConfig refuses podsrl's geometric ones.
 - The D3S token mask has TRL's scope and threshold rule: per micro-batch (pooled over processes),
   a quantile threshold (ties kept), not ``podsrl train``'s exact ceil(K * tokens) over the whole
   batch; the budget is over the same tokens as there, those of the rows with a nonzero advantage.
@@ -222,6 +223,8 @@ _IMAGE_KEYS = ("pixel_values", "num_images", "image_grid_thw", "image_sizes")  #
 _ROUND_ROWS = "pods_rows_per_micro_batch"
 _NO_SCORE = -1e9  # pads a process's token scores before the gather; scores (entropies, |A| x H) are >= 0
 PODS_RULES = tuple(name for name in RULES if name not in D3S_RULES)
+# The vllm_importance_sampling_mode values TRL's GRPOTrainer computes (it has no geometric level).
+TRL_IMPORTANCE_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 # The spec's settings a TRL user sets as pods_<name>; scale_std and std_over follow TRL's own scale_rewards.
 _FROM_TRL = ("scale_std", "std_over")  # set by TRL's own scale_rewards and aggregation, see pods_spec
 _SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DownsampleSpec) if f.name not in _FROM_TRL)
@@ -288,6 +291,12 @@ class PODSConfig(GRPOConfig):
         spec = self.pods_spec()
         spec.check_n(self.num_generations, "num_generations")
         spec.check_signal(self.num_generations, "num_generations")  # no setting that can never learn (as podsrl train)
+        if self.vllm_importance_sampling_mode not in TRL_IMPORTANCE_MODES:
+            raise ValueError(
+                f"vllm_importance_sampling_mode = {self.vllm_importance_sampling_mode!r}: TRL's GRPOTrainer computes this correction "
+                f"itself and knows {', '.join(TRL_IMPORTANCE_MODES)}; podsrl's geometric modes are podsrl train's only "
+                "(rollout.importance_sampling_mode). Choose one of TRL's."
+            )
         if spec.uses_token_selection and self.top_entropy_quantile < 1.0:
             raise ValueError(
                 "top_entropy_quantile and pods_token_fraction both select tokens; set only pods_token_fraction "
