@@ -74,6 +74,9 @@ def test_hand_numbers(mode, clip_min, expected, clipped):
     assert metrics.ratio_mean == pytest.approx(sum(ratios) / 5, rel=1e-6)
     assert metrics.ratio_min == pytest.approx(min(ratios), rel=1e-6) and metrics.ratio_max == pytest.approx(max(ratios), rel=1e-6)
     assert metrics.clip_frac == clipped / 5
+    w = [sum(expected[0]) / 3, sum(expected[1]) / 2]  # each sequence's mean weight
+    assert metrics.sequences == 2 and metrics.weight_mean == pytest.approx(sum(w) / 2, rel=1e-6)
+    assert metrics.ess == (pytest.approx(sum(w) ** 2 / (2 * sum(x * x for x in w)), rel=1e-6) if any(w) else 0.0)
 
 
 def _brute_force(trainer, sampler, mask, settings: ImportanceSettings, token_mask):
@@ -101,6 +104,12 @@ def _brute_force(trainer, sampler, mask, settings: ImportanceSettings, token_mas
     return weights, ratios, clipped
 
 
+def _sequence_weights(weights, mask, token_mask) -> list[float]:
+    """Each sequence's weight: the mean of its counted tokens' weights (sequences with a counted token)."""
+    counted = mask & token_mask
+    return [float(weights[i][counted[i]].mean()) for i in range(len(weights)) if counted[i].any()]
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("seed", range(6))
 def test_brute_force(mode, seed):
@@ -120,12 +129,19 @@ def test_brute_force(mode, seed):
     if ratios:
         assert metrics.ratio_mean == pytest.approx(sum(ratios) / len(ratios), rel=1e-5)
         assert metrics.ratio_min == pytest.approx(min(ratios), rel=1e-5) and metrics.ratio_max == pytest.approx(max(ratios), rel=1e-5)
+    w = _sequence_weights(want, mask, token_mask)
+    assert metrics.sequences == len(w)
+    if w:
+        assert metrics.weight_mean == pytest.approx(sum(w) / len(w), rel=1e-5)
+        assert metrics.ess == (pytest.approx(sum(w) ** 2 / (len(w) * sum(x * x for x in w)), rel=1e-5) if any(w) else 0.0)
     # Rows are independent: any split into micro-batches gives the same weights and, combined, the same metrics.
     parts = [importance_weights(trainer[s], sampler[s], mask[s], settings, token_mask=token_mask[s]) for s in (slice(0, 3), slice(3, N))]
     torch.testing.assert_close(torch.cat([w for w, _ in parts]), weights, rtol=0, atol=0)
     combined = ImportanceMetrics.combine([m for _, m in parts])
     assert (combined.tokens, combined.clipped, combined.ratio_min, combined.ratio_max) == (metrics.tokens, metrics.clipped, metrics.ratio_min, metrics.ratio_max)
     assert combined.ratio_sum == pytest.approx(metrics.ratio_sum, rel=1e-12)
+    assert combined.sequences == metrics.sequences
+    assert (combined.weight_sum, combined.weight_sq_sum) == (pytest.approx(metrics.weight_sum, rel=1e-12), pytest.approx(metrics.weight_sq_sum, rel=1e-12))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -136,6 +152,7 @@ def test_zero_gap_is_exactly_one(mode):
     weights, metrics = importance_weights(trainer, trainer.clone(), mask, ImportanceSettings(mode=mode, clip_max=1.0, clip_min=1.0))
     assert torch.equal(weights, mask.float())  # 1 on every completion token (bounds at 1 included), 0 elsewhere
     assert metrics.clipped == 0 and metrics.ratio_min == metrics.ratio_max == 1.0
+    assert metrics.sequences == int(mask.any(dim=1).sum()) and metrics.weight_mean == 1.0 and metrics.ess == 1.0
 
 
 def test_padding_and_overflow_never_give_nan():
@@ -155,7 +172,16 @@ def test_no_token_counted():
     weights, metrics = importance_weights(trainer, trainer, torch.zeros(2, 3, dtype=torch.bool))
     assert torch.equal(weights, torch.zeros(2, 3))
     assert metrics.tokens == 0 and metrics.ratio_mean is None and metrics.clip_frac is None
+    assert metrics.sequences == 0 and metrics.weight_mean is None and metrics.ess is None
     assert ImportanceMetrics.combine([metrics, metrics]).tokens == 0
+
+
+def test_ess_of_a_batch_masked_whole_is_zero():
+    """Every sequence masked (ratio far above clip_max): the weights are all 0, and so is the ESS."""
+    trainer = torch.zeros(3, 4)
+    weights, metrics = importance_weights(trainer, trainer - 2.0, torch.ones(3, 4, dtype=torch.bool), ImportanceSettings("sequence_mask"))
+    assert torch.equal(weights, torch.zeros(3, 4))
+    assert (metrics.sequences, metrics.weight_mean, metrics.ess) == (3, 0.0, 0.0)
 
 
 def test_defaults_are_trls():
@@ -225,6 +251,21 @@ def test_config_fields_are_checked(make_config):
     assert UpdateSettings.from_config(cfg, pad_id=0).importance == ImportanceSettings("geometric_mask", 1.01, None)
     cfg = make_config(**{"rollout.importance_sampling_correction": False})
     assert UpdateSettings.from_config(cfg, pad_id=0).importance is None
+
+
+def test_a_low_ess_is_warned_once():
+    """A step whose is_ess falls below the bound gets one warning per run, naming the mode and the
+    figures; a step without the metric (no correction, no engine log-probs) or above the bound, none."""
+    from podsrl.config import load
+    from podsrl.run.watch import ESS_BOUND, RunWatch
+
+    watch = RunWatch(load(None, []))
+    assert watch.step({"step": 1, "is_ess": 0.9, "is_weight_mean": 0.95}) == []
+    assert watch.step({"step": 2}) == []
+    notes = watch.step({"step": 3, "is_ess": ESS_BOUND - 0.01, "is_weight_mean": 0.3, "sampler_kl": 0.012})
+    assert len(notes) == 1
+    assert "step 3" in notes[0] and "is_ess = 0.49" in notes[0] and "'sequence_mask'" in notes[0] and "sampler_kl 0.0120" in notes[0]
+    assert watch.step({"step": 4, "is_ess": 0.1, "is_weight_mean": 0.1}) == []  # once per run
 
 
 # ------------------------------------------------------------------------------ the loss
@@ -448,7 +489,10 @@ def test_update_equals_the_hand_weighted_loss(tiny_policy, token_gradient_norms,
     assert stats.is_ratio_min == pytest.approx(float(ratios.min()), rel=rtol)
     assert stats.is_ratio_max == pytest.approx(float(ratios.max()), rel=rtol)
     assert stats.is_clip_frac == pytest.approx(float(((ratios > high) | (ratios < low)).double().mean()))
-    assert {"is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac"} <= stats.metrics().keys()
+    w = torch.tensor([float(weights[i].mean()) for i in ran], dtype=torch.float64)  # each sequence's weight
+    assert stats.is_weight_mean == pytest.approx(float(w.mean()), rel=1e-5)
+    assert stats.is_ess == (pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=1e-5) if w.any() else 0.0)
+    assert {"is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess"} <= stats.metrics().keys()
 
 
 @pytest.mark.parametrize("micro_batch_size", [1, 4])
@@ -473,6 +517,33 @@ def test_a_zero_gap_is_a_no_op(tiny_policy, token_gradient_norms, micro_batch_si
             delta = max(stats.is_ratio_max - 1, 1 - stats.is_ratio_min)
             assert delta <= _ratio_rtol(model, own, ImportanceSettings(mode=mode).level) and stats.is_clip_frac == 0.0
             _close(g[0], plain_g[0], mode, _weight_noise(token_gradient_norms, [torch.ones(len(o)) for o in own], delta))
+
+
+@pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
+def test_a_step_without_signal_still_logs_the_gap(tiny_policy, mode):
+    """Every advantage 0: no row runs the update, and the sampler gap and the correction's metrics are
+    still logged, over every kept row (a forward without gradients), equal to the formula's; the
+    weights move as they would without the engine's log-probs (AdamW's decay on a zero gradient)."""
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, zeros=list(range(10)))
+    own = _own_logprobs(model, batch)
+    sampler = _gapped_sampler(own, 0.3)
+    settings = ImportanceSettings(mode=mode, clip_max=1.5, clip_min=0.7)
+    weights_after, _, stats = _step(model, _with_sampler(batch, sampler), importance=settings, micro_batch_size=4)
+    plain_after, _, plain = _step(model, batch, importance=settings, micro_batch_size=4)
+    assert stats.rows_run == 0 and all(torch.equal(a, b) for a, b in zip(weights_after, plain_after))
+    assert plain.sampler_kl is None and plain.is_ess is None  # no engine log-probs: nothing to log
+    d = torch.cat([(o - q).double() for o, q in zip(own, sampler)])
+    ratios = torch.cat([_hand_ratio((o - q).double(), settings.level) for o, q in zip(own, sampler)])
+    w = torch.tensor([float(x.mean()) for x in _hand_weights(own, sampler, settings)], dtype=torch.float64)
+    # Float noise only: the update's forward packs 4 rows, _own_logprobs one (a few float32 ulps of a log-prob).
+    assert stats.sampler_logp_diff == pytest.approx(float(d.abs().mean()), rel=1e-4)
+    assert stats.sampler_kl == pytest.approx(float((d.exp() - 1 - d).mean()), rel=1e-4)
+    assert stats.is_ratio_mean == pytest.approx(float(ratios.mean()), rel=1e-4)
+    assert stats.is_clip_frac == pytest.approx(float(((ratios > 1.5) | (ratios < 0.7)).double().mean()))
+    assert stats.is_weight_mean == pytest.approx(float(w.mean()), rel=1e-4)
+    assert stats.is_ess == pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=1e-4)
+    assert {"sampler_kl", "is_ratio_mean", "is_ess", "is_weight_mean"} <= stats.metrics().keys()
+    assert stats.entropy > 0  # the rows had a forward
 
 
 def test_rows_of_advantage_zero_stay_neutral(tiny_policy):

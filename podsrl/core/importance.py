@@ -71,8 +71,15 @@ Metrics (:class:`ImportanceMetrics`) are over the tokens of ``token_mask`` (defa
 caller passes the tokens of the policy-gradient term, those the weight acts on. They describe the
 ratio r before truncation or masking (TRL logs the weight after it: its minimum is 0 whenever a
 token is masked), and the share of tokens whose r fell outside [clip_min, clip_max], i.e. truncated
-or weighted 0; a sequence ratio counts once per token. They are sums, minima and maxima, so calls on
-micro-batches and ranks combine exactly (:meth:`ImportanceMetrics.combine`).
+or weighted 0; a sequence ratio counts once per token. And they describe the weight after it, per
+sequence: a sequence's weight w_i is the mean of its counted tokens' weights (for the sequence and
+geometric levels, the one weight all its tokens carry; for the token level, the average factor by
+which its policy-gradient terms were scaled), over the sequences with a counted token, n of them:
+the mean weight and the effective sample size ESS = (sum_i w_i)^2 / (n sum_i w_i^2), a share of
+the n sequences (1: all weigh alike; 1/n: one carries all the weight; 0: every weight is 0), the
+share of equally weighted sequences whose estimate would have the same variance (Kish's effective
+sample size). They are sums, minima and maxima, so calls on micro-batches and ranks combine exactly
+(:meth:`ImportanceMetrics.combine`).
 
 Who calls it: ``podsrl train`` (:mod:`podsrl.train.update`) with the trainer's log-probs at the
 weights that sampled (the first policy iteration's forward, or the scoring pass's pi_old with
@@ -131,6 +138,9 @@ class ImportanceMetrics:
     ratio_min: float  # smallest r (inf when no token)
     ratio_max: float  # largest r (-inf when no token)
     clipped: int  # tokens whose r fell outside [clip_min, clip_max]: truncated, or weighted 0
+    sequences: int = 0  # sequences with a counted token
+    weight_sum: float = 0.0  # sum over them of the sequence weight w_i (the mean of its counted tokens' weights)
+    weight_sq_sum: float = 0.0  # sum of w_i^2
 
     @property
     def ratio_mean(self) -> float | None:
@@ -139,6 +149,19 @@ class ImportanceMetrics:
     @property
     def clip_frac(self) -> float | None:
         return self.clipped / self.tokens if self.tokens else None
+
+    @property
+    def weight_mean(self) -> float | None:
+        """The mean sequence weight (after truncation or masking)."""
+        return self.weight_sum / self.sequences if self.sequences else None
+
+    @property
+    def ess(self) -> float | None:
+        """The effective sample size as a share of the sequences, (sum w)^2 / (n sum w^2): 1 when every
+        sequence weighs the same, 1/n when one carries all the weight, 0 when every weight is 0."""
+        if not self.sequences:
+            return None
+        return self.weight_sum**2 / (self.sequences * self.weight_sq_sum) if self.weight_sq_sum > 0 else 0.0
 
     @classmethod
     def combine(cls, parts: list[ImportanceMetrics]) -> ImportanceMetrics:
@@ -149,6 +172,9 @@ class ImportanceMetrics:
             ratio_min=min((p.ratio_min for p in parts), default=math.inf),
             ratio_max=max((p.ratio_max for p in parts), default=-math.inf),
             clipped=sum(p.clipped for p in parts),
+            sequences=sum(p.sequences for p in parts),
+            weight_sum=sum(p.weight_sum for p in parts),
+            weight_sq_sum=sum(p.weight_sq_sum for p in parts),
         )
 
     def to_dict(self) -> dict[str, float | int]:
@@ -212,11 +238,17 @@ def importance_weights(
 
     counted = mask if token_mask is None else mask & token_mask  # [N, T]
     r = log_ratio[counted].double().exp()  # [tokens] float64: a sequence ratio may overflow float32
+    per_row = counted.sum(dim=1)  # [N] counted tokens of each sequence
+    has = per_row > 0  # [N]
+    w = (torch.where(counted, weights, 0.0).double().sum(dim=1)[has] / per_row[has])  # [n] each sequence's mean weight
     metrics = ImportanceMetrics(
         tokens=int(r.numel()),
         ratio_sum=float(r.sum()),
         ratio_min=float(r.min()) if r.numel() else math.inf,
         ratio_max=float(r.max()) if r.numel() else -math.inf,
         clipped=int((outside & counted).sum()),
+        sequences=int(w.numel()),
+        weight_sum=float(w.sum()),
+        weight_sq_sum=float((w * w).sum()),
     )
     return weights, metrics

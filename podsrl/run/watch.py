@@ -21,6 +21,15 @@
   user to change the settings the README shows working. A training step's metrics cannot say which
   completions held an answer: its note is given unless an evaluation at the same limit found the
   cut-off ones harmless (the demo evaluates the base model before its first step).
+- **A correction that weighs the batch down.** When a step's ``is_ess`` (the importance
+  correction's effective sample size, a share of the step's sequences:
+  :class:`podsrl.core.importance.ImportanceMetrics`) falls below :data:`ESS_BOUND`, once per run.
+  The bound is 0.5 because below it the weighted step's gradient has the variance of fewer than
+  half its sequences equally weighted (Kish's effective sample size; the N/2 at which sequential
+  Monte Carlo resamples): more than the cheaper sampler saves (a bfloat16 sampler step takes
+  0.58-0.70x the float32 one's time, docs/vllm.md), so the correction costs more than it is worth.
+  The default ``sequence_mask`` falls there on long completions (its ratio is a product over the
+  tokens; docs/vllm.md, "Long completions"); the message names the mode and the alternatives.
 
 :class:`RunWatch` reads the metrics a step logs and the evaluation results (rank 0's
 :class:`podsrl.run.metrics.RunLogger` feeds it) and returns the lines to print; it prints nothing
@@ -35,6 +44,7 @@ from dataclasses import dataclass, field
 SILENT_STEPS = 5  # steps in a row without a row with a signal before the run says so
 MOST = 0.5  # "most completions": the share of cut-off completions that gets a note
 NEARLY_ALL = 0.9  # the share of the wrong completions that were cut off from which the limit is taken to be why they are wrong
+ESS_BOUND = 0.5  # a step's is_ess below this gets a warning, once per run (why: the module docstring)
 
 
 def eval_token_setting(cfg) -> str:
@@ -97,7 +107,24 @@ class RunWatch:
         if note is not None and "train" not in self.told and not self.harmless_cutoff:
             self.told.add("train")
             notes.append(note)
+        ess = metrics.get("is_ess")
+        if isinstance(ess, (int, float)) and ess < ESS_BOUND and "ess" not in self.told:
+            self.told.add("ess")
+            notes.append(self._low_ess(metrics))
         return notes
+
+    def _low_ess(self, metrics: dict) -> str:
+        r = self.cfg.rollout
+        kl = metrics.get("sampler_kl")
+        gap = f" (sampler_kl {kl:.4f} nats a token)" if isinstance(kl, (int, float)) else ""
+        return (
+            f"podsrl: warning: step {metrics.get('step')}: the importance correction weighs the batch down: its effective sample size "
+            f"is_ess = {metrics['is_ess']:.2f} of the step's sequences (below {ESS_BOUND}), mean sequence weight "
+            f"{metrics.get('is_weight_mean', math.nan):.2f}, from the sampler's gap{gap} under rollout.importance_sampling_mode = "
+            f"'{r.importance_sampling_mode}'; a sequence ratio is a product over the tokens, so long completions drift far from 1: "
+            "a per-token mode ('token_truncate') or a float32 sampler (rollout.sampler_dtype = 'auto') keeps more of the batch "
+            "(docs/vllm.md, \"Long completions\"; warned once; metrics.jsonl has is_ess for every step)"
+        )
 
     def evaluation(self, result, step: int) -> list[str]:
         """The notes for an evaluation (``result``: a :class:`podsrl.train.evaluate.EvalResult`)."""

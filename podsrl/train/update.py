@@ -66,8 +66,14 @@ that ran the update (a skipped row would add a ratio of exactly 1 and no clippin
 returns them; ``UpdateBatch.sampler_logprobs``) and the trainer's on the weights that sampled, the
 first iteration's forward. ``is_ratio_mean``, ``is_ratio_min``, ``is_ratio_max`` and ``is_clip_frac``
 (the importance correction's ratio pi_old / pi_sampler and the share of tokens it truncated or
-masked) cover the policy-gradient tokens of the rows that ran, over every rank (the minimum and
-maximum take one more collective, only when the correction ran).
+masked), ``is_weight_mean`` and ``is_ess`` (the mean sequence weight after truncation or masking and
+its effective sample size, :class:`podsrl.core.importance.ImportanceMetrics`) cover the
+policy-gradient tokens of the rows that ran, over every rank (the minimum and maximum take one more
+collective, only when the correction ran). In a step where no row runs (every kept row's advantage
+is 0) the sampler gap and these metrics are still logged: they then cover every kept row and all
+its completion tokens, from one forward without gradients before the optimizer step
+(:func:`_measure_pass`, the only cost such a step has besides the optimizer's), and ``entropy``
+covers those rows too.
 ``sequences`` and ``tokens_total`` count every kept row, run or not; ``tokens_kept`` counts the
 tokens in the policy-gradient term: every completion token without token selection, the selected
 ones (of rows with A_i != 0 only) with it.
@@ -171,12 +177,14 @@ class UpdateStats:
     is_ratio_min: float | None = None
     is_ratio_max: float | None = None
     is_clip_frac: float | None = None  # share of those tokens whose ratio was truncated or masked
+    is_weight_mean: float | None = None  # the mean sequence weight after truncation or masking (a sequence's: the mean of its tokens')
+    is_ess: float | None = None  # effective sample size (sum w)^2 / (n sum w^2) of those sequence weights, a share of the n sequences
 
     def metrics(self) -> dict[str, float]:
         """The step's update metrics as logged (``kl`` only with a KL term)."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "sequences"}
         # only with a KL term; only with the sampler's log-probs; only with the correction too
-        for key in ("kl", "sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac"):
+        for key in ("kl", "sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess"):
             if out[key] is None:
                 del out[key]
         return out
@@ -241,6 +249,9 @@ class _Sums:
     is_ratio: float = 0.0  # importance ratio, see add_importance
     is_tokens: float = 0.0
     is_clipped: float = 0.0
+    is_sequences: float = 0.0  # sequences with a counted token, and the sums of their weights and squared weights
+    is_weight: float = 0.0
+    is_weight_sq: float = 0.0
     is_ratio_min: float = math.inf  # reduced by a maximum, not a sum (reduced)
     is_ratio_max: float = -math.inf
 
@@ -268,6 +279,9 @@ class _Sums:
         self.is_ratio += metrics.ratio_sum
         self.is_tokens += metrics.tokens
         self.is_clipped += metrics.clipped
+        self.is_sequences += metrics.sequences
+        self.is_weight += metrics.weight_sum
+        self.is_weight_sq += metrics.weight_sq_sum
         self.is_ratio_min = min(self.is_ratio_min, metrics.ratio_min)
         self.is_ratio_max = max(self.is_ratio_max, metrics.ratio_max)
 
@@ -338,6 +352,8 @@ def run_update(
     totals = BatchCounts(sequences=total_sequences, tokens=tokens_total)
     micro_batches = _micro_batches(u, signal, at_least_one=True)
     sums = _Sums()
+    if rows_run == 0 and batch.sampler_logprobs is not None:  # on every rank alike: rows_run is global
+        _measure_pass(u, list(range(K)), sums)  # before the optimizer step: at the weights that sampled
     for iteration in range(settings.policy_iterations):
         grad_norm = _policy_iteration(u, micro_batches, totals, sums, first=iteration == 0)
     optimizer.zero_grad(set_to_none=True)
@@ -364,7 +380,15 @@ def run_update(
         is_ratio_min=sums.is_ratio_min if sums.is_tokens else None,
         is_ratio_max=sums.is_ratio_max if sums.is_tokens else None,
         is_clip_frac=sums.is_clipped / sums.is_tokens if sums.is_tokens else None,
+        **_ess(sums),
     )
+
+
+def _ess(sums: _Sums) -> dict[str, float | None]:
+    """``is_weight_mean`` and ``is_ess`` from the reduced sums (ImportanceMetrics' formulas)."""
+    whole = ImportanceMetrics(tokens=0, ratio_sum=0.0, ratio_min=math.inf, ratio_max=-math.inf, clipped=0, sequences=int(sums.is_sequences),
+                              weight_sum=sums.is_weight, weight_sq_sum=sums.is_weight_sq)  # fmt: skip
+    return {"is_weight_mean": whole.weight_mean, "is_ess": whole.ess}
 
 
 def _micro_batches(u: _Update, rows: list[int], *, at_least_one: bool = False) -> list[_MicroBatch]:
@@ -406,6 +430,25 @@ def _scoring_pass(u: _Update, rows: list[int]) -> None:
         if ref is not None:
             for row, r in zip(rows, mb.split(ref)):
                 row.ref = r
+
+
+@torch.no_grad()
+def _measure_pass(u: _Update, rows: list[int], sums: _Sums) -> None:
+    """The sampler gap and the importance correction's metrics of ``rows`` in a step where no row runs
+    the update (every advantage 0): one forward without gradients at the weights that sampled, so that
+    every step that sampled logs them; the rows' entropies come with it. Nothing is weighted."""
+    s = u.settings
+    for mb in _micro_batches(u, rows):
+        if mb.pack is None:  # FSDP padding
+            _empty_forward(u.model, s.pad_id, u.device)
+            continue
+        logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=True, share_prompts=u.share_prompts)
+        for row, e in zip((u.rows[i] for i in mb.rows), mb.split(entropy)):
+            row.entropy = e
+        sampler = mb.stack([u.rows[i].sampler for i in mb.rows])
+        sums.add_sampler_gap(logprobs, sampler, mb.pack)
+        if s.importance is not None:
+            sums.add_importance(importance_weights(logprobs, sampler, mb.pack.completion_mask, s.importance)[1])
 
 
 def _policy_iteration(u: _Update, micro_batches: list[_MicroBatch], totals: BatchCounts, sums: _Sums, *, first: bool = True) -> float:
