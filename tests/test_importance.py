@@ -730,3 +730,52 @@ def test_two_ranks_correct_as_one(tmp_path, tiny_model_dir, reward_file):
         assert 0 < m1["is_clip_frac"] < 1 and m1["is_ratio_min"] < m1["is_ratio_max"], case  # the correction acted, not everywhere
         for key in ("is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "sampler_logp_diff"):
             assert m2[key] == pytest.approx(m1[key], rel=1e-5), f"{case}: {key}"
+
+
+# ------------------------------------------------------------------------------ bench/importance_gap.py
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("importance_gap", Path(__file__).resolve().parents[1] / "bench" / "importance_gap.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_figures_are_the_formulas():
+    """The bench's figures of one length: the prefix of each completion, the gap, the sequence ratio
+    and each mode's weights (through importance_weights), against a hand computation."""
+    bench = _bench()
+    trainer = [[-1.0, -2.0, -0.5], [-0.7, -3.0]]
+    sampler = [[-1.0 - math.log(2.0), -2.0, -0.5 + 5.0], [-0.7 - math.log(0.5), -3.0]]  # d = ln 2, 0, -5 | ln 0.5, 0
+    x = bench.summarize(trainer, sampler, 2)  # cut at 2 tokens: d = ln 2, 0 | ln 0.5, 0
+    d = [math.log(2.0), 0.0, math.log(0.5), 0.0]
+    assert (x["mean_tokens"], x["cut"]) == (2.0, 1.0)
+    assert x["logp_diff"] == pytest.approx(0.0, abs=1e-12) and x["abs_logp_diff"] == pytest.approx(math.log(2.0) / 2)
+    assert x["kl"] == pytest.approx(sum(math.exp(v) - 1 - v for v in d) / 4)
+    assert x["ratio_q50"] == pytest.approx(1.25) and x["ratio_below_0.1"] == 0.0  # sequence ratios 2 and 0.5
+    assert x["modes"]["sequence_mask"] == {"weight_mean": pytest.approx(1.25), "ess": pytest.approx(2.5**2 / (2 * 4.25)), "zero_tokens": 0.0}
+    assert x["modes"]["token_mask"]["zero_tokens"] == 0.0 and x["modes"]["geometric_truncate"]["weight_mean"] == pytest.approx((2**0.5 + 0.5**0.5) / 2)
+    y = bench.summarize(trainer, sampler, 3)["modes"]["token_mask"]  # the third token's ratio e^-5 is kept (no clip_min), none above 3
+    assert y["zero_tokens"] == 0.0
+    assert bench.summarize(trainer, sampler, 3)["modes"]["sequence_mask"]["weight_mean"] == pytest.approx((2 * math.exp(-5) + 0.5) / 2)
+    table = bench.tables([x])
+    assert "| 2 | 2 | 100% |" in table and "| `sequence_mask` (default) | 1.25, 0.74, 0% |" in table
+
+
+def test_bench_runs_tiny(tiny_model_dir, tmp_path, capsys):
+    """bench/importance_gap.py end to end on the tiny model (the transformers stand-in sampler) and
+    two made-up GSM8K-format questions: both tables, every mode, each length."""
+    import json
+
+    bench = _bench()
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}) + "\n" for i in (3, 4)))
+    (tmp_path / "train.jsonl").write_text((tmp_path / "test.jsonl").read_text())
+    assert bench.main(["--model", str(tiny_model_dir), "--data", str(tmp_path), "--engine", "transformers", "--prompts", "2",
+                       "--samples", "2", "--lengths", "4,8"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "sampler transformers, a bfloat16 copy of the policy; 2 GSM8K test prompts x 2 samples" in out
+    assert "| 4 | " in out and "| 8 | " in out
+    assert all(f"| `{mode}`" in out for mode in MODES)
