@@ -29,7 +29,8 @@ per completion token:
 ``--engine vllm`` (the default) samples with podsrl's vLLM engine as ``podsrl train`` does;
 ``--engine transformers`` samples with the transformers engine from a bfloat16 copy of the policy
 and takes that copy's log-probs as the sampler's (a stand-in for machines without vLLM, and the
-cheap test's). Prints two Markdown tables (the gap, then the modes) with the command and date.
+cheap test's). Prints two Markdown tables (the gap, then the modes) with the command and date, and
+as its last line each mode's ESS at the longest limit.
 """
 
 from __future__ import annotations
@@ -196,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {time.time() - started:.0f} s; model {args.model} (float32), "
           f"sampler {name}; {args.prompts} GSM8K test prompts x {args.samples} samples, temperature 1")  # fmt: skip
     print()
-    print(tables([summarize(trainer, sampler, L) for L in lengths]))
+    figures = [summarize(trainer, sampler, L) for L in lengths]
+    print(tables(figures))
+    print()
+    print(f"ESS at {lengths[-1]} tokens: " + ", ".join(f"{mode} {m['ess']:.2f}" for mode, m in figures[-1]["modes"].items()))
     return 0
 
 

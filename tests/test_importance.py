@@ -779,3 +779,4 @@ def test_bench_runs_tiny(tiny_model_dir, tmp_path, capsys):
     assert "sampler transformers, a bfloat16 copy of the policy; 2 GSM8K test prompts x 2 samples" in out
     assert "| 4 | " in out and "| 8 | " in out
     assert all(f"| `{mode}`" in out for mode in MODES)
+    assert out.strip().splitlines()[-1].startswith("ESS at 8 tokens: token_truncate ")
