@@ -732,7 +732,7 @@ def test_two_ranks_correct_as_one(tmp_path, tiny_model_dir, reward_file):
         assert diff <= 1e-5, f"{case}: max abs weight difference {diff:.2e}"
         m1, m2 = (json.loads((tmp_path / f"{case}-w{w}.json").read_text()) for w in (1, 2))
         assert 0 < m1["is_clip_frac"] < 1 and m1["is_ratio_min"] < m1["is_ratio_max"], case  # the correction acted, not everywhere
-        for key in ("is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "sampler_logp_diff"):
+        for key in ("is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess", "sampler_logp_diff"):
             assert m2[key] == pytest.approx(m1[key], rel=1e-5), f"{case}: {key}"
 
 
