@@ -102,19 +102,40 @@ def load_plan(
     setting fails before any training. ``seeds``: the command line's ``--seeds`` (a number, or
     ``"3,grpo=5"``: see the module docstring), over the file's. ``methods``: a subset,
     comma-separated or a list."""
-    if path is None:
-        data = copy.deepcopy(DEFAULT_COMPARE)
-    else:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"comparison file {path} does not exist")
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"comparison file {path}: not UTF-8 text (byte {err.object[err.start]:#04x}); save it as UTF-8") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"comparison file {path}: invalid TOML: {err}") from err
+    data = copy.deepcopy(DEFAULT_COMPARE) if path is None else _read_file(Path(path))
     table = data.pop("compare", {})
+    screening = _check_compare_table(table)
+    for key, raw in config_mod.parse_overrides(overrides):
+        config_mod.set_dotted(data, key, raw, from_text=True)
+    fraction = _target_fraction(table)
+    all_methods = _methods(table)
+    baseline = next(iter(all_methods)) if screening else table.get("baseline", "grpo")
+    if baseline not in all_methods:
+        raise ConfigError(f"compare.baseline: {baseline!r} is not a method; methods: {', '.join(all_methods)}")
+    n_seeds, per_method = _seed_plan(table, seeds, all_methods)
+    chosen = _chosen(methods, all_methods)
+    _check_base(data)
+    plan = Plan(base=data, methods=[all_methods[m] for m in chosen], all_methods=all_methods, seeds=n_seeds,
+                baseline=baseline, target_fraction=fraction, seeds_per_method=per_method, screening=screening)  # fmt: skip
+    for method in all_methods.values():  # every method, chosen or not: a typo fails now
+        plan.config(method.name, 0)
+    return plan
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """A comparison file's TOML, as a dict; a ConfigError naming the file when it cannot be read."""
+    if not path.is_file():
+        raise ConfigError(f"comparison file {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"comparison file {path}: not UTF-8 text (byte {err.object[err.start]:#04x}); save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"comparison file {path}: invalid TOML: {err}") from err
+
+
+def _check_compare_table(table: Any) -> bool:
+    """Check [compare]'s keys and a screening's; returns whether it is a screening."""
     if not isinstance(table, dict):
         raise ConfigError("[compare] must be a table with seeds, seeds_per_method, baseline, target_fraction and methods")
     unknown = set(table) - _COMPARE_KEYS
@@ -127,12 +148,18 @@ def load_plan(
         if key in table:
             raise ConfigError(f"compare.{key}: a screening (compare.screening = true) trains each method on its own task, so "
                               f"no method is a baseline and there is no target; drop compare.{key}")  # fmt: skip
-    for key, raw in config_mod.parse_overrides(overrides):
-        config_mod.set_dotted(data, key, raw, from_text=True)
+    return screening
 
+
+def _target_fraction(table: dict[str, Any]) -> float:
     fraction = table.get("target_fraction", 0.99)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise ConfigError(f"compare.target_fraction: must be in (0, 1], got {fraction!r}")
+    return float(fraction)
+
+
+def _methods(table: dict[str, Any]) -> dict[str, Method]:
+    """[compare.methods] (default: DEFAULT_METHODS), each a named Method."""
     raw_methods = table.get("methods", DEFAULT_METHODS)
     if not isinstance(raw_methods, dict) or not raw_methods:
         raise ConfigError('compare.methods: give a table of named methods, e.g. grpo = { "select.rule" = "all" }')
@@ -141,27 +168,25 @@ def load_plan(
         if not isinstance(over, dict):
             raise ConfigError(f"compare.methods.{name}: must be a table of dotted settings, got {over!r}")
         all_methods[name] = Method(name, dict(over))
-    baseline = next(iter(all_methods)) if screening else table.get("baseline", "grpo")
-    if baseline not in all_methods:
-        raise ConfigError(f"compare.baseline: {baseline!r} is not a method; methods: {', '.join(all_methods)}")
-    n_seeds, per_method = _seed_plan(table, seeds, all_methods)
+    return all_methods
 
+
+def _chosen(methods: str | list[str] | None, all_methods: dict[str, Method]) -> list[str]:
+    """The methods to run and report: ``--methods`` (comma-separated or a list), else every one."""
     if methods is None:
-        chosen = list(all_methods)
-    else:
-        chosen = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
-        bad = [m for m in chosen if m not in all_methods]
-        if bad or not chosen:
-            raise ConfigError(f"--methods: unknown method {bad[0] if bad else '(none)'!r}; methods: {', '.join(all_methods)}")
+        return list(all_methods)
+    chosen = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
+    bad = [m for m in chosen if m not in all_methods]
+    if bad or not chosen:
+        raise ConfigError(f"--methods: unknown method {bad[0] if bad else '(none)'!r}; methods: {', '.join(all_methods)}")
+    return chosen
 
+
+def _check_base(data: dict[str, Any]) -> None:
+    """The base config builds, and it evaluates during training (what a comparison reads)."""
     base_cfg = _from_dict(data, "the base config")
     if not (base_cfg.eval.every_seconds or base_cfg.eval.every_steps):
         raise ConfigError("eval.every_seconds: a comparison needs held-out evaluations during training; set eval.every_seconds (or eval.every_steps)")
-    plan = Plan(base=data, methods=[all_methods[m] for m in chosen], all_methods=all_methods, seeds=n_seeds,
-                baseline=baseline, target_fraction=float(fraction), seeds_per_method=per_method, screening=screening)  # fmt: skip
-    for method in all_methods.values():  # every method, chosen or not: a typo fails now
-        plan.config(method.name, 0)
-    return plan
 
 
 def check_setup(plan: Plan) -> None:
