@@ -587,7 +587,7 @@ def fake_runs(tmp_path, monkeypatch):
     script = tmp_path / "fake_run.py"
     script.write_text(_FAKE_RUN)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(runs, "train_command", lambda job, path, *, resume: [sys.executable, str(script), str(job), "--out", str(path)])
+    monkeypatch.setattr(runs, "train_command", lambda job, path, *, resume, **_: [sys.executable, str(script), str(job), "--out", str(path)])
 
 
 def _device_of(out: Path, method: str, seed: int) -> str:

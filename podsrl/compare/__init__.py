@@ -23,7 +23,10 @@ and two robust summaries (AUC, final accuracy) over seeds and paired against the
     grpo = { "select.rule" = "all", "rollout.n" = 4, "select.m" = 4 }
     pods_max_variance = { "select.rule" = "max_variance", "rollout.n" = 16, "select.m" = 4 }
 
-Each method is a table of dotted overrides applied over the base. ``--section.key=value`` on the
+Each method is a table of dotted overrides applied over the base, and may name its trainer:
+``trainer = "trl"`` trains it with TRL's GRPOTrainer, ``"trl-pods"`` with podsrl's PODSTrainer in TRL,
+from the same config (:mod:`podsrl.compare.trl_arm`, docs/trl.md "TRL arms in podsrl compare");
+the default is ``"podsrl"`` (``podsrl train``). ``--section.key=value`` on the
 command line changes the base (methods still override it). Seeds: every method trains
 ``seeds`` seeds unless ``seeds_per_method`` names it (a method not in ``[compare.methods]``, or a
 count that is not a whole number >= 1, is a ConfigError); on the command line ``--seeds N`` gives
@@ -131,7 +134,8 @@ difference a dot) and the printed tables (:mod:`podsrl.compare.table`): both axe
 robust summaries and paired differences, then the training signal.
 
 The module layout: :mod:`~podsrl.compare.plan` (what to run), :mod:`~podsrl.compare.layout` (the
-run directories), :mod:`~podsrl.compare.runs` (training them), :mod:`~podsrl.compare.stats` (pure
+run directories), :mod:`~podsrl.compare.runs` (training them; a TRL arm's run:
+:mod:`~podsrl.compare.trl_arm`), :mod:`~podsrl.compare.stats` (pure
 math), :mod:`~podsrl.compare.report`, :mod:`~podsrl.compare.table`, :mod:`~podsrl.compare.plots`.
 """
 

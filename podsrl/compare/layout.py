@@ -6,6 +6,8 @@ and whether it may be reused. Read by the runner (:mod:`podsrl.compare.runs`) an
                                    metrics.jsonl, eval.jsonl, checkpoints/) plus
         done.json                  {"max_seconds": ..., "max_steps": ...}: trained to this budget
         launch.jsonl               one line per launch: device, parallel, runs_on_device, exit_code, commit
+        trainer.json, trl/         a TRL arm's (podsrl.compare.trl_arm): its trainer and TRL's
+                                   checkpoints (no checkpoints/)
         train.log                  the run's output when runs go in parallel
 
 A run is finished when its ``done.json`` names the plan's budget, or when its last evaluation is at
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from podsrl import config as config_mod
+from podsrl.compare.trl_arm import PODSRL, latest_checkpoint, read_trainer
 from podsrl.config import Config
 from podsrl.envinfo import source_commit
 from podsrl.errors import ConfigError
@@ -42,15 +45,28 @@ def run_dir(out: Path, method: str, seed: int) -> Path:
     return Path(out) / "runs" / method / f"seed{seed}"
 
 
-def run_status(path: Path, cfg: Config) -> str:
-    """"new", "done", "resume" (has a checkpoint) or "restart" (started, no checkpoint)."""
+def run_status(path: Path, cfg: Config, trainer: str = PODSRL) -> str:
+    """"new", "done", "resume" (has a checkpoint: podsrl's, or for a TRL arm TRL's) or "restart"
+    (started, no checkpoint). ``trainer``: what the plan trains it with (a run made by another is refused)."""
     path = Path(path)
     if not (path / "config.toml").is_file():
         return "new"
     check_same_config(path, cfg)
+    check_same_trainer(path, trainer)
     if is_finished(path, cfg):
         return "done"
-    return "resume" if ckpt.latest(path) is not None else "restart"
+    checkpoint = ckpt.latest(path) if trainer == PODSRL else latest_checkpoint(path)
+    return "resume" if checkpoint is not None else "restart"
+
+
+def check_same_trainer(path: Path, trainer: str) -> None:
+    """Refuse a run directory trained by another trainer than ``trainer`` (its trainer.json)."""
+    made_by = read_trainer(path)
+    if made_by != trainer:
+        raise ConfigError(
+            f"{path} was trained with trainer = {made_by!r}, the plan's method has trainer = {trainer!r}; "
+            "use another --out for a changed comparison, or delete that run directory"
+        )
 
 
 def is_finished(path: Path, cfg: Config) -> bool:

@@ -18,7 +18,12 @@ a comparison refuses; everything else shared stays shared (rewards, evaluation, 
 no common task there is no baseline and no target (``baseline`` and ``target_fraction`` are refused):
 the report gives each method's own accuracy before and after training and the signal it trained on
 (:mod:`podsrl.compare.report`). It exists to choose a task on which a comparison has room to show
-something, before the comparison."""
+something, before the comparison.
+
+A method's table may name its trainer (``trainer = "trl"``: TRL's GRPOTrainer, ``"trl-pods"``:
+podsrl's PODSTrainer in TRL; default ``"podsrl"``), which is not a config setting: it is taken out
+of the overrides into ``Method.trainer``, and a TRL arm's config is checked for settings TRL has no
+equivalent for when it is built (:func:`podsrl.compare.trl_arm.check_arm`)."""
 
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from podsrl import config as config_mod
+from podsrl.compare.trl_arm import PODSRL, TRAINERS, check_arm
 from podsrl.config import Config
 from podsrl.errors import ConfigError
 
@@ -67,6 +73,7 @@ _COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "me
 class Method:
     name: str
     overrides: dict[str, Any]  # dotted setting -> value, applied over the base
+    trainer: str = PODSRL  # "podsrl", or a TRL arm: "trl" (GRPOTrainer), "trl-pods" (PODSTrainer): podsrl.compare.trl_arm
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,10 @@ class Plan:
         if (method, seed) not in self.configs:
             self.configs[(method, seed)] = resolve(self.base, self.all_methods[method], seed, screening=self.screening)
         return self.configs[(method, seed)]
+
+    def trainer(self, method: str) -> str:
+        """What trains ``method``: "podsrl", "trl" or "trl-pods" (:mod:`podsrl.compare.trl_arm`)."""
+        return self.all_methods[method].trainer
 
 
 def load_plan(
@@ -167,7 +178,12 @@ def _methods(table: dict[str, Any]) -> dict[str, Method]:
     for name, over in raw_methods.items():
         if not isinstance(over, dict):
             raise ConfigError(f"compare.methods.{name}: must be a table of dotted settings, got {over!r}")
-        all_methods[name] = Method(name, dict(over))
+        over = dict(over)
+        trainer = over.pop("trainer", PODSRL)
+        if trainer not in TRAINERS:
+            raise ConfigError(f"compare.methods.{name}.trainer: {trainer!r} is not a trainer; valid: "
+                              f"{', '.join(repr(t) for t in TRAINERS)} (podsrl's, TRL's GRPOTrainer, podsrl's PODSTrainer in TRL)")  # fmt: skip
+        all_methods[name] = Method(name, over, trainer)
     return all_methods
 
 
@@ -202,7 +218,9 @@ def check_setup(plan: Plan) -> None:
         try:
             check_trainable(plan.config(method.name, 0))
             preflight(plan.config(method.name, 0))
-        except ConfigError as err:
+            if method.trainer != PODSRL:
+                import podsrl.integrations.trl  # noqa: F401  (TRL installed, in the supported range)
+        except (ConfigError, ImportError) as err:
             raise ConfigError(f"compare.methods.{method.name}: {err}") from None
 
 
@@ -276,7 +294,12 @@ def resolve(base: dict[str, Any], method: Method, seed: int, *, screening: bool 
         # The held-out set is drawn with the task's seed (the trainer defaults it to train.seed):
         # pin it to the base's, so every seed is scored on the same problems.
         data.setdefault("task", {})["options"] = {"seed": base_cfg.train.seed, **task.options}
-    return _from_dict(data, where)
+    cfg = _from_dict(data, where)
+    try:
+        check_arm(cfg, method.trainer)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return cfg
 
 
 def _from_dict(data: dict[str, Any], where: str) -> Config:

@@ -99,6 +99,8 @@ DEFINITIONS = {
                  "options; dataset: a reasoning-gym task's dataset); no baseline, target, speedup or paired difference. "
                  "start_accuracy: held-out accuracy at the evaluation before training (step 0), averaged over seeds; "
                  "final_accuracy (at the budget) is the accuracy after",
+    "trainer": "what trained the method: podsrl (podsrl train), trl (TRL's GRPOTrainer) or trl-pods (podsrl's PODSTrainer "
+               "in TRL); a TRL arm's training clock, metrics and checkpoint evaluations: podsrl.compare.trl_arm, docs/trl.md",
     "device_sharing": "runs_per_device: the most runs that trained at once on one device (--parallel, --devices); above 1 "
                       "they shared its time, so wall-clock times are inflated by the sharing and the step axis is the fair one",
 }  # fmt: skip
@@ -255,6 +257,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
     m = trained[0] if trained else sel.m_start(cfg0.rollout.n)
     entry = {
         "overrides": plan.all_methods[name].overrides,
+        "trainer": plan.trainer(name),  # podsrl, trl (GRPOTrainer) or trl-pods (PODSTrainer)
         "rule": sel.rule,
         "n": cfg0.rollout.n,
         "m": m,

@@ -26,6 +26,7 @@ from typing import Any
 from podsrl import config as config_mod
 from podsrl.compare.layout import LOG_FILE, mark_done, run_dir, run_status, write_launch
 from podsrl.compare.plan import Plan, check_setup
+from podsrl.compare.trl_arm import PODSRL, TRAINERS
 from podsrl.compare.report import build_report, write_report
 from podsrl.config import Config
 from podsrl.errors import EXIT_PREEMPTED, ConfigError
@@ -70,8 +71,9 @@ def run_all(
     for i, (seed, name) in enumerate(jobs, 1):
         cfg = plan.config(name, seed)
         path = run_dir(out, name, seed)
-        status = run_status(path, cfg)
-        job = _Job(f"[{i}/{len(jobs)}] {name} seed {seed}", f"{name} seed {seed}", cfg, path, resume=status == "resume")
+        trainer = plan.trainer(name)
+        status = run_status(path, cfg, trainer)
+        job = _Job(f"[{i}/{len(jobs)}] {name} seed {seed}", f"{name} seed {seed}", cfg, path, resume=status == "resume", trainer=trainer)
         if status == "done":
             log(f"podsrl compare: {job.head} (train.seed={cfg.train.seed}): finished earlier, skipped")
             continue
@@ -86,11 +88,15 @@ def run_all(
         write_report(build_report(plan, out), out)
 
     if not isolate:
+        from podsrl.compare.trl_arm import train_trl
         from podsrl.train.loop import train
 
         for job in todo:
-            log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}, budget {budget_text(job.cfg)} -> {job.path}")
-            train(job.cfg, run_dir=job.path, resume=job.resume, log=log)
+            log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}{_with(job)}, budget {budget_text(job.cfg)} -> {job.path}")
+            if job.trainer == PODSRL:
+                train(job.cfg, run_dir=job.path, resume=job.resume, log=log)
+            else:
+                train_trl(job.cfg, job.trainer, run_dir=job.path, resume=job.resume, log=log)
             write_launch(job.path, device=None, parallel=1, runs_on_device=1, exit_code=0)
             finished(job)
         return
@@ -104,6 +110,7 @@ class _Job:
     cfg: Config
     path: Path
     resume: bool
+    trainer: str = PODSRL  # or a TRL arm's (podsrl.compare.trl_arm)
     device: str | None = None
     runs_on_device: int = 1  # the most runs on its device while it ran, itself included
     proc: subprocess.Popen | None = None
@@ -146,7 +153,7 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
                     j.runs_on_device = max(j.runs_on_device, len(on_device))
                 pin = "" if job.device is None else f" on device {job.device}"
                 out = f" (output in {job.path / LOG_FILE})" if parallel > 1 else ""
-                log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}{pin}, budget {budget_text(job.cfg)} -> {job.path}{out}")
+                log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}{_with(job)}{pin}, budget {budget_text(job.cfg)} -> {job.path}{out}")
             if not running:
                 break  # a run failed and the others have finished
             time.sleep(_POLL_SECONDS)
@@ -162,7 +169,7 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
                     on_success(job)
                 elif rc == EXIT_PREEMPTED and stop.received is not None:
                     failed.append((job, rc))
-                    kept = "saved a checkpoint and stopped" if run_status(job.path, job.cfg) == "resume" else \
+                    kept = "saved a checkpoint and stopped" if run_status(job.path, job.cfg, job.trainer) == "resume" else \
                         "stopped before its first checkpoint: the same command trains it again from the start"
                     log(f"podsrl compare: {job.head}: {kept} ({minutes:.1f} min of wall-clock)")
                 else:
@@ -204,10 +211,19 @@ def _raise_failure(received: signal.Signals | None, failed: list[tuple[_Job, int
         )
 
 
-def train_command(job_config: Path, path: Path, *, resume: bool) -> list[str]:
-    """The child process of one run: ``podsrl train`` with this interpreter."""
+def train_command(job_config: Path, path: Path, *, resume: bool, trainer: str = PODSRL) -> list[str]:
+    """The child process of one run: ``podsrl train`` with this interpreter, or for a TRL arm
+    :mod:`podsrl.compare.trl_arm`'s."""
     where = ["--resume", str(path)] if resume else ["--out", str(path)]
+    if trainer != PODSRL:
+        main = "import sys; from podsrl.compare.trl_arm import main; sys.exit(main(sys.argv[1:]))"
+        return [sys.executable, "-c", main, str(job_config), "--trainer", trainer, *where]
     return [sys.executable, "-m", "podsrl.cli", "train", str(job_config), *where, "--no-plot"]
+
+
+def _with(job: _Job) -> str:
+    """" with TRL GRPOTrainer" for a TRL arm; "" for podsrl's."""
+    return "" if job.trainer == PODSRL else f" with {TRAINERS[job.trainer]}"
 
 
 def _start(job: _Job, env: dict[str, str], *, quiet: bool) -> None:
@@ -224,7 +240,7 @@ def _start(job: _Job, env: dict[str, str], *, quiet: bool) -> None:
         job.path.mkdir(parents=True, exist_ok=True)
         job.output = open(job.path / LOG_FILE, "a")
     job.started = time.monotonic()
-    job.proc = subprocess.Popen(train_command(config, job.path, resume=job.resume), env=child_env,
+    job.proc = subprocess.Popen(train_command(config, job.path, resume=job.resume, trainer=job.trainer), env=child_env,
                                 stdout=job.output, stderr=subprocess.STDOUT if quiet else None)  # fmt: skip
 
 

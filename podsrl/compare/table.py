@@ -22,6 +22,12 @@ def _format_phases(med: dict[str, float | None]) -> str:
     return f"{med['step']:.1f} ({parts})"
 
 
+def _rule(e: dict[str, Any]) -> str:
+    """The rule, and the trainer when it is TRL's: "all (trl)", "max_variance (trl-pods)"."""
+    trainer = e.get("trainer", "podsrl")
+    return e["rule"] if trainer == "podsrl" else f"{e['rule']} ({trainer})"
+
+
 def _reach(value: float | None, ci: list[float] | None, per_seed: list, has_target: bool, fmt) -> str:
     """"40 [31, 49]", "40 (2/3 seeds)" when not every seed reaches it, "never", or "-" (no target)."""
     if not has_target:
@@ -56,7 +62,7 @@ def format_table(report: dict[str, Any]) -> str:
         minutes = _reach(e["time_to_target_seconds"], e["time_to_target_seconds_ci95"], e["time_to_target_seconds_per_seed"],
                          has_target, lambda v: f"{v / 60:.1f}")  # fmt: skip
         rows.append((
-            name, e["rule"], str(e["n"]), m, acc,
+            name, _rule(e), str(e["n"]), m, acc,
             steps, "-" if e["step_speedup"] is None else f"{e['step_speedup']:.2f}x",
             minutes, "-" if e["speedup"] is None else f"{e['speedup']:.2f}x",
             ", ".join(map(str, e["steps"])) or "-",
