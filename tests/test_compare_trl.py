@@ -23,13 +23,13 @@ from test_compare import _toml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _config(tmp_path: Path, model_dir: Path, reward_file: Path, methods: dict, **train) -> Path:
-    """A [compare] TOML on the tiny model: B = 2 prompts, evaluated after every step, one seed."""
+def _config(tmp_path: Path, model_dir: Path, reward_file: Path, methods: dict, every_steps: int = 1, **train) -> Path:
+    """A [compare] TOML on the tiny model: B = 2 prompts, evaluated every ``every_steps``, one seed."""
     from conftest import tiny_config_dict
 
     base = tiny_config_dict(model_dir, reward_file)
     base["train"].update({"max_steps": 2, "max_seconds": None, "checkpoint_every": 0, **train})
-    base["eval"].update(every_steps=1)
+    base["eval"].update(every_steps=every_steps)
     path = tmp_path / "tiny.toml"
     path.write_text(_toml({**base, "compare": {"seeds": 1, "baseline": next(iter(methods)), "methods": methods}}))
     return path
@@ -125,6 +125,39 @@ def test_a_trl_run_extended_resumes_from_its_checkpoint_with_its_clock(tmp_path,
     assert [r["step"] for r in after] == [1, 2, 3] and after[:2] == before
     assert [r["step"] for r in evals] == [0, 1, 2, 3]
     assert after[2]["train_seconds"] == pytest.approx(before[1]["train_seconds"] + after[2]["time/step"])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_stop_signal_checkpoints_the_trl_run_which_resumes_where_it_stopped(tmp_path, small_vocab_model_dir, reward_file, monkeypatch):
+    """SIGUSR1 (a train.stop_signals) during step 1 of 3 (evaluations at steps 0, 2 and 3): the step
+    ends, a checkpoint is saved, the run stops (Preempted: exit 75 from the child) without an
+    evaluation that was not due; the resume trains steps 2 and 3 and evaluates where due."""
+    import os
+    import signal
+
+    from podsrl.compare.plan import load_plan
+    from podsrl.run.metrics import read_jsonl
+    from podsrl.run.preemption import Preempted
+
+    real, sent = trl_arm._round_metrics, []
+
+    def signal_once(trainer, out):
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real(trainer, out)
+
+    monkeypatch.setattr(trl_arm, "_round_metrics", signal_once)
+    path = _config(tmp_path, small_vocab_model_dir, reward_file, {"trl_grpo": {"trainer": "trl", **GRPO}}, every_steps=2, max_steps=3)
+    cfg = load_plan(path).config("trl_grpo", 0)
+    run = tmp_path / "run"
+    with pytest.raises(Preempted):
+        trl_arm.train_trl(cfg, "trl", run_dir=run, log=lambda *_: None)
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1] and [r["step"] for r in read_jsonl(run / "eval.jsonl")] == [0]
+    assert compare.run_status(run, cfg, "trl") == "resume"
+    trl_arm.train_trl(cfg, "trl", run_dir=run, resume=True, log=lambda *_: None)
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+    assert [r["step"] for r in read_jsonl(run / "eval.jsonl")] == [0, 2, 3]
 
 
 @pytest.mark.usefixtures("one_thread")

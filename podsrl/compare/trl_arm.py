@@ -49,6 +49,8 @@ all n), ``grad_norm`` and ``lr`` (TRL's logs), and for PODSTrainer the core's se
 **Resume**: an interrupted TRL run continues from its newest checkpoint in ``trl/`` (TRL's
 ``resume_from_checkpoint``: weights, optimizer, scheduler, RNG) with the training clock saved beside
 it (``podsrl_clock.json``); rows logged after that checkpoint are dropped, as podsrl's resume does.
+A stop signal (``train.stop_signals``) ends the step, saves a checkpoint and exits with code 75, as
+``podsrl train`` does (the checkpoint is evaluated only where an evaluation was due).
 
 :func:`main` (``CONFIG --trainer trl --out RUN``, or ``--resume RUN``) is the child process
 ``podsrl compare`` starts for such a run (:func:`podsrl.compare.runs.train_command`).
@@ -166,7 +168,7 @@ def grpo_config(cfg: Config, trainer: str, output_dir: Path, *, device: str) -> 
         "save_strategy": "no",  # saves come from TrainingClock, at podsrl's evaluation times
         "save_total_limit": max(1, t.keep_checkpoints),
         "report_to": "none",
-        "disable_tqdm": not t.progress,
+        "disable_tqdm": True,  # podsrl's own bar (train.progress) counts the steps; TRL's would count to max_steps
         "log_completions": False,
     }
     if trainer == "trl-pods":
@@ -198,7 +200,7 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
     import torch
 
     from podsrl.run import checkpoint as ckpt
-    from podsrl.run import rundir
+    from podsrl.run import preemption, rundir
     from podsrl.run.metrics import RunLogger, read_jsonl
     from podsrl.train.loop import run_eval, setup
 
@@ -206,10 +208,12 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
     claim = rundir.prepare(run_dir, cfg, resume=resume)
     s = setup(cfg)
     logger = None
+    stop = preemption.StopSignals(cfg.train.stop_signals).install()  # finish the step, checkpoint, exit 75 (as podsrl train)
     try:
         path = claim.open()
         state = ckpt.TrainState()
         checkpoint = latest_checkpoint(path) if resume else None
+        clock: dict[str, Any] = {}
         if checkpoint is not None:
             clock = json.loads((checkpoint / CLOCK_FILE).read_text())
             state.step, state.train_seconds = clock["step"], clock["train_seconds"]
@@ -231,17 +235,20 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
 
         if state.step == 0 and cfg.eval.at_start:
             evaluate("base model")
-        elif checkpoint is not None and not any(r["step"] == state.step for r in read_jsonl(path / "eval.jsonl")):
+        elif checkpoint is not None and clock.get("evaluate", True) and not any(r["step"] == state.step for r in read_jsonl(path / "eval.jsonl")):
             evaluate()  # interrupted between the checkpoint and its evaluation
         if checkpoint is not None and _budget_reached(cfg, state):
             return path
         threads = torch.get_num_threads()
         hf = _make_trainer(cfg, trainer, s, args)
         torch.set_num_threads(threads)
-        hf.add_callback(training_clock(cfg, state, logger, evaluate, hf))
+        hf.add_callback(training_clock(cfg, state, logger, evaluate, hf, stop))
         hf.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        if stop.received is not None and not _budget_reached(cfg, state):
+            raise preemption.Preempted(path, latest_checkpoint(path), stop.received, state.step)
         return path
     finally:
+        stop.restore()
         if logger is not None:
             logger.close()
         s.close()
@@ -333,12 +340,12 @@ def _round_metrics(trainer, out: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def training_clock(cfg: Config, state, logger, evaluate, trainer):
+def training_clock(cfg: Config, state, logger, evaluate, trainer, stop=None):
     """A :class:`TrainingClock` that is a transformers ``TrainerCallback`` (imported here, not when
     the plan loads)."""
     from transformers import TrainerCallback
 
-    return type("TrainingClock", (TrainingClock, TrainerCallback), {})(cfg, state, logger, evaluate, trainer)
+    return type("TrainingClock", (TrainingClock, TrainerCallback), {})(cfg, state, logger, evaluate, trainer, stop)
 
 
 class TrainingClock:
@@ -346,8 +353,10 @@ class TrainingClock:
     docstring): the sum over optimizer steps of ``on_step_end`` - ``on_step_begin``. A
     ``TrainerCallback`` through :func:`training_clock`."""
 
-    def __init__(self, cfg: Config, state, logger, evaluate, trainer):
+    def __init__(self, cfg: Config, state, logger, evaluate, trainer, stop=None):
         self.cfg, self.state, self.logger, self.evaluate, self.trainer = cfg, state, logger, evaluate, trainer
+        self.stop = stop  # podsrl.run.preemption.StopSignals: a stop signal saves a checkpoint and ends the run
+        self.due = False  # this step's checkpoint is an evaluation point
         self.started: float | None = None
         self.pending: dict[str, Any] | None = None  # the step's row, until TRL's logs for it arrive
 
@@ -366,9 +375,11 @@ class TrainingClock:
                         "train_seconds": self.state.train_seconds}  # fmt: skip
         self.trainer.podsrl_round = {}
         done = _budget_reached(self.cfg, self.state)
-        if done:
+        self.due = done or _eval_due(self.cfg, self.state)
+        stopped = self.stop is not None and self.stop.received is not None
+        if done or stopped:
             control.should_training_stop = True
-        if done or _eval_due(self.cfg, self.state):
+        if self.due or stopped:
             control.should_save = True  # saved, then evaluated (on_save): after this, off the clock
         return control
 
@@ -383,15 +394,16 @@ class TrainingClock:
     def on_save(self, args, state, control, **kwargs):
         self._flush()
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        clock = {"step": self.state.step, "train_seconds": self.state.train_seconds, "last_eval_seconds": self.state.train_seconds,
-                 "eval_seconds": self.state.eval_seconds}  # fmt: skip
+        last_eval = self.state.train_seconds if self.due else self.state.last_eval_seconds
+        clock = {"step": self.state.step, "train_seconds": self.state.train_seconds, "last_eval_seconds": last_eval,
+                 "eval_seconds": self.state.eval_seconds, "evaluate": self.due}  # fmt: skip
         if checkpoint.is_dir():
             from podsrl.run.rundir import write_text_atomic
 
             write_text_atomic(checkpoint / CLOCK_FILE, json.dumps(clock) + "\n")
         last = _budget_reached(self.cfg, self.state)
-        if last and not self.cfg.eval.at_end:
-            return control
+        if not self.due or (last and not self.cfg.eval.at_end):
+            return control  # a checkpoint for a stop signal only, or the end without eval.at_end
         self.evaluate("trained policy" if last else None)
         return control
 
@@ -415,12 +427,18 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--out")
     where.add_argument("--resume")
     args = parser.parse_args(argv)
+    from podsrl.errors import EXIT_PREEMPTED
+    from podsrl.run.preemption import Preempted
+
     try:
         cfg = config_mod.load(args.config)
         train_trl(cfg, args.trainer, run_dir=Path(args.resume or args.out), resume=args.resume is not None)
     except ConfigError as err:
         print(f"podsrl: error: {err}", file=sys.stderr)
         return 2
+    except Preempted as err:
+        print(f"podsrl: {err.advice()}", file=sys.stderr)
+        return EXIT_PREEMPTED
     return 0
 
 
