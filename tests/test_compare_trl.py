@@ -57,6 +57,7 @@ def test_a_trl_arm_and_a_podsrl_arm_side_by_side_and_the_rerun_skips_both(tmp_pa
         assert entry["median_seconds"]["step"] > 0 and entry["median_seconds"]["generate"] > 0 and entry["median_seconds"]["update"] > 0
         assert entry["signal"]["rollouts"] == 4.0  # B x n = 2 x 2
     assert trl["signal"]["rows_run"] == 1.0  # GRPOTrainer runs every row, advantage 0 or not
+    assert trl["signal"]["kept_adv_var"] is not None and trl["signal"]["groups_with_signal"] is not None
     # The same held-out problems and samples: the untrained model scores the same in both arms.
     assert trl["runs"][0]["accuracy"][0] == report["methods"]["grpo"]["runs"][0]["accuracy"][0]
     assert "all (trl)" in printed and "trl_grpo" in printed  # the table's row

@@ -44,7 +44,8 @@ step), ``kept`` (rows the update trained on: B x n for GRPOTrainer), ``rows_run`
 the update's forward and backward: all of them for GRPOTrainer; for PODSTrainer the kept rows less
 those of advantage 0 it skips), ``groups_with_signal``, ``zero_variance_groups``,
 ``rollouts_generated`` (B x n), ``prompts_sampled`` (B), ``reward_mean`` (TRL's ``reward``, over
-all n), ``grad_norm`` and ``lr`` (TRL's logs), and for PODSTrainer the core's selection metrics.
+all n), ``grad_norm`` and ``lr`` (TRL's logs), ``kept_adv_var`` (GRPOTrainer: the population
+variance of its B x n advantages), and for PODSTrainer the core's selection metrics.
 
 **Resume**: an interrupted TRL run continues from its newest checkpoint in ``trl/`` (TRL's
 ``resume_from_checkpoint``: weights, optimizer, scheduler, RNG) with the training clock saved beside
@@ -331,7 +332,8 @@ def _round_metrics(trainer, out: dict[str, Any]) -> dict[str, Any]:
     else:  # GRPOTrainer: every rollout, in groups of n
         signal = int((advantages.view(-1, n) != 0).any(dim=1).sum())
         row.update(kept=int(advantages.numel()), rows_run=int(advantages.numel()), groups_with_signal=signal,
-                   zero_variance_groups=1.0 - signal / max(1, advantages.numel() // n))  # fmt: skip
+                   zero_variance_groups=1.0 - signal / max(1, advantages.numel() // n),
+                   kept_adv_var=float(advantages.var(unbiased=False)) if advantages.numel() else 0.0)  # fmt: skip
     logged = trainer._metrics["train"]
     if logged.get("reward"):
         row["reward_mean"] = float(logged["reward"][-1])
