@@ -163,10 +163,11 @@ def test_a_stop_signal_checkpoints_the_trl_run_which_resumes_where_it_stopped(tm
 
 @pytest.mark.usefixtures("one_thread")
 def test_a_pods_trainer_arm_trains_on_m_of_n_and_reports_its_selection(tmp_path, small_vocab_model_dir, reward_file):
+    """PODSTrainer(4, 2), with LoRA: TRL trains the adapter of the PeftModel podsrl loaded."""
     from podsrl.compare.plan import load_plan
     from podsrl.run.metrics import read_jsonl
 
-    pods = {"trainer": "trl-pods", "select.rule": "max_variance", "rollout.n": 4, "select.m": 2}
+    pods = {"trainer": "trl-pods", "select.rule": "max_variance", "rollout.n": 4, "select.m": 2, "model.lora": True, "model.lora_rank": 4}
     cfg = load_plan(_config(tmp_path, small_vocab_model_dir, reward_file, {"trl_pods": pods})).config("trl_pods", 0)
     run = trl_arm.train_trl(cfg, "trl-pods", run_dir=tmp_path / "run", log=lambda *_: None)
     rows = read_jsonl(run / "metrics.jsonl")
@@ -176,6 +177,7 @@ def test_a_pods_trainer_arm_trains_on_m_of_n_and_reports_its_selection(tmp_path,
         assert r["rows_run"] <= r["kept"] and 0 <= r["groups_with_signal"] <= 2
     args = json.loads((run / trl_arm.TRAINER_FILE).read_text())["args"]
     assert (args["pods_rule"], args["pods_m"], args["num_generations"]) == ("max_variance", 2, 4)
+    assert all(r["grad_norm"] > 0 for r in rows)  # the adapter learned
 
 
 def test_the_mapping_of_podsrl_settings_to_grpo_config(make_config):

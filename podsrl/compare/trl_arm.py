@@ -243,6 +243,9 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
         threads = torch.get_num_threads()
         hf = _make_trainer(cfg, trainer, s, args)
         torch.set_num_threads(threads)
+        from transformers.trainer_callback import PrinterCallback
+
+        hf.remove_callback(PrinterCallback)  # TRL's logs go to metrics.jsonl, not to the terminal every step
         hf.add_callback(training_clock(cfg, state, logger, evaluate, hf, stop))
         hf.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         if stop.received is not None and not _budget_reached(cfg, state):
@@ -257,15 +260,17 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
 
 
 def _budget_reached(cfg: Config, state) -> bool:
-    t = cfg.train
-    return bool((t.max_steps and state.step >= t.max_steps) or (t.max_seconds and state.train_seconds >= t.max_seconds))
+    """``podsrl train``'s own test of the budget, on the TRL run's clock."""
+    from podsrl.train.loop import _done
+
+    return _done(cfg, state)
 
 
 def _eval_due(cfg: Config, state) -> bool:
-    e = cfg.eval
-    by_step = e.every_steps and state.step % e.every_steps == 0
-    by_time = e.every_seconds and state.train_seconds - state.last_eval_seconds >= e.every_seconds
-    return bool(by_step or by_time)
+    """``podsrl train``'s own test of an evaluation being due, on the TRL run's clock."""
+    from podsrl.train.loop import _eval_due as due
+
+    return due(cfg, state)
 
 
 def _make_trainer(cfg: Config, trainer: str, s, args: dict[str, Any]):
