@@ -26,8 +26,8 @@ from typing import Any
 from podsrl import config as config_mod
 from podsrl.compare.layout import LOG_FILE, mark_done, run_dir, run_status, write_launch
 from podsrl.compare.plan import Plan, check_setup
-from podsrl.compare.trl_arm import PODSRL, TRAINERS
 from podsrl.compare.report import build_report, write_report
+from podsrl.compare.trl_arm import PODSRL, TRAINERS
 from podsrl.config import Config
 from podsrl.errors import EXIT_PREEMPTED, ConfigError
 from podsrl.run.preemption import StopSignals
