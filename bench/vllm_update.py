@@ -67,30 +67,30 @@ def worker(spec: dict) -> dict:
         f"--rollout.max_new_tokens={spec['max_new_tokens']}",
     ]
     cfg = config_mod.load(None, overrides)
-    s = setup(cfg)
-    model = s.policy.model
+    run = setup(cfg)
+    model = run.policy.model
     model.train()
     g = torch.Generator().manual_seed(0)
     rows = spec["rows"]
     completions = [torch.randint(0, model.config.vocab_size, (spec["tokens"],), generator=g).tolist() for _ in range(rows)]
     advantages = torch.randn(rows, generator=g)
-    batch = UpdateBatch([s.train_prompts[i // 4] for i in range(rows)], completions, advantages)
+    batch = UpdateBatch([run.train_prompts[i // 4] for i in range(rows)], completions, advantages)
     tokens = rows * spec["tokens"]
-    settings = UpdateSettings.from_config(cfg, pad_id=s.policy.tokenizer.pad_token_id)
+    settings = UpdateSettings.from_config(cfg, pad_id=run.policy.tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-7, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    prompts = s.train_prompts[:8]
+    prompts = run.train_prompts[:8]
     per_token, switches = [], []
     for i in range(spec["updates"]):
-        s.engine.generate(prompts, Sampling(n=16, temperature=1.0, top_p=1.0, max_new_tokens=spec["max_new_tokens"], seed=i))
+        run.engine.generate(prompts, Sampling(n=16, temperature=1.0, top_p=1.0, max_new_tokens=spec["max_new_tokens"], seed=i))
         before = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
         start = time.perf_counter()
         run_update(model, optimizer, scheduler, batch, settings)
         seconds = time.perf_counter() - start
         switches.append(resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - before)
         per_token.append(1000 * seconds / tokens)
-        s.engine.sync_weights(model)
-    s.close()
+        run.engine.sync_weights(model)
+    run.close()
     return {
         "first_ms_per_token": per_token[0],
         "ms_per_token": statistics.median(per_token[1:]),

@@ -197,19 +197,19 @@ def _evaluate(cfg, args):
     from podsrl.run import checkpoint as ckpt
     from podsrl.train.loop import describe_eval, run_eval, setup
 
-    s = setup(cfg)
-    if s.grading_note is not None:
-        print(f"podsrl: warning: {s.grading_note}")
+    run = setup(cfg)
+    if run.grading_note is not None:
+        print(f"podsrl: warning: {run.grading_note}")
     if args.run:
-        last, _ = ckpt.load_newest(Path(args.run), s.policy.model)
-        s.engine.sync_weights(s.policy.model)
+        last, _ = ckpt.load_newest(Path(args.run), run.policy.model)
+        run.engine.sync_weights(run.policy.model)
         print(f"podsrl: evaluating {last}")
     elif args.model:
         print(f"podsrl: evaluating {cfg.model.name}")
-    for line in describe_eval(s):  # before the wait, which on a CPU can be long (flushed: stdout may be a pipe)
+    for line in describe_eval(run):  # before the wait, which on a CPU can be long (flushed: stdout may be a pipe)
         print(line, flush=True)
-    result = run_eval(s, ckpt.TrainState(), progress=cfg.train.progress, keep_completions=bool(args.completions))
-    s.engine.close()
+    result = run_eval(run, ckpt.TrainState(), progress=cfg.train.progress, keep_completions=bool(args.completions))
+    run.engine.close()
     return result
 
 

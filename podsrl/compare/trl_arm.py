@@ -207,7 +207,7 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
 
     check_arm(cfg, trainer)
     claim = rundir.prepare(run_dir, cfg, resume=resume)
-    s = setup(cfg)
+    run = setup(cfg)
     logger = None
     stop = preemption.StopSignals(cfg.train.stop_signals).install()  # finish the step, checkpoint, exit 75 (as podsrl train)
     try:
@@ -221,7 +221,7 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
             state.last_eval_seconds, state.eval_seconds = clock["last_eval_seconds"], clock["eval_seconds"]
             log(f"podsrl: resuming the TRL run {path} from {checkpoint.name} ({state.train_seconds:.0f} s of training)")
         claim.write_config(cfg, step=state.step, log=log)
-        device = next(s.policy.model.parameters()).device.type
+        device = next(run.policy.model.parameters()).device.type
         args = grpo_config(cfg, trainer, path / TRL_DIR, device=device)
         import trl
 
@@ -229,10 +229,10 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
         logger = RunLogger(path, cfg, start_step=state.step)
 
         def evaluate(label: str | None = None) -> None:
-            s.engine.sync_weights(s.policy.model)  # the vLLM engine's copy; the transformers engine's is the model
-            was_training = s.policy.model.training
-            run_eval(s, state, logger, log, label=label)
-            s.policy.model.train(was_training)
+            run.engine.sync_weights(run.policy.model)  # the vLLM engine's copy; the transformers engine's is the model
+            was_training = run.policy.model.training
+            run_eval(run, state, logger, log, label=label)
+            run.policy.model.train(was_training)
 
         if state.step == 0 and cfg.eval.at_start:
             evaluate("base model")
@@ -241,7 +241,7 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
         if checkpoint is not None and _budget_reached(cfg, state):
             return path
         threads = torch.get_num_threads()
-        hf = _make_trainer(cfg, trainer, s, args)
+        hf = _make_trainer(cfg, trainer, run, args)
         torch.set_num_threads(threads)
         from transformers.trainer_callback import PrinterCallback
 
@@ -255,7 +255,7 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
         stop.restore()
         if logger is not None:
             logger.close()
-        s.close()
+        run.close()
         claim.close()
 
 
@@ -273,7 +273,7 @@ def _eval_due(cfg: Config, state) -> bool:
     return due(cfg, state)
 
 
-def _make_trainer(cfg: Config, trainer: str, s, args: dict[str, Any]):
+def _make_trainer(cfg: Config, trainer: str, run, args: dict[str, Any]):
     """TRL's trainer on podsrl's policy, tokenizer, training prompts (chat messages, as podsrl
     formats them) and reward functions (:func:`podsrl.integrations.rewards.as_trl_reward`)."""
     from datasets import Dataset
@@ -283,7 +283,7 @@ def _make_trainer(cfg: Config, trainer: str, s, args: dict[str, Any]):
     from podsrl.tasks import format_user_message
     from trl import GRPOConfig, GRPOTrainer
 
-    task = s.task
+    task = run.task
 
     def messages(ex) -> list[dict[str, str]]:
         user = [{"role": "user", "content": format_user_message(ex, task)}]
@@ -292,8 +292,8 @@ def _make_trainer(cfg: Config, trainer: str, s, args: dict[str, Any]):
     rows = Dataset.from_list([{"prompt": messages(ex), "id": ex.id} for ex in task.train])
     rewards = [as_trl_reward(name, examples=task.train) for name in cfg.reward.names]
     base, config = (GRPOTrainer, GRPOConfig) if trainer == "trl" else (PODSTrainer, PODSConfig)
-    return _timed(base)(model=s.policy.model, reward_funcs=rewards, args=config(**args), train_dataset=rows,
-                        processing_class=s.policy.tokenizer, podsrl_cfg=cfg)  # fmt: skip
+    return _timed(base)(model=run.policy.model, reward_funcs=rewards, args=config(**args), train_dataset=rows,
+                        processing_class=run.policy.tokenizer, podsrl_cfg=cfg)  # fmt: skip
 
 
 def _timed(base: type) -> type:

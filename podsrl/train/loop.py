@@ -25,7 +25,7 @@ selection, dropout, the epochs' orders and prompt selection's draws. A resumed r
 continues exactly as an uninterrupted one would, given the checkpointed weights, optimizer state
 and prompt stream (its position and, with prompt selection, each prompt's history).
 
-Under torchrun every rank runs this same loop on its B / world prompts (``s.dist``, see
+Under torchrun every rank runs this same loop on its B / world prompts (``run.dist``, see
 :mod:`podsrl.train.distributed`): rewards are gathered so that selection, advantages and metrics
 are the global ones, each rank updates on its own kept rows (any number, none included), the
 update sums the ranks' gradients, and only rank 0 writes files.
@@ -262,22 +262,22 @@ def schedule_line(cfg: Config) -> str | None:
     return f"podsrl: schedule: {', '.join(moving)}; progress follows {driver}"
 
 
-def train_step(s: Setup, model, optimizer, scheduler, state: ckpt.TrainState) -> dict:
+def train_step(run: Setup, model, optimizer, scheduler, state: ckpt.TrainState) -> dict:
     """One step of B prompts (B / world on each rank); returns its metrics (one line of metrics.jsonl)."""
-    cfg, dist, timer = s.cfg, s.dist, _Timer()
+    cfg, dist, timer = run.cfg, run.dist, _Timer()
     dist.reset_counters()
     torch.manual_seed(step_seed(cfg.train.seed, state.step, Stream.TORCH))  # dropout, HF sampling
     p = progress(cfg, state)
-    sample = sample_step(s, state.step, p, timer)  # the step's B groups [B, n], scored, every rank's numbers
-    state.prompts = s.prompts.state_dict()  # where the stream stands after this step's batches
+    sample = sample_step(run, state.step, p, timer)  # the step's B groups [B, n], scored, every rank's numbers
+    state.prompts = run.prompts.state_dict()  # where the stream stands after this step's batches
     with timer("select"):
         selection = select(cfg, state, sample.groups.reward, keep=sample.keep)
     lr = scheduler.get_last_lr()[0]  # the rate this step's (first) optimizer step uses; after it, the next one's
     with timer("update"):
-        stats = _update_on_kept(s, model, optimizer, scheduler, sample.groups, selection)
+        stats = _update_on_kept(run, model, optimizer, scheduler, sample.groups, selection)
     with timer("sync"):
-        s.engine.sync_weights(model)  # the next step samples from the new weights
-    return _step_metrics(s, state, lr, sample, selection, stats, timer)
+        run.engine.sync_weights(model)  # the next step samples from the new weights
+    return _step_metrics(run, state, lr, sample, selection, stats, timer)
 
 
 def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor, keep: Tensor | None = None) -> Selection:
@@ -289,33 +289,33 @@ def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor, keep: Tensor | 
                       keep=keep)  # fmt: skip
 
 
-def _update_on_kept(s: Setup, model, optimizer, scheduler, groups: Groups, selection: Selection):
+def _update_on_kept(run: Setup, model, optimizer, scheduler, groups: Groups, selection: Selection):
     """The optimizer step on this rank's kept rollouts; None when no rollout was kept (the DAPO
     filter, or dynamic sampling's cap with no signal: no step). Every rank joins the update, with
     its rows or with none."""
     if not selection.keep.any():
         return None
-    keep = selection.keep & (groups.rank == s.dist.rank)[:, None]  # [G, n]: this rank's kept rollouts
+    keep = selection.keep & (groups.rank == run.dist.rank)[:, None]  # [G, n]: this rank's kept rollouts
     rows = keep.nonzero().tolist()  # (group, rollout), group-major
     completions = [groups.completions[g][i] for g, i in rows]
     batch = UpdateBatch(
-        prompt_ids=[s.train_prompts[int(groups.prompt[g])] for g, _ in rows],
+        prompt_ids=[run.train_prompts[int(groups.prompt[g])] for g, _ in rows],
         completion_ids=[c.ids for c in completions],
         advantages=selection.advantages[keep],
         sampler_logprobs=None if any(c.logprobs is None for c in completions) else [c.logprobs for c in completions],
     )
-    settings = UpdateSettings.from_config(s.cfg, pad_id=s.policy.tokenizer.pad_token_id, token_fraction=selection.token_fraction)
-    return run_update(model, optimizer, scheduler, batch, settings, reference=s.reference, dist=s.dist)
+    settings = UpdateSettings.from_config(run.cfg, pad_id=run.policy.tokenizer.pad_token_id, token_fraction=selection.token_fraction)
+    return run_update(model, optimizer, scheduler, batch, settings, reference=run.reference, dist=run.dist)
 
 
-def _step_metrics(s: Setup, state: ckpt.TrainState, lr: float, sample: StepSample, selection: Selection, stats, timer) -> dict:
+def _step_metrics(run: Setup, state: ckpt.TrainState, lr: float, sample: StepSample, selection: Selection, stats, timer) -> dict:
     """The step's line of metrics.jsonl: selection (podsrl.core.downsample) over the groups trained
     on, what was sampled (podsrl.train.sampling.sample_metrics, on a fixed-n run's basis), update, times."""
-    keep, dist = selection.keep, s.dist
+    keep, dist = selection.keep, run.dist
     metrics = {
         "step": state.step + 1,
         **selection.metrics,
-        **sample_metrics(sample, [spec.name for spec in s.rewards]),
+        **sample_metrics(sample, [spec.name for spec in run.rewards]),
         "lr": lr,
         "completion_len_kept": float(sample.groups.length[keep].mean()) if keep.any() else 0.0,
         "groups_with_signal": int(has_signal(selection).sum()),  # groups trained with a nonzero advantage
@@ -334,24 +334,24 @@ def _step_metrics(s: Setup, state: ckpt.TrainState, lr: float, sample: StepSampl
     return metrics
 
 
-def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str | None = None, *, progress: bool = False,
+def run_eval(run: Setup, state: ckpt.TrainState, logger=None, log=None, label: str | None = None, *, progress: bool = False,
              keep_completions: bool = False) -> EvalResult:
     """Score the held-out set with the current weights. Inside a run (``logger``): the result goes
     to eval.jsonl and the loggers, its time is kept off the training clock, and ``log`` gets a line.
     ``progress``: a progress bar over the problems (``podsrl eval``; a run has its own bar);
     ``keep_completions``: the result holds the completions and their grades (``podsrl eval --completions``)."""
-    cfg = s.cfg
+    cfg = run.cfg
     result = evaluate(
-        s.engine,
-        s.eval_prompts,
-        s.eval_examples,
+        run.engine,
+        run.eval_prompts,
+        run.eval_examples,
         temperature=cfg.eval.temperature,
         samples=cfg.eval.samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
         seed=cfg.train.seed,
-        dist=s.dist,
+        dist=run.dist,
         progress=progress,
-        min_call=_min_call(s),
+        min_call=_min_call(run),
         keep_completions=keep_completions,
     )
     if logger is not None:
@@ -366,28 +366,28 @@ def run_eval(s: Setup, state: ckpt.TrainState, logger=None, log=None, label: str
 LONG_ON_CPU = 256  # new tokens from which an evaluation on a CPU gets a caution
 
 
-def _min_call(s: Setup) -> int:
+def _min_call(run: Setup) -> int:
     """The fewest completions an evaluation's engine call holds (:func:`podsrl.train.evaluate.calls`):
     256 on a GPU, where a call costs about the same for 1 and 256 rollouts; 64 on a CPU, where a
     call's own cost is about that of 32 rollouts of 16 tokens (podsrl.train.evaluate's docstring)."""
-    return 256 if next(s.policy.model.parameters()).device.type == "cuda" else 64
+    return 256 if next(run.policy.model.parameters()).device.type == "cuda" else 64
 
 
-def describe_eval(s: Setup) -> list[str]:
+def describe_eval(run: Setup) -> list[str]:
     """What ``podsrl eval`` is about to do, said before it starts: where the model runs and with
     which engine, how many problems x samples of how many tokens, and on a CPU with long completions
     a caution (the progress bar then estimates the time left)."""
-    cfg = s.cfg
-    problems, samples = len(s.eval_examples), cfg.eval.samples
+    cfg = run.cfg
+    problems, samples = len(run.eval_examples), cfg.eval.samples
     tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     how = "greedy" if cfg.eval.temperature == 0 else f"temperature {cfg.eval.temperature:g}"
     lines = [
-        f"{_device_line(s, s.policy.model)}; {problems} problems x {samples} sample{'s' if samples > 1 else ''} "
+        f"{_device_line(run, run.policy.model)}; {problems} problems x {samples} sample{'s' if samples > 1 else ''} "
         f"of up to {tokens} new tokens ({how})"
     ]  # fmt: skip
-    if next(s.policy.model.parameters()).device.type == "cpu" and tokens >= LONG_ON_CPU:
-        shard = -(-problems // s.dist.world)
-        first = min(problems, len(calls(shard, samples, _min_call(s))[0]) * s.dist.world) if problems else 0  # every rank's first call
+    if next(run.policy.model.parameters()).device.type == "cpu" and tokens >= LONG_ON_CPU:
+        shard = -(-problems // run.dist.world)
+        first = min(problems, len(calls(shard, samples, _min_call(run))[0]) * run.dist.world) if problems else 0  # every rank's first call
         lines.append(
             f"podsrl: note: on a CPU, completions of up to {tokens} tokens are slow: the progress bar estimates the time "
             f"left once its first call of {first} problem{'s' if first != 1 else ''} is done; --eval.max_problems=N "
@@ -442,19 +442,19 @@ def _train(cfg: Config, dist: Dist, *, run_dir: Path | None, resume: bool, overw
             raise
         raise ConfigError(f"{err}. The run in {run_dir} was trained so and a resumed run keeps its settings: start a new run with --out") from None
     claim = _check_run_dir(cfg, dist, run_dir, resume=resume, overwrite=overwrite)
-    s = setup(cfg, dist)
-    model = s.policy.model
+    run = setup(cfg, dist)
+    model = run.policy.model
     model.train()
     optimizer, scheduler = make_optimizer(cfg, model)
     state = ckpt.TrainState(world_size=dist.world)
     try:
-        return _run(s, claim, model, optimizer, scheduler, state, resume=resume, log=log)
+        return _run(run, claim, model, optimizer, scheduler, state, resume=resume, log=log)
     except KeyboardInterrupt as err:  # name the run and how to go on (the CLI prints it)
         raise rundir.RunInterrupted(claim.path, ckpt.latest(claim.path)) from err
     except (EngineError, RunWriteError, RewardError) as err:  # fix what failed, then resume
         raise type(err)(f"{err}{rundir.resume_advice(claim.path, ckpt.latest(claim.path))}") from err
     finally:
-        s.close()
+        run.close()
         claim.close()
 
 
@@ -484,23 +484,23 @@ def _open_run_dir(claim: rundir.RunDir, dist: Dist) -> Path:
     return dist.from_main(claim.open)
 
 
-def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckpt.TrainState, *, resume: bool, log) -> Path:
-    cfg, dist = s.cfg, s.dist
+def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckpt.TrainState, *, resume: bool, log) -> Path:
+    cfg, dist = run.cfg, run.dist
     run_dir = _open_run_dir(claim, dist)
     log(f"podsrl: run directory {run_dir}")
     if resume:
-        state = _resume(s, run_dir, model, optimizer, scheduler, log)
+        state = _resume(run, run_dir, model, optimizer, scheduler, log)
         if _done(cfg, state):  # nothing to add: no second final evaluation or checkpoint
             log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
             return run_dir
     if dist.is_main:
-        claim.write_config(cfg, step=state.step, log=log, notes=_config_notes(s))  # atomic; on resume, records what changed
-    log(_describe(s, model))
+        claim.write_config(cfg, step=state.step, log=log, notes=_config_notes(run))  # atomic; on resume, records what changed
+    log(_describe(run, model))
     if (line := schedule_line(cfg)) is not None:
         log(line)
-    if s.grading_note is not None:
-        log(f"podsrl: warning: {s.grading_note}")
-    if (note := repeats_warning(len(s.task.train), cfg)) is not None:
+    if run.grading_note is not None:
+        log(f"podsrl: warning: {run.grading_note}")
+    if (note := repeats_warning(len(run.task.train), cfg)) is not None:
         log(f"podsrl: warning: {note}")
     logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()
     save = lambda on_failure="stop": ckpt.save(  # noqa: E731
@@ -509,13 +509,13 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
     stop = preemption.StopSignals(cfg.train.stop_signals).install()  # finish the step, checkpoint, exit 75
     try:
         if state.step == 0 and cfg.eval.at_start:
-            run_eval(s, state, logger, log, label="base model")
+            run_eval(run, state, logger, log, label="base model")
         if sig := stop.agreed(dist):  # a signal before the first step: nothing new to save
             raise preemption.Preempted(run_dir, ckpt.latest(run_dir), sig, state.step)
         capped = False  # dynamic sampling's cap was hit (warned once)
         while not _done(cfg, state):
             start = time.perf_counter()
-            metrics = train_step(s, model, optimizer, scheduler, state)
+            metrics = train_step(run, model, optimizer, scheduler, state)
             state.step += 1
             # Budgets and evaluation times are decided on rank 0's clock, the same on every rank.
             state.train_seconds = dist.broadcast_object(state.train_seconds + time.perf_counter() - start)
@@ -525,13 +525,13 @@ def _run(s: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: ckp
             if sig := stop.agreed(dist):  # one rank's signal is enough: every rank stops after this step
                 raise preemption.Preempted(run_dir, save(), sig, state.step)
             if _eval_due(cfg, state) and not _done(cfg, state):
-                run_eval(s, state, logger, log)
+                run_eval(run, state, logger, log)
             if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
                 path = save(cfg.train.checkpoint_failure)  # "retry": a full disk is a warning until the final save
                 if path is not None:
                     export.after_checkpoint(cfg, run_dir, path, dist, final=False, log=log)
         if cfg.eval.at_end:
-            run_eval(s, state, logger, log, label="trained policy")
+            run_eval(run, state, logger, log, label="trained policy")
         export.after_checkpoint(cfg, run_dir, save(), dist, final=True, log=log)
     finally:
         stop.restore()
@@ -556,28 +556,28 @@ def _warn_at_the_cap(cfg: Config, metrics: dict, log, warned: bool) -> bool:
     return True
 
 
-def _resume(s: Setup, run_dir: Path, model, optimizer, scheduler, log) -> ckpt.TrainState:
+def _resume(run: Setup, run_dir: Path, model, optimizer, scheduler, log) -> ckpt.TrainState:
     """Load the newest complete checkpoint into the model and optimizer; the engine follows."""
-    _, state = ckpt.load_newest(run_dir, model, optimizer, scheduler, log=log, dist=s.dist)
-    s.engine.sync_weights(model)
+    _, state = ckpt.load_newest(run_dir, model, optimizer, scheduler, log=log, dist=run.dist)
+    run.engine.sync_weights(model)
     log(f"podsrl: resumed {run_dir} at step {state.step} ({state.train_seconds:.0f} s of training)")
-    if (why := s.prompts.load_state_dict(state.prompts)) is not None:
+    if (why := run.prompts.load_state_dict(state.prompts)) is not None:
         log(f"podsrl: prompt stream: {why}")
-    if state.world_size != s.dist.world:
+    if state.world_size != run.dist.world:
         log(
-            f"podsrl: the run was trained on {state.world_size} process(es), now {s.dist.world}: the global batch "
+            f"podsrl: the run was trained on {state.world_size} process(es), now {run.dist.world}: the global batch "
             "and the weights carry over; the rollouts differ from an uninterrupted run's (seeds are per rank)"
         )
-        state.world_size = s.dist.world
+        state.world_size = run.dist.world
     return state
 
 
-def _device_line(s: Setup, model) -> str:
+def _device_line(run: Setup, model) -> str:
     """Where the model runs, with which rollout engine (and, for vLLM, in which dtype it samples and
     why), on how many processes."""
-    cfg, dist = s.cfg, s.dist
+    cfg, dist = run.cfg, run.dist
     device = next(model.parameters()).device
-    sampler = getattr(s.engine, "sampler_dtype", None)  # vLLM's; the transformers engine samples with the policy
+    sampler = getattr(run.engine, "sampler_dtype", None)  # vLLM's; the transformers engine samples with the policy
     return (
         f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
         + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
@@ -586,21 +586,21 @@ def _device_line(s: Setup, model) -> str:
     )  # fmt: skip
 
 
-def _config_notes(s: Setup) -> dict[str, str]:
+def _config_notes(run: Setup) -> dict[str, str]:
     """Comments for config.toml: what a machine-dependent ``rollout.sampler_dtype`` ("auto",
     "fast") resolved to where the run (re)started, so the run directory records the dtype it
     sampled in (the setting itself stays as given: trained again elsewhere, it resolves there)."""
-    sampler = getattr(s.engine, "sampler_dtype", None)
+    sampler = getattr(run.engine, "sampler_dtype", None)
     if sampler is None or sampler.setting == sampler.name:
         return {}
     return {"rollout.sampler_dtype": f"{sampler.name} where the run last started: {sampler.reason}"}
 
 
-def _describe(s: Setup, model) -> str:
-    cfg = s.cfg
+def _describe(run: Setup, model) -> str:
+    cfg = run.cfg
     return (
-        _device_line(s, model)
-        + (f", exact early stopping in rounds of {cfg.rollout.round_size or 'm'} (reward values {list(s.reward_values or [])})"
+        _device_line(run, model)
+        + (f", exact early stopping in rounds of {cfg.rollout.round_size or 'm'} (reward values {list(run.reward_values or [])})"
            if cfg.rollout.early_stop == "exact" else "")
         + (f", dynamic sampling (up to {cfg.rollout.max_gen_batches} batches of {cfg.train.prompts_per_step} prompts a step)"
            if cfg.rollout.dynamic_sampling else "")

@@ -210,11 +210,11 @@ class StepSample:
     prompts: dict = field(default_factory=dict)  # the prompt stream's metrics: epoch, epoch_end; with prompt selection, skipped, explored and forced prompts
 
 
-def sample_step(s, step: int, progress: float, timer) -> StepSample:
-    """Sample and score the groups of training step ``step`` (module docstring). ``s`` is the run's
-    :class:`podsrl.train.loop.Setup` (``s.prompts``: its prompt stream); ``progress`` its training
+def sample_step(run, step: int, progress: float, timer) -> StepSample:
+    """Sample and score the groups of training step ``step`` (module docstring). ``run`` is the run's
+    :class:`podsrl.train.loop.Setup` (``run.prompts``: its prompt stream); ``progress`` its training
     progress (for m's schedule)."""
-    cfg = s.cfg
+    cfg = run.cfg
     B, dynamic = cfg.train.prompts_per_step, cfg.rollout.dynamic_sampling
     spec, m = cfg.select, cfg.select.m_at(cfg.rollout.n, progress)
     seed = spec.seed if spec.seed is not None else cfg.train.seed
@@ -223,29 +223,29 @@ def sample_step(s, step: int, progress: float, timer) -> StepSample:
     selections: list[Selection] = []
     signals: list[Tensor] = []
     for j in range(cfg.rollout.max_gen_batches if dynamic else 1):
-        picks.append(s.prompts.take(B, step))
-        batch = _sample_batch(s, step, j, m, picks[-1].prompts, timer)
+        picks.append(run.prompts.take(B, step))
+        batch = _sample_batch(run, step, j, m, picks[-1].prompts, timer)
         with timer("select"):  # the batch's one selection: its signal test, and the rows a step trains on
             selection = downsample(batch.reward, spec, progress=progress, generator=generator(seed, step, Stream.SELECTION + BATCH_OFFSET * j),
                                    allow_missing=True)  # fmt: skip
             signal = group_signal(batch.reward, selection, spec)  # [B]
-        s.prompts.record(batch.prompt, ~signal)
+        run.prompts.record(batch.prompt, ~signal)
         batches.append(batch), selections.append(selection), signals.append(signal)
         if not dynamic or sum(int(x.sum()) for x in signals) >= B:
             break
     everything = Groups.cat(batches)
     timed_out = {name: int(t.nansum()) for name, t in everything.timed_out.items()}
-    if s.reward_pool is not None:  # over the whole step, every rank's (the same decision on each)
-        s.reward_pool.check_timeouts(timed_out, int(everything.sampled.sum()))
+    if run.reward_pool is not None:  # over the whole step, every rank's (the same decision on each)
+        run.reward_pool.check_timeouts(timed_out, int(everything.sampled.sum()))
     if dynamic:
-        groups, keep, found = _with_signal(batches, selections, signals, B, world=s.dist.world)
+        groups, keep, found = _with_signal(batches, selections, signals, B, world=run.dist.world)
         keep = None if spec.rule == "d3s_cross" else keep
     else:
         groups, keep, found = batches[0], selections[0].keep, int(signals[0].sum())
     silent = sum(int((~x).sum()) for x in signals)
-    prompts = prompt_metrics(picks, [~x for x in signals], epoch=s.prompts.step_epoch, epoch_end=s.prompts.order.passes,
-                             explore_rate=s.prompts.explore_rate)  # fmt: skip
-    s.prompts.end_step(sampled=len(everything), silent=silent)
+    prompts = prompt_metrics(picks, [~x for x in signals], epoch=run.prompts.step_epoch, epoch_end=run.prompts.order.passes,
+                             explore_rate=run.prompts.explore_rate)  # fmt: skip
+    run.prompts.end_step(sampled=len(everything), silent=silent)
     return StepSample(
         groups=groups,
         keep=keep,
@@ -299,29 +299,29 @@ def _sampling(cfg, step: int, rank: int, *, batch: int, round: int, n: int) -> S
     return Sampling(n=n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
 
 
-def _sample_batch(s, step: int, j: int, m: int, batch_prompts: list[int], timer) -> Groups:
+def _sample_batch(run, step: int, j: int, m: int, batch_prompts: list[int], timer) -> Groups:
     """Generation batch ``j`` of the prompts ``batch_prompts`` (every rank's): this rank's groups
     sampled (in rounds with early stopping) and scored, then every rank's gathered."""
-    cfg, dist = s.cfg, s.dist
+    cfg, dist = run.cfg, run.dist
     n, sel = cfg.rollout.n, cfg.select
     idx = dist.shard(batch_prompts)  # this rank's block
-    prompts, examples = [s.train_prompts[i] for i in idx], [s.task.train[i] for i in idx]
-    timed = [spec.name for spec in s.rewards if s.reward_pool is not None and s.reward_pool.serves(spec.name)]
-    local = Groups.unsampled(idx, n, rank=dist.rank, batch=j, rewards=[spec.name for spec in s.rewards], timed=timed)
+    prompts, examples = [run.train_prompts[i] for i in idx], [run.task.train[i] for i in idx]
+    timed = [spec.name for spec in run.rewards if run.reward_pool is not None and run.reward_pool.serves(spec.name)]
+    local = Groups.unsampled(idx, n, rank=dist.rank, batch=j, rewards=[spec.name for spec in run.rewards], timed=timed)
     criterion = None
     if cfg.rollout.early_stop != "off":
-        criterion = stop_criterion(sel.rule, m, values=s.reward_values, filter_zero_variance=sel.filter_zero_variance)
+        criterion = stop_criterion(sel.rule, m, values=run.reward_values, filter_zero_variance=sel.filter_zero_variance)
     size = n if criterion is None else cfg.rollout.round_size or m
     running, count, round = list(range(len(idx))), 0, 0  # every running group has `count` rollouts
     while running:
         k = min(size, n - count)
         with timer("generate"):
-            out = s.engine.generate([prompts[g] for g in running], _sampling(cfg, step, dist.rank, batch=j, round=round, n=k))
+            out = run.engine.generate([prompts[g] for g in running], _sampling(cfg, step, dist.rank, batch=j, round=round, n=k))
         with timer("reward"):
-            scores = compute_rewards(out.texts, [examples[g] for g in running for _ in range(k)], s.rewards, pool=s.reward_pool)
+            scores = compute_rewards(out.texts, [examples[g] for g in running for _ in range(k)], run.rewards, pool=run.reward_pool)
             local.record(running, count, out, scores, round)
-            if criterion is not None and s.reward_values is not None:  # the criteria are exact only for declared values
-                check_values(local.reward, s.reward_values, explain=lambda stray: _explain(s, local, stray))
+            if criterion is not None and run.reward_values is not None:  # the criteria are exact only for declared values
+                check_values(local.reward, run.reward_values, explain=lambda stray: _explain(run, local, stray))
         count, round = count + k, round + 1
         if criterion is None:
             break
@@ -331,10 +331,10 @@ def _sample_batch(s, step: int, j: int, m: int, batch_prompts: list[int], timer)
         return local.gather(dist)
 
 
-def _explain(s, groups: Groups, stray: Tensor) -> str:
+def _explain(run, groups: Groups, stray: Tensor) -> str:
     """Who gave the rewards outside the declared values (``stray`` [G, n] bool), and the fix."""
-    values = torch.stack([groups.per_reward[spec.name] for spec in s.rewards], dim=-1)[stray]  # [S, F] each function's value
-    return explain_undeclared(s.rewards, values.tolist(), s.cfg.reward, s.declared)
+    values = torch.stack([groups.per_reward[spec.name] for spec in run.rewards], dim=-1)[stray]  # [S, F] each function's value
+    return explain_undeclared(run.rewards, values.tolist(), run.cfg.reward, run.declared)
 
 
 def sample_metrics(sample: StepSample, reward_names: list[str]) -> dict:
