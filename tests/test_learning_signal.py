@@ -11,6 +11,7 @@ from podsrl.config import load
 from podsrl.core.downsample import DownsampleSpec
 from podsrl.errors import ConfigError
 from podsrl.run.watch import SILENT_STEPS, RunWatch, truncation_hurts, truncation_note
+from podsrl.tasks.build import build_task
 from podsrl.train.loop import check_trainable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,11 +119,13 @@ def test_steps_without_signal_warn_once_per_streak_naming_the_cause():
 def test_the_all_zero_warning_names_the_grader_in_use_or_blames_the_reward_function(reward_file):
     """Every completion 0: with `correctness`, the grader the run uses and its rule; with a user reward alone, that function."""
     def warn(overrides):
-        watch = RunWatch(load(None, overrides))
+        cfg = load(None, overrides)
+        watch = RunWatch(cfg, build_task(cfg).grader)  # as the run's logger gets it: the task's grader
         return [n for s in range(1, SILENT_STEPS + 1) for n in watch.step(_step(s))][0]
 
     assert "task.grader = 'text'," in warn(["task.grader=text"]) and "opening or ending it" in warn(["task.grader=text"])
-    rg = warn(["task.name=reasoning_gym", "task.options.partial_credit=false"])
+    rg = warn(["task.name=reasoning_gym", "task.options.dataset=leg_counting", "task.options.num_train=4", "task.options.num_eval=2",
+               "task.options.partial_credit=false"])
     assert "task.grader = 'reasoning_gym_binary' (the task's own)" in rg and "checker" in rg
     user = warn([f"reward.names=['{reward_file}:length_reward']"])
     assert "constant" in user and "task.grader" not in user

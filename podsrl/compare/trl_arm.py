@@ -226,7 +226,7 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
         import trl
 
         rundir.write_text_atomic(path / TRAINER_FILE, json.dumps({"trainer": trainer, "trl": trl.__version__, "args": args}, indent=1) + "\n")
-        logger = RunLogger(path, cfg, start_step=state.step)
+        logger = RunLogger(path, cfg, start_step=state.step, grader=run.task.grader)
 
         def evaluate(label: str | None = None) -> None:
             run.engine.sync_weights(run.policy.model)  # the vLLM engine's copy; the transformers engine's is the model

@@ -95,7 +95,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, cfg, *, start_step: int = 0):
+    def __init__(self, run_dir: Path, cfg, *, start_step: int = 0, grader: str | None = None):
         self.run_dir = Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"  # one line per step
         _truncate_jsonl(self.metrics_path, start_step)
@@ -108,7 +108,7 @@ class RunLogger:
                         smoothing=0, bar_format=BAR_FORMAT if total else BAR_FORMAT_NO_TOTAL)  # fmt: skip
         evals = read_jsonl(self.run_dir / "eval.jsonl")  # a resumed run's last evaluation
         self.last_eval: str = _eval_text(evals[-1]["accuracy"]) if evals and isinstance(evals[-1].get("accuracy"), (int, float)) else "-"
-        self.watch = RunWatch(cfg)
+        self.watch = RunWatch(cfg, grader)  # grader: the task's, which the all-zero warning names
         self.last_metrics: dict | None = None  # the last step's, for the bar
         self.tb = self.wandb = None
         if t.tensorboard:

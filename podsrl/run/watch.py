@@ -91,6 +91,7 @@ class RunWatch:
     """Reads a run's step metrics and evaluations; returns the notes to print (see the module docstring)."""
 
     cfg: object  # podsrl.config.Config
+    grader: str | None = None  # the grader of the run's task (podsrl.tasks.build.build_task: task.grader or the task's own)
     silent: list[dict] = field(default_factory=list)  # the metrics of the current streak of steps without a signal
     told: set[str] = field(default_factory=set)  # the once-per-run notes already given
     harmless_cutoff: bool = False  # the last evaluation, at the rollouts' token limit, found most completions cut off but no answer lost
@@ -142,10 +143,10 @@ class RunWatch:
             f"podsrl: warning: steps {first}-{last} had no kept rollout with a nonzero advantage (signal_rows 0): "
             "the weights do not move (loss 0, grad_norm 0); "
         )
-        return head + _likely_cause(self.cfg, steps)
+        return head + _likely_cause(self.cfg, steps, self.grader)
 
 
-def _likely_cause(cfg, steps: list[dict]) -> str:
+def _likely_cause(cfg, steps: list[dict], grader: str | None) -> str:
     """The likeliest reason the ``steps`` had no signal, from their metrics, with the fix."""
     mean = lambda key: sum(s.get(key) or 0.0 for s in steps) / len(steps)  # noqa: E731
     constant_groups = all(s.get("zero_variance_groups") == 1 for s in steps)
@@ -166,7 +167,7 @@ def _likely_cause(cfg, steps: list[dict]) -> str:
         value = next(iter(rewards))
         scored = f"every completion scored {value if value is None else f'{value:g}'}"
         if value == 0 and "correctness" in cfg.reward.names:
-            causes.append(f"{scored}: {_grader_cause(cfg)}")
+            causes.append(f"{scored}: {_grader_cause(cfg, grader or 'auto')}")
         else:
             causes.append(
                 f"{scored}: a reward function that returns a constant (check reward.names on a few completions), "
@@ -180,16 +181,10 @@ def _likely_cause(cfg, steps: list[dict]) -> str:
     return "likely cause: " + "; or ".join(causes)
 
 
-def _grader_cause(cfg) -> str:
-    """Why the built-in correctness reward gave every completion 0: its grader, named with its rule."""
+def _grader_cause(cfg, grader: str) -> str:
+    """Why the built-in correctness reward gave every completion 0: its ``grader``, named with its rule."""
     from podsrl.grading.graders import RULES
 
-    grader = cfg.task.grader
-    if grader is None:  # the task's own (podsrl.tasks: reasoning_gym's checker, the others auto)
-        if cfg.task.name == "reasoning_gym":
-            grader = "reasoning_gym" if cfg.task.options.get("partial_credit", True) else "reasoning_gym_binary"
-        else:
-            grader = "auto"
     named = f"task.grader = {grader!r}" + ("" if cfg.task.grader else " (the task's own)")
     rule = RULES.get(grader, "your function's grade is 1.0")
     return (

@@ -502,7 +502,7 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
         log(f"podsrl: warning: {run.grading_note}")
     if (note := repeats_warning(len(run.task.train), cfg)) is not None:
         log(f"podsrl: warning: {note}")
-    logger = RunLogger(run_dir, cfg, start_step=state.step) if dist.is_main else NullLogger()
+    logger = RunLogger(run_dir, cfg, start_step=state.step, grader=run.task.grader) if dist.is_main else NullLogger()
     save = lambda on_failure="stop": ckpt.save(  # noqa: E731
         run_dir, model, optimizer, scheduler, state, policy=ckpt.SavePolicy(cfg.train.keep_checkpoints, on_failure, log), dist=dist
     )
