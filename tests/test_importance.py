@@ -526,8 +526,9 @@ def test_a_zero_gap_is_a_no_op(tiny_policy, micro_batch_size):
 @pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
 def test_a_step_without_signal_still_logs_the_gap(tiny_policy, mode):
     """Every advantage 0: no row runs the update, and the sampler gap and the correction's metrics are
-    still logged, over every kept row (a forward without gradients), equal to the formula's; the
-    weights move as they would without the engine's log-probs (AdamW's decay on a zero gradient)."""
+    still logged, over a sample of the kept rows (update.measured_rows: rows 0, 2, 4, 6 of 10, a
+    forward without gradients), equal to the formula's; the weights move as they would without the
+    engine's log-probs (AdamW's decay on a zero gradient)."""
     model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, zeros=list(range(10)))
     own = _own_logprobs(model, batch)
     sampler = _gapped_sampler(own, 0.3)
@@ -536,6 +537,9 @@ def test_a_step_without_signal_still_logs_the_gap(tiny_policy, mode):
     plain_after, _, plain = _step(model, batch, importance=settings, micro_batch_size=4)
     assert stats.rows_run == 0 and all(torch.equal(a, b) for a, b in zip(weights_after, plain_after))
     assert plain.sampler_kl is None and plain.is_ess is None  # no engine log-probs: nothing to log
+    sample = update_module.measured_rows(len(own))
+    assert sample == [0, 2, 4, 6]
+    own, sampler = [own[i] for i in sample], [sampler[i] for i in sample]
     d = torch.cat([(o - q).double() for o, q in zip(own, sampler)])
     ratios = torch.cat([_hand_ratio((o - q).double(), settings.level) for o, q in zip(own, sampler)])
     w = torch.tensor([float(x.mean()) for x in _hand_weights(own, sampler, settings)], dtype=torch.float64)
@@ -548,6 +552,17 @@ def test_a_step_without_signal_still_logs_the_gap(tiny_policy, mode):
     assert stats.is_ess == pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=1e-4)
     assert {"sampler_kl", "is_ratio_mean", "is_ess", "is_weight_mean"} <= stats.metrics().keys()
     assert stats.entropy > 0  # the rows had a forward
+
+
+@pytest.mark.parametrize("kept", [1, 3, 4, 10, 64, 512])
+def test_a_step_without_signal_measures_a_bounded_sample(kept):
+    """The rows a step without a signal measures: at most MEASURE_ROWS, distinct, from several groups
+    (evenly spaced), whatever the kept rows; the skipped update stays the saving of such a step."""
+    rows = update_module.measured_rows(kept)
+    assert len(rows) == min(kept, update_module.MEASURE_ROWS) and len(set(rows)) == len(rows)
+    assert all(0 <= r < kept for r in rows) and rows == sorted(rows)
+    if kept >= 2 * update_module.MEASURE_ROWS:
+        assert rows[-1] >= kept // 2  # spread over the batch, not its first group
 
 
 def test_rows_of_advantage_zero_stay_neutral(tiny_policy):
