@@ -490,8 +490,9 @@ def test_update_equals_the_hand_weighted_loss(tiny_policy, token_gradient_norms,
     assert stats.is_ratio_max == pytest.approx(float(ratios.max()), rel=rtol)
     assert stats.is_clip_frac == pytest.approx(float(((ratios > high) | (ratios < low)).double().mean()))
     w = torch.tensor([float(weights[i].mean()) for i in ran], dtype=torch.float64)  # each sequence's weight
-    assert stats.is_weight_mean == pytest.approx(float(w.mean()), rel=1e-5)
-    assert stats.is_ess == (pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=1e-5) if w.any() else 0.0)
+    # The weights come from ratios within rtol of the hand ones (above); the ESS, a ratio of their sums, within 3 rtol.
+    assert stats.is_weight_mean == pytest.approx(float(w.mean()), rel=rtol)
+    assert stats.is_ess == (pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=3 * rtol) if w.any() else 0.0)
     assert {"is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess"} <= stats.metrics().keys()
 
 
@@ -526,7 +527,7 @@ def test_a_zero_gap_is_a_no_op(tiny_policy, micro_batch_size):
 @pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
 def test_a_step_without_signal_still_logs_the_gap(tiny_policy, mode):
     """Every advantage 0: no row runs the update, and the sampler gap and the correction's metrics are
-    still logged, over a sample of the kept rows (update.measured_rows: rows 0, 2, 4, 6 of 10, a
+    still logged, over a sample of the kept rows (update.measured_rows: rows 0, 2, 5, 7 of 10, a
     forward without gradients), equal to the formula's; the weights move as they would without the
     engine's log-probs (AdamW's decay on a zero gradient)."""
     model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, zeros=list(range(10)))
@@ -538,31 +539,33 @@ def test_a_step_without_signal_still_logs_the_gap(tiny_policy, mode):
     assert stats.rows_run == 0 and all(torch.equal(a, b) for a, b in zip(weights_after, plain_after))
     assert plain.sampler_kl is None and plain.is_ess is None  # no engine log-probs: nothing to log
     sample = update_module.measured_rows(len(own))
-    assert sample == [0, 2, 4, 6]
+    assert sample == [0, 2, 5, 7]
     own, sampler = [own[i] for i in sample], [sampler[i] for i in sample]
     d = torch.cat([(o - q).double() for o, q in zip(own, sampler)])
     ratios = torch.cat([_hand_ratio((o - q).double(), settings.level) for o, q in zip(own, sampler)])
     w = torch.tensor([float(x.mean()) for x in _hand_weights(own, sampler, settings)], dtype=torch.float64)
-    # Float noise only: the update's forward packs 4 rows, _own_logprobs one (a few float32 ulps of a log-prob).
-    assert stats.sampler_logp_diff == pytest.approx(float(d.abs().mean()), rel=1e-4)
-    assert stats.sampler_kl == pytest.approx(float((d.exp() - 1 - d).mean()), rel=1e-4)
-    assert stats.is_ratio_mean == pytest.approx(float(ratios.mean()), rel=1e-4)
+    # Float noise only: the update's forward packs rows, _own_logprobs one: each log-prob within atol,
+    # so |d| and d's KL term (slope |e^d - 1| < 1 here) within atol, each ratio within rtol (float_bounds.py).
+    atol, rtol = _logprob_atol(model, own), _ratio_rtol(model, own, settings.level)
+    assert stats.sampler_logp_diff == pytest.approx(float(d.abs().mean()), abs=atol)
+    assert stats.sampler_kl == pytest.approx(float((d.exp() - 1 - d).mean()), abs=atol)
+    assert stats.is_ratio_mean == pytest.approx(float(ratios.mean()), rel=rtol)
     assert stats.is_clip_frac == pytest.approx(float(((ratios > 1.5) | (ratios < 0.7)).double().mean()))
-    assert stats.is_weight_mean == pytest.approx(float(w.mean()), rel=1e-4)
-    assert stats.is_ess == pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=1e-4)
+    assert stats.is_weight_mean == pytest.approx(float(w.mean()), rel=rtol)
+    assert stats.is_ess == pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=3 * rtol)
     assert {"sampler_kl", "is_ratio_mean", "is_ess", "is_weight_mean"} <= stats.metrics().keys()
     assert stats.entropy > 0  # the rows had a forward
 
 
-@pytest.mark.parametrize("kept", [1, 3, 4, 10, 64, 512])
+@pytest.mark.parametrize("kept", [1, 3, 4, 5, 7, 10, 15, 64, 512])
 def test_a_step_without_signal_measures_a_bounded_sample(kept):
     """The rows a step without a signal measures: at most MEASURE_ROWS, distinct, from several groups
     (evenly spaced), whatever the kept rows; the skipped update stays the saving of such a step."""
     rows = update_module.measured_rows(kept)
     assert len(rows) == min(kept, update_module.MEASURE_ROWS) and len(set(rows)) == len(rows)
     assert all(0 <= r < kept for r in rows) and rows == sorted(rows)
-    if kept >= 2 * update_module.MEASURE_ROWS:
-        assert rows[-1] >= kept // 2  # spread over the batch, not its first group
+    m = len(rows)  # spread over the batch, not its first group: steps of kept // m, the last in the last m-th
+    assert all(b - a >= kept // m for a, b in zip(rows, rows[1:])) and rows[-1] >= (m - 1) * kept // m
 
 
 def test_rows_of_advantage_zero_stay_neutral(tiny_policy):

@@ -75,8 +75,9 @@ rank's kept rows, evenly spaced (:func:`measured_rows`), all their completion to
 without gradients before the optimizer step (:func:`_measure_pass`; ``entropy`` covers those rows
 too). A sample, not every kept row: the skipped update is the saving of such a step, and a forward
 of every kept row cost more than it (time/update 1.55 s against 0.23 s in GRPO(4)'s steps without a
-signal, B = 8, SmolLM2-135M on this project's CPU: results/compare-vs-trl's withdrawn first run
-against results/compare-sampler's grpo seed 0).
+signal, B = 8, SmolLM2-135M on this project's CPU: the medians of
+``git show 8681803:results/compare-vs-trl/runs/grpo_n4/seed0/metrics.jsonl``, a run withdrawn for
+it, against results/compare-sampler/runs/grpo/seed0/metrics.jsonl).
 ``sequences`` and ``tokens_total`` count every kept row, run or not; ``tokens_kept`` counts the
 tokens in the policy-gradient term: every completion token without token selection, the selected
 ones (of rows with A_i != 0 only) with it.
@@ -441,7 +442,8 @@ MEASURE_ROWS = 4  # the kept rows (of a rank) whose gap a step without a signal 
 def measured_rows(kept: int) -> list[int]:
     """The indices of the at most :data:`MEASURE_ROWS` of ``kept`` rows (group-major) whose sampler gap
     a step where no row runs measures: evenly spaced, so that they come from several groups."""
-    return list(range(0, kept, max(1, kept // MEASURE_ROWS)))[:MEASURE_ROWS]
+    m = min(MEASURE_ROWS, kept)
+    return [i * kept // m for i in range(m)]
 
 
 @torch.no_grad()
