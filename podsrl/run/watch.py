@@ -24,12 +24,14 @@
 - **A correction that weighs the batch down.** When a step's ``is_ess`` (the importance
   correction's effective sample size, a share of the step's sequences:
   :class:`podsrl.core.importance.ImportanceMetrics`) falls below :data:`ESS_BOUND`, once per run.
-  The bound is 0.5 because below it the weighted step's gradient has the variance of fewer than
-  half its sequences equally weighted (Kish's effective sample size; the N/2 at which sequential
-  Monte Carlo resamples): more than the cheaper sampler saves (a bfloat16 sampler step takes
-  0.58-0.70x the float32 one's time, docs/vllm.md), so the correction costs more than it is worth.
-  The default ``sequence_mask`` falls there on long completions (its ratio is a product over the
-  tokens; docs/vllm.md, "Long completions"); the message names the mode and the alternatives.
+  The bound 0.5 is a heuristic: below it the weighted step's gradient has the variance of fewer
+  than half its sequences equally weighted (Kish's effective sample size; the N/2 at which
+  sequential Monte Carlo resamples). Whether that costs more than the cheaper sampler saves (a
+  bfloat16 sampler step takes 0.58-0.70x the float32 one's time, docs/vllm.md) is not measured.
+  The default ``sequence_mask`` falls with the completion's length (its ratio is a product over
+  the tokens): 0.66 at 512 tokens on GSM8K at this CPU's gap (docs/vllm.md, "Long completions"),
+  below 0.5 at larger gaps (issue 59's simulation at KL 0.009-0.015 a token); the message names
+  the mode and the alternatives.
 
 :class:`RunWatch` reads the metrics a step logs and the evaluation results (rank 0's
 :class:`podsrl.run.metrics.RunLogger` feeds it) and returns the lines to print; it prints nothing
