@@ -26,10 +26,11 @@ Prompt. The dataset's question (which says what form the answer takes: "a comma-
 reasoning-gym's convention, "Give your final answer between <answer> and </answer> tags.", and no
 system prompt; with ``"plain"``, "Give only the final answer." and the system prompt "Answer with
 only the final answer." (a small model that cannot keep to tags). Either way the answer scored is
-the last `<answer>` tag's content if there is one, else the answer podsrl extracts: the final number
-when the reference is a number ("The GCD of 50 and 46 is 2." scores "2"), else the last line's
-answer ("The answer is: olleh." scores "olleh"), the whole completion for a reference of several
-lines (:func:`podsrl.grading.reasoning_gym.extract`).
+the answer podsrl extracts, from the last `<answer>` tag's content if there is one (read as an
+untagged answer is): the marked number ("the answer is"), else the final one, when the reference
+is a number ("The GCD of 50 and 46 is 2." scores "2"), else the last line's answer ("The answer
+is: olleh." scores "olleh"), the whole completion for a reference of several lines
+(:func:`podsrl.grading.reasoning_gym.extract`).
 
 Grading. The task's grader is the dataset's own `score_answer` (:mod:`podsrl.grading.reasoning_gym`),
 so the `correctness` reward is that score, partial credit included (``partial_credit = false``: 1.0
@@ -61,8 +62,9 @@ OPTION_HELP = {
     "num_eval": "held-out problems, from an evaluation seed; one whose question is a training question is skipped",
     "seed": "the draw of both splits (none given: train.seed)",
     "answer_format": "'tags': ask for the answer between <answer> and </answer> (reasoning-gym's convention) | 'plain': ask "
-                     "for the answer alone; either way the last tag's content is scored, else the final number (a numeric "
-                     "reference) or the last line's answer ('The answer is: X.' scores X)",
+                     "for the answer alone; either way the answer is read from the last tag's content if there is one, else the whole completion, "
+                     "as an untagged answer: the marked or final number (a numeric reference) or the last line's answer "
+                     "('The answer is: X.' scores X)",
     "partial_credit": "true: the reward is the dataset's score_answer, partial credit included (held-out accuracy counts full "
                       "credit) | false: 1.0 for full credit, else 0.0 (declared values for every dataset: exact early stopping)",
 }  # fmt: skip
