@@ -220,12 +220,13 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
             state.step, state.train_seconds = clock["step"], clock["train_seconds"]
             state.last_eval_seconds, state.eval_seconds = clock["last_eval_seconds"], clock["eval_seconds"]
             log(f"podsrl: resuming the TRL run {path} from {checkpoint.name} ({state.train_seconds:.0f} s of training)")
-        claim.write_config(cfg, step=state.step, log=log)
         device = next(run.policy.model.parameters()).device.type
         args = grpo_config(cfg, trainer, path / TRL_DIR, device=device)
         import trl
 
+        # trainer.json before config.toml: a directory with a config names its trainer, even if the run dies between the two
         rundir.write_text_atomic(path / TRAINER_FILE, json.dumps({"trainer": trainer, "trl": trl.__version__, "args": args}, indent=1) + "\n")
+        claim.write_config(cfg, step=state.step, log=log)
         logger = RunLogger(path, cfg, start_step=state.step, grader=run.task.grader)
 
         def evaluate(label: str | None = None) -> None:
