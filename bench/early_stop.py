@@ -62,15 +62,15 @@ def main() -> None:
         data.setdefault(section, {})[name] = value
     exact = from_dict(data)
     fixed = dataclasses.replace(exact, rollout=dataclasses.replace(exact.rollout, early_stop="off"))
-    s = trainer.setup(exact)
+    run = trainer.setup(exact)
     try:
         totals = {name: dict(rollouts=0, seconds=0.0, correct=0.0) for name in ("fixed", "exact")}
         for step in range(args.steps):
             state = ckpt.TrainState(step=step)
             for name in (("fixed", "exact") if step % 2 == 0 else ("exact", "fixed")):
-                s.cfg = fixed if name == "fixed" else exact
+                run.cfg = fixed if name == "fixed" else exact
                 timer = trainer._Timer()
-                sample = sample_step(s, step, trainer.progress(s.cfg, state), timer)
+                sample = sample_step(run, step, trainer.progress(run.cfg, state), timer)
                 rewards = sample.groups.reward  # [B, n], NaN: not sampled
                 sampled = ~rewards.isnan()
                 t = totals[name]
@@ -80,7 +80,7 @@ def main() -> None:
                 print(f"step {step}: {name:>5} {int(sampled.sum()):4d} rollouts in {timer.seconds['generate']:6.2f} s "
                       f"({sample.rounds} round(s)), accuracy {float(rewards[sampled].mean()):.2f}", flush=True)  # fmt: skip
     finally:
-        s.close()
+        run.close()
     for name, t in totals.items():
         print(f"{name:>6}: {t['rollouts']} rollouts, {t['seconds']:.1f} s of generation, accuracy {t['correct'] / max(t['rollouts'], 1):.3f}")
     r = totals["exact"]["rollouts"] / totals["fixed"]["rollouts"]

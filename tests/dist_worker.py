@@ -196,14 +196,14 @@ def main(spec_path: str) -> None:
     for name, case in spec["cases"].items():
         cfg = from_dict(tiny_config_dict(Path(spec["model"]), Path(spec["reward"].split(":")[0]), **case["overrides"]))
         dist = distributed.init(cfg)  # the process group is made once and reused
-        s = trainer.setup(cfg, dist)
+        run = trainer.setup(cfg, dist)
         B, world = cfg.train.prompts_per_step, dist.world
         uniform_from = 0 if case.get("uniform_all") else B // 2 if case.get("uniform_second_half") else None
-        s.engine = FixedEngine(s.policy.tokenizer, offset=dist.rank * (B // world), uniform_from=uniform_from)
-        model = s.policy.model
+        run.engine = FixedEngine(run.policy.tokenizer, offset=dist.rank * (B // world), uniform_from=uniform_from)
+        model = run.policy.model
         model.train()
         optimizer, scheduler = trainer.make_optimizer(cfg, model)
-        metrics = trainer.train_step(s, model, optimizer, scheduler, ckpt.TrainState())
+        metrics = trainer.train_step(run, model, optimizer, scheduler, ckpt.TrainState())
         weights = ckpt.full_weights(model, dist)
         if dist.is_main:
             tag = f"{name}-w{world}"

@@ -1042,7 +1042,7 @@ def test_a_screening_report_gives_accuracy_before_and_after_and_the_silent_start
     # What one answer to every held-out problem scores: the most common reference among those scored.
     from collections import Counter
 
-    from podsrl.train.loop import build_task
+    from podsrl.tasks.build import build_task
 
     cfg = plan.config("one_digit", 0)
     answers = [ex.answer for ex in build_task(cfg).eval[: cfg.eval.max_problems]]

@@ -195,7 +195,7 @@ def test_user_reward_names_are_not_rejected_by_the_config():
 
 
 def test_missing_gsm8k_directory_is_a_config_error():
-    from podsrl.train.loop import build_task
+    from podsrl.tasks.build import build_task
 
     # The arithmetic demo's options must not leak into another task's options.
     cfg = load(None, ["task.name=gsm8k", "task.options.path=/nonexistent/gsm8k"])

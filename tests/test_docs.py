@@ -856,7 +856,8 @@ def recipe_prompts(block: Block, ws: Path, tokenizer) -> tuple[list[list[int]], 
         ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
         return ids, {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k or 0}
     from podsrl import config
-    from podsrl.train.loop import build_task, prompt_ids
+    from podsrl.tasks.build import build_task
+    from podsrl.train.loop import prompt_ids
 
     for earlier in ALL[block.page][0]:  # the page's files before it (mytask.jsonl, my_rewards.py)
         if earlier.kind == "file" and earlier.line < block.line:

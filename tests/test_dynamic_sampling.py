@@ -157,17 +157,17 @@ def _dynamic(make_config, reward_spec, **overrides):
 
 
 def _steps(cfg, steps: int) -> list[dict]:
-    s = trainer.setup(cfg)
-    model = s.policy.model
+    run = trainer.setup(cfg)
+    model = run.policy.model
     model.train()
     optimizer, scheduler = trainer.make_optimizer(cfg, model)
     state, rows = ckpt.TrainState(), []
     try:
         for _ in range(steps):
-            rows.append(trainer.train_step(s, model, optimizer, scheduler, state))
+            rows.append(trainer.train_step(run, model, optimizer, scheduler, state))
             state.step += 1
     finally:
-        s.close()
+        run.close()
     return rows
 
 
@@ -194,9 +194,9 @@ def test_the_cap_trains_on_what_it_has_and_warns_once(make_config, reward_spec, 
     reward.write_text(CONSTANT)
     logs: list[str] = []
     cfg = _dynamic(make_config, reward_spec, **{"reward.names": [f"{reward}:constant"], "rollout.max_gen_batches": 2, "train.max_steps": 2})
-    s = trainer.setup(cfg)
-    before = {k: v.clone() for k, v in s.policy.model.state_dict().items()}
-    s.close()
+    setup = trainer.setup(cfg)
+    before = {k: v.clone() for k, v in setup.policy.model.state_dict().items()}
+    setup.close()
     run = trainer.train(cfg, run_dir=tmp_path / "run", log=logs.append)
     rows = read_jsonl(run / "metrics.jsonl")
     assert [(r["gen_batches"], r["prompts_sampled"], r["groups_with_signal"], r["kept"]) for r in rows] == [(2, 8, 0, 0)] * 2

@@ -440,12 +440,12 @@ def test_the_export_decodes_the_runs_prompts_as_its_checkpoint(full_run, lora_ru
     run = full_run if which == "full" else lora_run
     completions = []
     for cfg in (export.run_config(run), export.eval_config(str(run / "model"), None, [])):
-        s = trainer.setup(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, device="cpu")))
+        setup = trainer.setup(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, device="cpu")))
         if cfg.model.name != str(run / "model"):
-            ckpt.load_newest(run, s.policy.model)
-        s.policy.model.eval()
-        ro = s.engine.generate(s.eval_prompts, Sampling(n=1, temperature=0.0, top_p=1.0, max_new_tokens=12, seed=0))
-        completions.append((s.eval_prompts, ro.completion_ids))
+            ckpt.load_newest(run, setup.policy.model)
+        setup.policy.model.eval()
+        ro = setup.engine.generate(setup.eval_prompts, Sampling(n=1, temperature=0.0, top_p=1.0, max_new_tokens=12, seed=0))
+        completions.append((setup.eval_prompts, ro.completion_ids))
     assert completions[0] == completions[1]
 
 

@@ -156,7 +156,7 @@ def test_partial_credit_is_not_a_right_answer_for_held_out_accuracy(write_module
 
 def test_task_grader_from_the_config(tmp_path, write_module):
     from podsrl.config import load
-    from podsrl.train.loop import build_task
+    from podsrl.tasks.build import build_task
 
     path = tmp_path / "words.jsonl"
     path.write_text("".join(json.dumps({"question": "q", "answer": w}) + "\n" for w in WORDS))

@@ -408,7 +408,7 @@ def test_each_tasks_default_prompt_agrees_with_its_instruction(name, tmp_path):
     """The config's default system prompt ("Answer with only the final number.", made for the
     arithmetic demo) replaced every task's, contradicting jsonl's "Think step by step"."""
     from podsrl.config import load
-    from podsrl.train.loop import build_task
+    from podsrl.tasks.build import build_task
 
     data = _write_jsonl(tmp_path / "data.jsonl", [{"question": "q", "problem": "q", "answer": "1"}] * 4)
     options = {"arithmetic": [], "gsm8k": [f"task.options.path={GSM8K_DIR}", "task.options.num_train=2", "task.options.num_eval=2"],

@@ -45,13 +45,13 @@ def _params(model) -> dict[str, torch.Tensor]:
 
 
 def _one_step(cfg):
-    s = trainer.setup(cfg)
-    model = s.policy.model
+    run = trainer.setup(cfg)
+    model = run.policy.model
     model.train()
     optimizer, scheduler = trainer.make_optimizer(cfg, model)
     before = _params(model)
-    metrics = trainer.train_step(s, model, optimizer, scheduler, ckpt.TrainState())
-    return s, model, optimizer, before, metrics
+    metrics = trainer.train_step(run, model, optimizer, scheduler, ckpt.TrainState())
+    return run, model, optimizer, before, metrics
 
 
 # ------------------------------------------------------------------------------------ one step

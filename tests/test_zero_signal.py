@@ -245,18 +245,18 @@ def test_training_steps_give_the_same_weights_with_and_without_skipping(make_con
     for skip in (False, True):
         cfg = make_config(**{"optim.skip_zero_advantage": skip, "select.rule": "all", "select.m": None, "train.prompts_per_step": 4,
                              "reward.names": [reward_spec("half_silent_reward")]})  # fmt: skip
-        s = trainer.setup(cfg)
-        model = s.policy.model
+        run = trainer.setup(cfg)
+        model = run.policy.model
         model.train()
         optimizer, scheduler = trainer.make_optimizer(cfg, model)
         state = ckpt.TrainState()
         ran = 0
         for _ in range(3):
-            metrics = trainer.train_step(s, model, optimizer, scheduler, state)
+            metrics = trainer.train_step(run, model, optimizer, scheduler, state)
             state.step += 1
             ran += metrics["rows_run"]
             assert metrics["rows_run"] <= metrics["kept"]
-        s.close()
+        run.close()
         weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
         rows.append(ran)
     for name, want in weights[0].items():

@@ -73,7 +73,7 @@ from functools import lru_cache
 from podsrl.errors import ConfigError
 from podsrl.grading import equivalence
 from podsrl.grading.answers import (
-    NUMBER_WORDS, SURROUNDING, answer_text, answers_match, extract_answer, final_sentence, last_boxed, last_tag, number_value,
+    NUMBER_WORDS, SURROUNDING, answer_text, extract_answer, final_sentence, last_boxed, last_tag, number_value,
     parse_number,
 )  # fmt: skip
 from podsrl.tasks.types import Example
