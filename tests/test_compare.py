@@ -146,6 +146,57 @@ def test_report_peak_time_to_target_speedup_and_never(tmp_path):
     assert curve[4].split() == ["pods", "2", "20.0", "80.0", "85.0", "87.5"]
 
 
+def test_more_targets_time_every_method_to_another_methods_peak_or_final_accuracy(tmp_path):
+    targets = [{"method": "pods"}, {"method": "never", "of": "final"}, {"method": "never", "of": "final", "fraction": 0.5}]
+    plan = _plan(tmp_path, extra={"targets": targets})
+    assert [t.label for t in plan.targets] == ["99% of pods's peak", "never's final accuracy", "50% of never's final accuracy"]
+    out = tmp_path / "out"
+    _write_run(out, plan, "grpo", 0, [(0, 0.2), (100, 0.5), (200, 0.8), (300, 0.7)])  # mean 0.2, 0.55, 0.7, 0.8
+    _write_run(out, plan, "grpo", 1, [(0, 0.2), (102, 0.6), (204, 0.6), (306, 0.9)])
+    _write_run(out, plan, "pods", 0, [(0, 0.2), (100, 0.79), (200, 0.85), (300, 0.8)])  # mean 0.2, 0.8, 0.85, 0.875
+    _write_run(out, plan, "pods", 1, [(0, 0.2), (102, 0.81), (204, 0.85), (306, 0.95)])
+    _write_run(out, plan, "never", 0, [(0, 0.2), (100, 0.3), (200, 0.5), (300, 0.4)])  # mean 0.2, 0.3, 0.5, 0.4
+    _write_run(out, plan, "never", 1, [(0, 0.2), (100, 0.3), (200, 0.5), (300, 0.4)])
+    report = compare.build_report(plan, out)
+    peak, final, half = report["targets"]
+    # 99% of PODS's peak 0.875: only PODS gets there (303 s), its own time is the reference.
+    assert peak["target_accuracy"] == pytest.approx(0.99 * 0.875) and peak["level"] == pytest.approx(0.875)
+    assert peak["methods"]["pods"]["time_to_target_seconds"] == pytest.approx(303)
+    assert peak["methods"]["pods"]["speedup"] == pytest.approx(1.0) and peak["methods"]["pods"]["steps_to_target"] == 30
+    assert peak["methods"]["grpo"]["time_to_target_seconds"] is None and peak["methods"]["grpo"]["time_ratio"] is None
+    # never's accuracy at the budget, 0.4: never itself reaches it at 200 s, GRPO and PODS at 101 s (2x, half its time).
+    assert final["target_accuracy"] == pytest.approx(0.4) and final["methods"]["never"]["time_to_target_seconds"] == 200
+    assert final["methods"]["grpo"]["speedup"] == pytest.approx(200 / 101)
+    assert final["methods"]["grpo"]["time_ratio"] == pytest.approx(101 / 200)
+    assert final["methods"]["pods"]["time_to_target_seconds_per_seed"] == [100, 102]
+    # Half of it (0.2) is met before training by everyone: time 0, no speedup.
+    assert half["methods"]["grpo"]["time_to_target_seconds"] == 0 and half["methods"]["grpo"]["speedup"] is None
+    table = compare.format_table(report)
+    assert "min to 99% of pods's peak (86.6%)" in table and "min to never's final accuracy (40.0%)" in table
+    assert "1.7 (0.51x its time)" in table  # GRPO to never's final: 101 s, 0.505 of never's 200 s
+    assert report["definitions"]["targets"]
+    # The baseline's target and table are unchanged by the extra ones.
+    assert report["target_accuracy"] == pytest.approx(0.792)
+
+
+@pytest.mark.parametrize("targets, message", [
+    ("grpo", "compare.targets: must be a list of tables"),
+    ([{"of": "peak"}], r"compare.targets\[0\]: must be a table with a method"),
+    ([{"method": "gpro"}], r"compare.targets\[0\].method: 'gpro' is not a method; methods: grpo, pods, never"),
+    ([{"method": "grpo", "at": "final"}], r"compare.targets\[0\].at: unknown; a target has fraction, method, of"),
+    ([{"method": "grpo", "of": "last"}], r"compare.targets\[0\].of: 'last'; valid: 'peak'"),
+    ([{"method": "grpo", "fraction": 1.5}], r"compare.targets\[0\].fraction: must be in \(0, 1\], got 1.5"),
+])
+def test_bad_targets_are_config_errors_naming_the_entry(tmp_path, targets, message):
+    with pytest.raises(ConfigError, match=message):
+        compare.load_plan(_write_plan_file(tmp_path, targets=targets))
+
+
+def test_a_screening_refuses_targets(tmp_path):
+    with pytest.raises(ConfigError, match="compare.targets: a screening"):
+        compare.load_plan(_write_plan_file(tmp_path, screening=True, targets=[{"method": "grpo"}]))
+
+
 def test_accuracy_by_evaluation_needs_the_same_points_in_every_method(tmp_path):
     """A method with fewer evaluations than another: no per-evaluation table (the figure shows the
     curves); the same with evaluations every k steps prints the steps."""

@@ -19,6 +19,7 @@ and two robust summaries (AUC, final accuracy) over seeds and paired against the
     seeds_per_method = { pods_max_variance = 5 }   # optional: other counts for some methods
     baseline = "grpo"           # the method whose peak sets the target (default "grpo")
     target_fraction = 0.99      # the target is this fraction of the baseline's peak
+    targets = [{ method = "pods_max_variance" }]   # optional: more targets (below)
     [compare.methods]
     grpo = { "select.rule" = "all", "rollout.n" = 4, "select.m" = 4 }
     pods_max_variance = { "select.rule" = "max_variance", "rollout.n" = 16, "select.m" = 4 }
@@ -95,6 +96,12 @@ Choices made where the paper is silent (it reports one run per method):
   target, not interpolated between evaluations (the paper reads evaluation points). None if never
   reached. When the untrained model (step 0) already meets the target, no speed-up is measurable:
   the speedup is None with a note.
+- **More targets** (``targets``, optional): a list of tables ``{ method = NAME, of = "peak" |
+  "final", fraction = F }``, each another accuracy every method is timed to the same way: F (default
+  ``target_fraction`` for a peak, 1 for ``"final"``) x NAME's seed-mean peak or its seed-mean
+  accuracy at the budget. Per method: step and time to it, and its time as a fraction of NAME's own
+  (compare.json ``targets``; the table "more targets"), e.g. "how soon does each arm reach TRL's
+  10-minute accuracy" is ``{ method = "trl_grpo_n8", of = "final" }``.
 - **Robust summaries** (the threshold rule is fragile on a flat plateau: one evaluation a little
   above or below 99% of the peak moves the step to target by a whole evaluation interval). Per
   seed, the **AUC**, the area under the accuracy-vs-step curve, is the mean held-out accuracy over

@@ -15,7 +15,7 @@ over the file's plan) or both, ``--seeds 3,grpo=5``. Seed index k is the same tr
 A screening (``[compare] screening = true``): the methods are tasks, not training methods on one
 task. Each method may then set ``task.*`` (its own task, e.g. one reasoning-gym dataset each), which
 a comparison refuses; everything else shared stays shared (rewards, evaluation, budget, seed). With
-no common task there is no baseline and no target (``baseline`` and ``target_fraction`` are refused):
+no common task there is no baseline and no target (``baseline``, ``target_fraction`` and ``targets`` are refused):
 the report gives each method's own accuracy before and after training and the signal it trained on
 (:mod:`podsrl.compare.report`). It exists to choose a task on which a comparison has room to show
 something, before the comparison.
@@ -66,7 +66,9 @@ DEFAULT_COMPARE: dict[str, Any] = {
 # What a method may not override: the comparison's shared ground.
 _SHARED_PREFIXES = ("task.", "reward.", "eval.", "train.seed", "train.max_seconds", "train.max_steps")
 _PER_METHOD_IN_SCREENING = ("task.",)  # what a screening's methods may set (the module docstring)
-_COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "methods", "screening"}
+_COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "targets", "methods", "screening"}
+_TARGET_KEYS = {"method", "of", "fraction"}
+_TARGET_LEVELS = ("peak", "final")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,22 @@ class Method:
     name: str
     overrides: dict[str, Any]  # dotted setting -> value, applied over the base
     trainer: str = PODSRL  # "podsrl", or a TRL arm: "trl" (GRPOTrainer), "trl-pods" (PODSTrainer): podsrl.compare.trl_arm
+
+
+@dataclass(frozen=True)
+class Target:
+    """One more accuracy to time every method to (``compare.targets``), beside the baseline's: ``fraction``
+    x ``method``'s seed-mean peak (``of = "peak"``) or its seed-mean accuracy at the budget (``"final"``)."""
+
+    method: str
+    of: str = "peak"
+    fraction: float = 0.99
+
+    @property
+    def label(self) -> str:
+        """"99% of grpo_n8's peak", "trl_grpo_n8's final accuracy"."""
+        what = "peak" if self.of == "peak" else "final accuracy"
+        return f"{self.method}'s {what}" if self.fraction == 1 else f"{100 * self.fraction:g}% of {self.method}'s {what}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,7 @@ class Plan:
     target_fraction: float = 0.99
     seeds_per_method: dict[str, int] = field(default_factory=dict)  # method -> its own seed count
     screening: bool = False  # each method its own task, no baseline (the module docstring); baseline: the first method
+    targets: tuple[Target, ...] = ()  # more accuracies every method is timed to (compare.targets), after the baseline's
     configs: dict[tuple[str, int], Config] = field(default_factory=dict, repr=False)
 
     def n_seeds(self, method: str) -> int:
@@ -123,11 +142,13 @@ def load_plan(
     baseline = next(iter(all_methods)) if screening else table.get("baseline", "grpo")
     if baseline not in all_methods:
         raise ConfigError(f"compare.baseline: {baseline!r} is not a method; methods: {', '.join(all_methods)}")
+    targets = _targets(table, all_methods, fraction)
     n_seeds, per_method = _seed_plan(table, seeds, all_methods)
     chosen = _chosen(methods, all_methods)
     _check_base(data)
     plan = Plan(base=data, methods=[all_methods[m] for m in chosen], all_methods=all_methods, seeds=n_seeds,
-                baseline=baseline, target_fraction=fraction, seeds_per_method=per_method, screening=screening)  # fmt: skip
+                baseline=baseline, target_fraction=fraction, seeds_per_method=per_method, screening=screening,
+                targets=targets)  # fmt: skip
     for method in all_methods.values():  # every method, chosen or not: a typo fails now
         plan.config(method.name, 0)
     return plan
@@ -148,14 +169,14 @@ def _read_file(path: Path) -> dict[str, Any]:
 def _check_compare_table(table: Any) -> bool:
     """Check [compare]'s keys and a screening's; returns whether it is a screening."""
     if not isinstance(table, dict):
-        raise ConfigError("[compare] must be a table with seeds, seeds_per_method, baseline, target_fraction and methods")
+        raise ConfigError("[compare] must be a table with seeds, seeds_per_method, baseline, target_fraction, targets and methods")
     unknown = set(table) - _COMPARE_KEYS
     if unknown:
         raise ConfigError(f"unknown setting compare.{sorted(unknown)[0]}; valid settings in [compare]: {', '.join(sorted(_COMPARE_KEYS))}")
     screening = table.get("screening", False)
     if not isinstance(screening, bool):
         raise ConfigError(f"compare.screening: must be true or false, got {screening!r}")
-    for key in ("baseline", "target_fraction") if screening else ():
+    for key in ("baseline", "target_fraction", "targets") if screening else ():
         if key in table:
             raise ConfigError(f"compare.{key}: a screening (compare.screening = true) trains each method on its own task, so "
                               f"no method is a baseline and there is no target; drop compare.{key}")  # fmt: skip
@@ -167,6 +188,33 @@ def _target_fraction(table: dict[str, Any]) -> float:
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise ConfigError(f"compare.target_fraction: must be in (0, 1], got {fraction!r}")
     return float(fraction)
+
+
+def _targets(table: dict[str, Any], all_methods: dict[str, Any], fraction: float) -> tuple[Target, ...]:
+    """compare.targets: a list of tables ``{ method = "grpo_n8" }``, ``{ method = "trl_grpo_n8", of = "final" }``;
+    ``fraction`` defaults to compare.target_fraction for a peak and to 1 for a final accuracy."""
+    raw = table.get("targets", [])
+    example = 'e.g. targets = [{ method = "grpo_n8" }, { method = "trl_grpo_n8", of = "final" }]'
+    if not isinstance(raw, list):
+        raise ConfigError(f"compare.targets: must be a list of tables, {example}")
+    targets = []
+    for i, item in enumerate(raw):
+        where = f"compare.targets[{i}]"
+        if not isinstance(item, dict) or "method" not in item:
+            raise ConfigError(f"{where}: must be a table with a method, {example}")
+        unknown = set(item) - _TARGET_KEYS
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown; a target has {', '.join(sorted(_TARGET_KEYS))}")
+        if item["method"] not in all_methods:
+            raise ConfigError(f"{where}.method: {item['method']!r} is not a method; methods: {', '.join(all_methods)}")
+        of = item.get("of", "peak")
+        if of not in _TARGET_LEVELS:
+            raise ConfigError(f"{where}.of: {of!r}; valid: 'peak' (the method's peak) or 'final' (its accuracy at the budget)")
+        value = item.get("fraction", fraction if of == "peak" else 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise ConfigError(f"{where}.fraction: must be in (0, 1], got {value!r}")
+        targets.append(Target(item["method"], of, float(value)))
+    return tuple(targets)
 
 
 def _methods(table: dict[str, Any]) -> dict[str, Method]:

@@ -45,6 +45,10 @@ DEFINITIONS = {
                         "(*_to_target_per_seed); null unless every seed (at least two) reaches it",
     "speedup": "baseline time_to_target_seconds / method time_to_target_seconds",
     "step_speedup": "baseline steps_to_target / method steps_to_target",
+    "targets": "compare.targets: more accuracies every method is timed to, beside the baseline's target: fraction x the "
+               "named method's seed-mean peak (of = peak) or seed-mean accuracy at the budget (of = final); per method the "
+               "first step / training time its seed-mean curve reaches it (an evaluation point: the time is reached at most "
+               "then), speedup = the target method's time / the method's, time_ratio = its inverse",
     "auc": "area under the accuracy-vs-step curve, as each seed's mean held-out accuracy over its evaluations after step 0 "
            "(with evaluations every k steps: the right-endpoint Riemann sum divided by the budget), averaged over seeds; "
            "auc_ci95: Student-t 95% interval over the seeds (mean +- t_{0.975,k-1} s / sqrt(k))",
@@ -115,8 +119,9 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
     """Rebuild the report from the finished runs of seeds 0..plan.seeds-1 in ``out``."""
     out = Path(out)
     names = [m.name for m in plan.methods]
-    if plan.baseline not in names and not plan.screening:
-        names.append(plan.baseline)  # its finished runs, if any, set the target
+    for name in [] if plan.screening else [plan.baseline, *(t.method for t in plan.targets)]:
+        if name not in names:
+            names.append(name)  # its finished runs, if any, set a target
     entries, rows, curves = _method_entries(plan, out, names)
 
     base = None if plan.screening else entries.get(plan.baseline)
@@ -162,6 +167,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
             f"{name} {key}" for name, e in entries.items() for key, d in (e["paired_vs_baseline"] or {}).items() if d["excludes_zero"]
         ],
         "pairwise": [] if plan.screening else _pairwise(entries, plan.baseline),
+        "targets": _more_targets(plan, entries, rows, curves),
         "device_sharing": sharing,
         "commits": sorted({c for entry in entries.values() for run in entry["runs"] for c in run["commits"]}),
         "definitions": DEFINITIONS,
@@ -172,13 +178,14 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
 
 def _method_entries(plan: Plan, out: Path, names: list[str]) -> tuple[dict[str, dict], dict[str, list[list[dict]]], dict[str, dict[str, Curve]]]:
     """Per method of ``names``: its entry (:func:`_method_entry`), its runs' eval rows and its curves.
-    A baseline that is not one of the plan's methods gets an entry only when it has finished runs."""
+    A baseline or target method that is not one of the plan's methods gets an entry only when it has finished runs."""
     entries: dict[str, dict[str, Any]] = {}
     rows: dict[str, list[list[dict]]] = {}
     curves: dict[str, dict[str, Curve]] = {}
     for name in names:
         entry, rows[name], curves[name] = _method_entry(plan, out, name)
-        if name == plan.baseline and name not in [m.name for m in plan.methods] and not entry["runs"]:
+        sets_target = name == plan.baseline or any(t.method == name for t in plan.targets)
+        if sets_target and name not in [m.name for m in plan.methods] and not entry["runs"]:
             continue
         entries[name] = entry
     return entries, rows, curves
@@ -200,6 +207,36 @@ def _add_to_target(entry: dict[str, Any], rows: list[list[dict]], curves: dict[s
         entry[_SPEEDUP[axis]] = speedup(base_at[axis], at)
     if entry["steps_to_target"] == 0:
         entry["note"] = "the target is met at step 0 (before training): no speedup"
+
+
+def _more_targets(plan: Plan, entries: dict[str, dict], rows: dict[str, list[list[dict]]],
+                  curves: dict[str, dict[str, Curve]]) -> list[dict[str, Any]]:  # fmt: skip
+    """compare.targets: per target, its accuracy (``fraction`` x the method's seed-mean peak or final
+    accuracy) and per method the step and training time at which its seed mean first reaches it (each
+    seed's too), the target method's own time over it (``speedup``) and its inverse (``time_ratio``:
+    the method's time as a fraction of the target method's). None where a method never reaches it."""
+    out = []
+    for t in plan.targets:
+        e = entries.get(t.method)
+        level = None if e is None else (e["peak_accuracy"] if t.of == "peak" else e["final_accuracy"])
+        accuracy = t.fraction * level if level else None  # 0% (never right) sets no target, as for the baseline
+        ref = {axis: first_reach(curves[t.method][axis], accuracy) if accuracy is not None else None for axis in AXES}
+        per_method = {}
+        for name in entries:
+            at = {axis: first_reach(curves[name][axis], accuracy) if accuracy is not None else None for axis in AXES}
+            fast = speedup(ref["train_seconds"], at["train_seconds"])
+            per_method[name] = {
+                "steps_to_target": at["step"],
+                "time_to_target_seconds": at["train_seconds"],
+                "time_to_target_seconds_per_seed": [seed_first_reach(r, accuracy, "train_seconds") for r in rows[name]]
+                if accuracy is not None else [],
+                "speedup": fast,
+                "step_speedup": speedup(ref["step"], at["step"]),
+                "time_ratio": 1 / fast if fast else None,
+            }  # fmt: skip
+        out.append({"method": t.method, "of": t.of, "fraction": t.fraction, "label": t.label, "level": level,
+                    "target_accuracy": accuracy, "methods": per_method})  # fmt: skip
+    return out
 
 
 def _missing_seed_notes(plan: Plan, entries: dict[str, dict]) -> list[str]:

@@ -78,9 +78,37 @@ def format_table(report: dict[str, Any]) -> str:
         )
     head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
                 "first evaluations at it]; speedup: the baseline's over the method's")  # fmt: skip
-    sections = [*_summary_table(report), "", *_pairwise_table(report), *_curve_table(report), *_signal_table(report),
-                *_sampler_table(report)]
+    sections = [*_targets_table(report), *_summary_table(report), "", *_pairwise_table(report), *_curve_table(report),
+                *_signal_table(report), *_sampler_table(report)]
     return "\n".join(head + lines + [""] + sections + [f"note: {n}" for n in report["notes"]])
+
+
+def _targets_table(report: dict[str, Any]) -> list[str]:
+    """compare.targets (compare.json ``targets``): per method, the training minutes its seed mean takes to
+    each target and that time as a fraction of the target method's own."""
+    targets = report.get("targets") or []
+    if not targets:
+        return []
+    header = ["method"] + [f"min to {t['label']}" + ("" if t["target_accuracy"] is None else f" ({100 * t['target_accuracy']:.1f}%)")
+                           for t in targets]  # fmt: skip
+    rows = [tuple(header)]
+    for name in report["methods"]:
+        cells = []
+        for t in targets:
+            d = t["methods"].get(name) or {}
+            if t["target_accuracy"] is None:
+                cells.append("-")
+            elif d.get("time_to_target_seconds") is None:
+                cells.append("never")
+            else:
+                ratio = "" if d.get("time_ratio") is None else f" ({d['time_ratio']:.2f}x its time)"
+                cells.append(f"{d['time_to_target_seconds'] / 60:.1f}{ratio}")
+        rows.append((name, *cells))
+    every = (report.get("eval_every") or {}).get("seconds")
+    grain = f" (evaluations every {every / 60:g} min: a time is when it was first seen, an upper bound)" if every else ""
+    head = [f"more targets (compare.targets): training minutes to the first evaluation of the seed mean at each{grain}; "
+            "(r x its time): that as a fraction of the target method's own time to it"]  # fmt: skip
+    return head + _grid(rows) + [""]
 
 
 def _screening_table(report: dict[str, Any]) -> list[str]:
