@@ -4,6 +4,7 @@
     python bench/cost_model.py --runs runs/compare-fair --seeds 0,1,2
     python bench/cost_model.py --rho 0.02                        # also predict at sampling/update cost ratio 0.02
     python bench/cost_model.py --compare results/compare-fair/compare.json   # costs from one comparison, step counts from another
+    python bench/cost_model.py --runs results/compare-vs-trl/runs --seeds 0,1,2  # GRPO(n) and PODS(16, m) at n = 4-16
 
 The model. A training step of B prompts costs
 
@@ -24,7 +25,12 @@ The model. A training step of B prompts costs
 - o: reward, selection and weight sync (the step's rest, taken as measured per method).
 
 g0, s are fitted by least squares on every step's ``time/generate`` against C and R; u0, u, c on
-``time/update`` against F and S, over the methods and seeds given. The check: summing the
+``time/update`` against F and S, over the methods and seeds given: podsrl's own runs only (a TRL
+arm of ``podsrl compare``, one with a trainer.json naming TRL, samples and updates with TRL's code,
+and logs no token counts). The baseline is the comparison's (compare.json ``baseline``, or
+``--baseline``): every speedup is its time over the method's. Across GRPO(n) and PODS(n, m) the
+counts carry the difference: GRPO(n)'s update grows with n (F: its B x n rows' tokens, less the
+skipped), PODS's with m, and sampling with n in both (R). The check: summing the
 predicted step times up to the step where each method first reaches the comparison's target
 (compare.json ``steps_to_target``, the seed mean) gives a predicted training time to the target, and
 its ratio to GRPO's is compared with the ratio measured from the runs' own clocks (``train_seconds``
@@ -69,7 +75,7 @@ a token, fused AdamW): the committed runs always updated 32 rows in two micro-ba
 cannot tell the update's fixed part (the optimizer step, a pass over the weights per micro-batch)
 from its per-token part, and the fit puts too much into the fixed part, which skipping cannot save.
 
-Last line: ``predicted time speedup vs GRPO, every exact saving: ...; model check: ...``.
+Last line: ``predicted time speedup vs BASELINE, every exact saving: ...; model check: ...``.
 """
 
 from __future__ import annotations
@@ -98,15 +104,21 @@ def _config(run: Path) -> dict:
     return tomllib.loads((run / "config.toml").read_text())
 
 
-def load(runs: Path, seeds: list[int]) -> dict[str, list[list[dict]]]:
-    """method -> [steps of each seed], for every method under ``runs`` whose rule is one of RULES
-    (GRPO first); every step gets C, R, F, S (the model's counts) as measured."""
+def _trained_by_podsrl(run: Path) -> bool:
+    """A run of ``podsrl train``, not a TRL arm of ``podsrl compare`` (trainer.json: podsrl.compare.trl_arm)."""
+    file = run / "trainer.json"
+    return not file.is_file() or json.loads(file.read_text()).get("trainer") == "podsrl"
+
+
+def load(runs: Path, seeds: list[int], baseline: str = "grpo") -> dict[str, list[list[dict]]]:
+    """method -> [steps of each seed], for every podsrl method under ``runs`` whose rule is one of
+    RULES (the baseline first); every step gets C, R, F, S (the model's counts) as measured."""
     out: dict[str, list[list[dict]]] = {}
-    methods = sorted((p.name for p in runs.iterdir() if p.is_dir()), key=lambda m: (m != "grpo", m)) if runs.is_dir() else []
+    methods = sorted((p.name for p in runs.iterdir() if p.is_dir()), key=lambda m: (m != baseline, m)) if runs.is_dir() else []
     for method in methods:
         for seed in seeds:
             run = runs / method / f"seed{seed}"
-            if not (run / "metrics.jsonl").exists():
+            if not (run / "metrics.jsonl").exists() or not _trained_by_podsrl(run):
                 continue
             config = _config(run)
             if config["select"]["rule"] not in RULES:
@@ -198,12 +210,14 @@ def main() -> None:
     parser.add_argument("--rho", type=float, action="append", default=[], help="also predict at this sampling/update cost ratio")
     parser.add_argument("--gpu-call", type=float, default=8800.0, help="a GPU-like sampler's call, in update-token units")
     parser.add_argument("--update-cost", default=None, help="U0,U: the update's fixed seconds and seconds per token, for the predictions")
+    parser.add_argument("--baseline", default=None, help="the method every speedup is over (default: compare.json's baseline)")
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     compare = json.loads((args.compare or args.runs.parent / "compare.json").read_text())
-    data = load(args.runs, seeds)
-    if "grpo" not in data:
-        sys.exit(f"cost_model: no GRPO run under {args.runs} for seeds {seeds}")
+    base = args.baseline or compare.get("baseline") or "grpo"
+    data = load(args.runs, seeds, base)
+    if base not in data:
+        sys.exit(f"cost_model: no podsrl run of the baseline {base!r} under {args.runs} for seeds {seeds}")
     k = fit(data)
     fitted = k  # the fitted costs check the model against the runs' clocks
     print(f"fitted: generate {k['g0']:.2f} s a call + {k['s']:.4f} s/rollout; update {k['u0']:.2f} s + {k['u']:.4f} s/token "
@@ -215,7 +229,8 @@ def main() -> None:
     rho_here = k["s"] / k["u"]  # seconds to sample one rollout / to update one completion token
     print(f"rho = s/u = {rho_here:.1f} (sampling one rollout / updating one completion token)")
     target = {m: compare["methods"].get(m, {}).get("steps_to_target") for m in data}  # None: not in that comparison, or never
-    base = "grpo"
+    if target[base] is None:
+        sys.exit(f"cost_model: the baseline {base!r} has no steps to the target in {args.compare or args.runs.parent / 'compare.json'}")
     t_base = {"measured": time_to(data[base], target[base], None), "model": time_to(data[base], target[base], fitted, skip=False),
               "skip": time_to(data[base], target[base], k, skip=True)}  # fmt: skip
     rows, speedups, errors = [], {}, []
@@ -241,7 +256,7 @@ def main() -> None:
               f"{r['measured'] / 60:>12.1f} {r['model'] / 60:>9.1f} "
               f"{r['speed_measured']:>15.2f}x {r['speed_model']:>5.2f}x {r['speed_skip']:>12.2f}x")  # fmt: skip
     rhos = [*args.rho, 0.0, 1.0, rho_here, 10.0, H100_RHO]
-    print("\nspeedup vs GRPO with skipping, at the same step counts, as sampling gets cheaper (rho = s/u):")
+    print(f"\nspeedup vs {base} with skipping, at the same step counts, as sampling gets cheaper (rho = s/u):")
     print(f"{'method':>18} " + " ".join(f"{'rho ' + format(r, '.3g'):>10}" for r in rhos))
     for r in rows:
         line = []
@@ -251,14 +266,14 @@ def main() -> None:
         print(f"{r['method']:>18} " + " ".join(f"{x:>9.2f}x" for x in line))
     print(f"(rho {rho_here:.1f}: this CPU with vLLM; rho {H100_RHO:g}: the H100 of docs/results.md with transformers "
           f"generate, 1.5 s for 128 rollouts against 1.4 s to update 128 rows of 64 tokens)")  # fmt: skip
-    print("\nspeedup vs GRPO with skipping and a GPU-like sampler (K rollouts at once, a call of W update-token units):")
+    print(f"\nspeedup vs {base} with skipping and a GPU-like sampler (K rollouts at once, a call of W update-token units):")
     grid = [(w, K) for w in (args.gpu_call, args.gpu_call / 4, args.gpu_call / 16) for K in (8, 128, math.inf)]
     print(f"{'method':>18} " + " ".join(f"{f'W {w:.0f} K {K:g}':>15}" for w, K in grid))
     for r in rows:
         line = [time_to(data[base], target[base], k, gpu=(w, K)) / time_to(data[r["method"]], target[r["method"]], k, gpu=(w, K)) for w, K in grid]
         print(f"{r['method']:>18} " + " ".join(f"{x:>14.2f}x" for x in line))
     summary = ", ".join(f"{m} {v:.2f}x" for m, v in speedups.items() if m != base)
-    print(f"predicted time speedup vs GRPO, every exact saving: {summary}; model check: training time to the target "
+    print(f"predicted time speedup vs {base}, every exact saving: {summary}; model check: training time to the target "
           f"within {100 * max(errors):.0f}% of the measured for every method")  # fmt: skip
 
 
