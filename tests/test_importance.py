@@ -557,6 +557,28 @@ def test_a_step_without_signal_still_logs_the_gap(tiny_policy, mode):
     assert stats.entropy > 0  # the rows had a forward
 
 
+def test_a_step_that_kept_no_rollout_still_logs_the_gap(tiny_policy):
+    """No rollout kept (the DAPO filter, dynamic sampling's cap): no update runs, and the loop still
+    logs the gap and the correction's metrics, measured on a sample of the sampled rollouts
+    (update.measure_sampler_gap): the same numbers as a step whose kept rows all had advantage 0
+    (the same rows, the same forward), the weights untouched and no gradient left."""
+    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, zeros=list(range(10)))
+    sampler = _gapped_sampler(_own_logprobs(model, batch), 0.3)
+    settings = ImportanceSettings(mode="sequence_mask", clip_max=1.5, clip_min=0.7)
+    _, _, silent = _step(model, _with_sampler(batch, sampler), importance=settings, micro_batch_size=4)
+    copy_ = copy.deepcopy(model)
+    before = [p.detach().clone() for p in copy_.parameters()]
+    options = dict(pad_id=0, temperature=TEMPERATURE, max_completion_len=16, grad_clip=0.0, micro_batch_size=4, importance=settings)
+    measured = update_module.measure_sampler_gap(copy_, _with_sampler(batch, sampler), update_settings(**options))
+    keys = ("sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess")
+    assert set(measured) == set(keys)
+    assert all(measured[k] == getattr(silent, k) for k in keys), {k: (measured[k], getattr(silent, k)) for k in keys}
+    assert all(torch.equal(a, b) for a, b in zip(before, copy_.parameters()))
+    assert all(p.grad is None for p in copy_.parameters())
+    # Without the engine's log-probs (the transformers engine) there is nothing to measure.
+    assert update_module.measure_sampler_gap(copy_, batch, update_settings(**options)) == {}
+
+
 @pytest.mark.parametrize("kept", [1, 3, 4, 5, 7, 10, 15, 64, 512])
 def test_a_step_without_signal_measures_a_bounded_sample(kept):
     """The rows a step without a signal measures: at most MEASURE_ROWS, distinct, from several groups

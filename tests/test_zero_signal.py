@@ -284,3 +284,38 @@ def test_the_sampler_trainer_gap_is_logged_over_the_rows_that_ran(tiny_policy):
         assert {"sampler_logp_diff", "sampler_kl"} <= stats.metrics().keys()
     _, _, stats, _ = _step(model, batch, skip=True, micro_batch_size=4)
     assert "sampler_logp_diff" not in stats.metrics()  # the transformers engine gives none
+
+
+def test_a_step_that_kept_no_rollout_logs_the_sampler_gap(tiny_model_dir, reward_file, tmp_path, monkeypatch):
+    """The DAPO filter drops every group (the random model's rewards are all 0): no rollout is kept
+    and no update runs, and the step still logs the gap between the engine's log-probs and the
+    trainer's and the correction's metrics (measured on a sample of the sampled rollouts). The
+    engine here is the transformers one with log-probs attached, each 0.5 below the trainer's
+    (a stand-in for vLLM's)."""
+    from conftest import tiny_config_dict
+    from podsrl.config import from_dict
+    from podsrl.engines.hf import TransformersEngine
+    from podsrl.run.metrics import read_jsonl
+    from podsrl.train.loop import train
+    from podsrl.train.sequences import forward_logprobs, pack
+
+    generate = TransformersEngine.generate
+
+    def with_logprobs(self, prompt_ids, sampling):
+        out = generate(self, prompt_ids, sampling)
+        n = len(out.completion_ids) // len(prompt_ids)
+        prompts = [p for p in prompt_ids for _ in range(n)]
+        with torch.no_grad():
+            own, _ = forward_logprobs(self.model, pack(prompts, out.completion_ids, 0), temperature=sampling.temperature)
+        out.logprobs = [(own[i, : len(c)] - 0.5).tolist() for i, c in enumerate(out.completion_ids)]
+        return out
+
+    monkeypatch.setattr(TransformersEngine, "generate", with_logprobs)
+    cfg = from_dict(tiny_config_dict(tiny_model_dir, reward_file, **{
+        "reward.names": ["correctness"], "train.max_steps": 1, "eval.at_start": False, "eval.at_end": False,
+        "train.checkpoint_every": 0, "rollout.max_new_tokens": 4, "select.filter_zero_variance": True,
+        "rollout.importance_sampling_mode": "token_truncate"}))  # fmt: skip
+    (row,) = read_jsonl(train(cfg, run_dir=tmp_path / "run", log=lambda *a: None) / "metrics.jsonl")
+    assert row["kept"] == 0 and "rows_run" not in row  # no update
+    assert row["sampler_logp_diff"] == pytest.approx(0.5, abs=1e-3)  # the trainer's log-probs 0.5 above the engine's
+    assert row["is_ratio_mean"] == pytest.approx(math.exp(0.5), rel=1e-2) and row["is_ess"] == pytest.approx(1.0, abs=1e-6)

@@ -65,7 +65,7 @@ from podsrl.train.evaluate import EvalResult, calls, evaluate
 from podsrl.train.heartbeat import Heartbeat
 from podsrl.train.prompts import PromptStream, repeats_warning
 from podsrl.train.sampling import Groups, StepSample, sample_metrics, sample_step
-from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
+from podsrl.train.update import UpdateBatch, UpdateSettings, measure_sampler_gap, run_update
 
 
 @dataclass
@@ -290,22 +290,28 @@ def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor, keep: Tensor | 
 
 
 def _update_on_kept(run: Setup, model, optimizer, scheduler, groups: Groups, selection: Selection):
-    """The optimizer step on this rank's kept rollouts; None when no rollout was kept (the DAPO
-    filter, or dynamic sampling's cap with no signal: no step). Every rank joins the update, with
-    its rows or with none."""
-    if not selection.keep.any():
-        return None
-    keep = selection.keep & (groups.rank == run.dist.rank)[:, None]  # [G, n]: this rank's kept rollouts
-    rows = keep.nonzero().tolist()  # (group, rollout), group-major
-    completions = [groups.completions[g][i] for g, i in rows]
-    batch = UpdateBatch(
-        prompt_ids=[run.train_prompts[int(groups.prompt[g])] for g, _ in rows],
+    """The optimizer step on this rank's kept rollouts, its metrics; when no rollout was kept (the DAPO
+    filter, or dynamic sampling's cap with no signal: no step), only the sampler gap's, measured on a
+    sample of the sampled rollouts. Every rank joins the update, with its rows or with none."""
+    settings = UpdateSettings.from_config(run.cfg, pad_id=run.policy.tokenizer.pad_token_id, token_fraction=selection.token_fraction)
+    mine = (groups.rank == run.dist.rank)[:, None]
+    if not selection.keep.any():  # no update; the sampler's gap is still measured, on the sampled rollouts
+        return measure_sampler_gap(model, _batch(run, groups, mine & ~groups.reward.isnan(), None), settings, dist=run.dist)
+    keep = selection.keep & mine  # [G, n]: this rank's kept rollouts
+    batch = _batch(run, groups, keep, selection.advantages[keep])
+    return run_update(model, optimizer, scheduler, batch, settings, reference=run.reference, dist=run.dist).metrics()
+
+
+def _batch(run: Setup, groups: Groups, rows: Tensor, advantages: Tensor | None) -> UpdateBatch:
+    """The rollouts of ``rows`` [G, n] (this rank's), group-major, as an UpdateBatch."""
+    where = rows.nonzero().tolist()  # (group, rollout), group-major
+    completions = [groups.completions[g][i] for g, i in where]
+    return UpdateBatch(
+        prompt_ids=[run.train_prompts[int(groups.prompt[g])] for g, _ in where],
         completion_ids=[c.ids for c in completions],
-        advantages=selection.advantages[keep],
+        advantages=advantages if advantages is not None else torch.zeros(len(where)),
         sampler_logprobs=None if any(c.logprobs is None for c in completions) else [c.logprobs for c in completions],
     )
-    settings = UpdateSettings.from_config(run.cfg, pad_id=run.policy.tokenizer.pad_token_id, token_fraction=selection.token_fraction)
-    return run_update(model, optimizer, scheduler, batch, settings, reference=run.reference, dist=run.dist)
 
 
 def _step_metrics(run: Setup, state: ckpt.TrainState, lr: float, sample: StepSample, selection: Selection, stats, timer) -> dict:
@@ -320,8 +326,7 @@ def _step_metrics(run: Setup, state: ckpt.TrainState, lr: float, sample: StepSam
         "completion_len_kept": float(sample.groups.length[keep].mean()) if keep.any() else 0.0,
         "groups_with_signal": int(has_signal(selection).sum()),  # groups trained with a nonzero advantage
     }
-    if stats is not None:
-        metrics.update(stats.metrics())
+    metrics.update(stats)
     metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
     metrics["time/step"] = sum(timer.seconds.values())
     if dist.active:  # per-rank phases (the step waits for the slowest) and this module's traffic

@@ -73,7 +73,8 @@ collective, only when the correction ran). In a step where no row runs (every ke
 is 0) the sampler gap and these metrics are still logged, from a sample: :data:`MEASURE_ROWS` of the
 rank's kept rows, evenly spaced (:func:`measured_rows`), all their completion tokens, one forward
 without gradients before the optimizer step (:func:`_measure_pass`; ``entropy`` covers those rows
-too). A sample, not every kept row: the skipped update is the saving of such a step, and a forward
+too). A step that kept no rollout at all (the DAPO filter, dynamic sampling's cap) runs no update;
+the loop measures its sampled rollouts the same way (:func:`measure_sampler_gap`). A sample, not every kept row: the skipped update is the saving of such a step, and a forward
 of every kept row cost more than it (time/update 1.55 s against 0.23 s in GRPO(4)'s steps without a
 signal, B = 8, SmolLM2-135M on this project's CPU: the medians of
 ``git show 8681803:results/compare-vs-trl/runs/grpo_n4/seed0/metrics.jsonl``, a run withdrawn for
@@ -380,14 +381,40 @@ def run_update(
         sequences=total_sequences,
         rows_run=rows_run,
         tokens_run=tokens_run,
-        sampler_logp_diff=sums.gap / sums.gap_tokens if sums.gap_tokens else None,
-        sampler_kl=sums.gap_k3 / sums.gap_tokens if sums.gap_tokens else None,
-        is_ratio_mean=sums.is_ratio / sums.is_tokens if sums.is_tokens else None,
-        is_ratio_min=sums.is_ratio_min if sums.is_tokens else None,
-        is_ratio_max=sums.is_ratio_max if sums.is_tokens else None,
-        is_clip_frac=sums.is_clipped / sums.is_tokens if sums.is_tokens else None,
-        **_ess(sums),
+        **_sampler_metrics(sums),
     )
+
+
+def measure_sampler_gap(model: torch.nn.Module, batch: UpdateBatch, settings: UpdateSettings, *, dist: Dist | None = None) -> dict[str, float]:
+    """The sampler gap and the importance correction's metrics of a step that kept no rollout at all
+    (the DAPO filter, or dynamic sampling's cap with no signal: no update runs), as :func:`run_update`
+    logs them in a step where no row runs: one forward without gradients of :data:`MEASURE_ROWS` of
+    ``batch``'s rows (this rank's sampled rollouts; their advantages are not read), at the weights that
+    sampled; no optimizer step. Every rank calls it (FSDP joins the same number of forwards). The
+    metrics' names are UpdateStats'; {} without the sampler's log-probs."""
+    dist = dist or Dist()
+    if batch.sampler_logprobs is None:
+        return {}
+    K = len(batch.completion_ids)
+    u = _Update(model, None, None, batch, settings, dist, None, rows=[_Row() for _ in range(K)])
+    for row, logprobs in zip(u.rows, batch.sampler_logprobs):
+        row.sampler = torch.tensor(logprobs, dtype=torch.float32)
+    sums = _Sums()
+    _measure_pass(u, measured_rows(K), sums)
+    return {k: v for k, v in _sampler_metrics(sums.reduced(dist)).items() if v is not None}
+
+
+def _sampler_metrics(sums: _Sums) -> dict[str, float | None]:
+    """The sampler gap and the correction's metrics from the reduced sums; None where nothing was measured."""
+    return {
+        "sampler_logp_diff": sums.gap / sums.gap_tokens if sums.gap_tokens else None,
+        "sampler_kl": sums.gap_k3 / sums.gap_tokens if sums.gap_tokens else None,
+        "is_ratio_mean": sums.is_ratio / sums.is_tokens if sums.is_tokens else None,
+        "is_ratio_min": sums.is_ratio_min if sums.is_tokens else None,
+        "is_ratio_max": sums.is_ratio_max if sums.is_tokens else None,
+        "is_clip_frac": sums.is_clipped / sums.is_tokens if sums.is_tokens else None,
+        **_ess(sums),
+    }
 
 
 def _ess(sums: _Sums) -> dict[str, float | None]:
