@@ -124,7 +124,8 @@ Choices made where the paper is silent (it reports one run per method):
   values are listed too); when some seed never reaches the target there is none (the table says
   how many seeds did). With one seed there is no interval over seeds; the report says so, and the
   plot's band is then that run's own interval per evaluation, as eval.jsonl holds it (Wilson's with
-  one sample per problem, a normal interval over the problems with several: podsrl.train.evaluate).
+  one sample per problem, with several a normal interval over the problems floored at Wilson's on the
+  completions, and Wilson's on the problems when every problem's samples agree: podsrl.intervals).
 
 **Output** in OUT: ``compare.json`` (per method: settings, peak and interval, steps and time to
 target with intervals and per seed, speedups on both axes, AUC and final accuracy with intervals

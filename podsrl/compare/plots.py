@@ -77,7 +77,8 @@ def one_run_interval(samples: int | None) -> str:
     if samples == 1:
         return "the run's Wilson 95% interval (1 sample per problem)"
     if samples:
-        return f"the run's normal 95% interval over its problems ({samples} samples per problem)"
+        return (f"the run's 95% interval over its problems ({samples} samples per problem: normal, at least Wilson's on the "
+                "completions; Wilson's on the problems when all agree)")
     return "the run's own 95% interval per evaluation"
 
 
