@@ -138,12 +138,13 @@ def test_report_peak_time_to_target_speedup_and_never(tmp_path):
     assert png_path.stat().st_size > 0
     table = compare.format_table(report)
     assert "3.00x" in table and "never" in table and "79.2%" in table and "4.0 (1.0, 3.0)" in table
-    # Accuracy at equal training minutes: each point's time is the methods' mean (grpo and pods at
-    # 0, 101, 202, 303 s, never at 0, 100, 200, 300 s), each cell the seed mean.
-    curve = table.split("held-out accuracy % at each evaluation, by training minutes")[1].splitlines()
-    assert curve[1].split() == ["method", "seeds", "0.0", "min", "1.7", "min", "3.4", "min", "5.0", "min"]
-    assert curve[3].split() == ["grpo", "2", "20.0", "55.0", "70.0", "80.0"]
-    assert curve[4].split() == ["pods", "2", "20.0", "80.0", "85.0", "87.5"]
+    # Accuracy at equal training minutes (every 100 s and the 300 s budget): grpo's and pods's seed means
+    # are at 0, 101, 202, 303 s, read linearly at 100, 200, 300 s (grpo: 0.2 + 0.35 x 100/101 = 54.7% ...).
+    curve = table.split("held-out accuracy % at equal training minutes")[1].splitlines()
+    assert curve[1].split() == ["method", "seeds", "0.0", "min", "1.7", "min", "3.3", "min", "5.0", "min"]
+    assert curve[3].split() == ["grpo", "2", "20.0", "54.7", "69.7", "79.7"]
+    assert curve[4].split() == ["pods", "2", "20.0", "79.4", "84.9", "87.4"]
+    assert curve[5].split() == ["never", "2", "20.0", "30.0", "50.0", "40.0"]  # its evaluations at 0, 100, 200, 300 s
 
 
 def test_more_targets_time_every_method_to_another_methods_peak_or_final_accuracy(tmp_path):
@@ -204,7 +205,11 @@ def test_accuracy_by_evaluation_needs_the_same_points_in_every_method(tmp_path):
     out = tmp_path / "out"
     _write_run(out, plan, "grpo", 0, [(0, 0.2), (100, 0.5), (200, 0.6)])
     _write_run(out, plan, "pods", 0, [(0, 0.2), (100, 0.5)])
-    assert "at each evaluation" not in compare.format_table(compare.build_report(plan, out))
+    table = compare.format_table(compare.build_report(plan, out))
+    assert "at each evaluation" not in table
+    # Time-based: both are read at equal minutes, "-" past the shorter one's last evaluation.
+    curve = table.split("held-out accuracy % at equal training minutes")[1].splitlines()
+    assert curve[4].split() == ["pods", "1", "20.0", "50.0", "-", "-"]
     plan = _plan(tmp_path / "steps", seeds=1, base={"train": {"max_steps": 20}, "eval": {"every_steps": 10}})
     out = tmp_path / "steps" / "out"
     _write_run(out, plan, "grpo", 0, [(0, 0.2), (100, 0.5), (200, 0.6)])

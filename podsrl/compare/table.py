@@ -3,8 +3,8 @@ at which the seed mean first reaches the target (95% intervals over the seeds' o
 the speedups on both axes, and the cost of a step. Second, the robust summaries: AUC and final
 accuracy with their intervals over seeds, and each method minus the baseline paired by seed with
 the paired t-interval, starred where it excludes zero; then every other pair of methods the same
-way. Third, the seed-mean held-out accuracy at each evaluation (at equal training minutes when evaluation
-is time-based). Fourth, what each method trained on (from metrics.jsonl). The report's notes follow.
+way. Third, the seed-mean held-out accuracy at each evaluation step, or at equal training minutes when
+evaluation is time-based (read between each method's own evaluations). Fourth, what each method trained on (from metrics.jsonl). The report's notes follow.
 A screening (each method its own task: no baseline) replaces the first two with one table: per
 method its task, the accuracy before and after training, and how silent its first steps were."""
 
@@ -212,11 +212,15 @@ def _difference(d: dict[str, Any] | None, is_baseline: bool) -> str:
 
 
 def _curve_table(report: dict[str, Any]) -> list[str]:
-    """Each method's seed-mean accuracy at each evaluation, on the axis evaluation is scheduled on:
-    at equal training minutes for time-based evaluation. Only when every method's seeds are aligned
-    by evaluation index and all have as many points (else the figure shows the curves)."""
+    """Each method's seed-mean accuracy at each evaluation, on the axis evaluation is scheduled on.
+    Time-based evaluation: at equal training minutes (:func:`_minutes_table`). Step-based: only when
+    every method's seeds are aligned by evaluation index and all have as many points (else the figure
+    shows the curves)."""
     axis = report.get("peak_axis", "step")
     curves = {name: e["curves"][axis] for name, e in report["methods"].items() if e["runs"]}
+    every = (report.get("eval_every") or {}).get("seconds")
+    if axis == "train_seconds" and every and curves:
+        return _minutes_table(report, curves, every)
     counts = {len(c["x"]) for c in curves.values()}
     if not curves or len(counts) != 1 or {c["aligned_by"] for c in curves.values()} != {"index"}:
         return []
@@ -229,6 +233,36 @@ def _curve_table(report: dict[str, Any]) -> list[str]:
     rows = [("method", "seeds", *header)]
     rows += [(name, str(len(report["methods"][name]["runs"])), *(f"{100 * a:.1f}" for a in c["accuracy"])) for name, c in curves.items()]
     return [f"held-out accuracy % {what}: mean over seeds (95% bands in compare.json curves)"] + _grid(rows) + [""]
+
+
+def _minutes_table(report: dict[str, Any], curves: dict[str, dict], every: float) -> list[str]:
+    """Seed-mean held-out accuracy at equal training minutes: at every ``eval.every_seconds`` and at the
+    budget, each method's mean curve read linearly between its own evaluations. A run evaluates at the
+    first step end after each interval, so its points fall up to a step late (a TRL arm's steps of
+    half a minute: up to half a minute), and methods' points differ; read at the same minutes they
+    compare. "-" past a method's last evaluation."""
+    end = report.get("budget_seconds") or max(c["x"][-1] for c in curves.values())
+    marks = [k * every for k in range(int(end // every + 1e-9) + 1)]
+    if end - marks[-1] > 1e-6:
+        marks.append(end)
+    rows = [("method", "seeds", *(f"{m / 60:.1f} min" for m in marks))]
+    for name, c in curves.items():
+        values = [_linear(c["x"], c["accuracy"], m) for m in marks]
+        rows.append((name, str(len(report["methods"][name]["runs"])), *("-" if v is None else f"{100 * v:.1f}" for v in values)))
+    head = ["held-out accuracy % at equal training minutes: mean over seeds, each method's curve linear between its own "
+            "evaluations (which come at the first step end after each interval: up to a step late; the points themselves are "
+            "compare.json's curves)"]  # fmt: skip
+    return head + _grid(rows) + [""]
+
+
+def _linear(xs: list[float], ys: list[float], x: float) -> float | None:
+    """ys at x, linear between the points; None outside [xs[0], xs[-1]]."""
+    if not xs or x < xs[0] - 1e-9 or x > xs[-1] + 1e-9:
+        return None
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x0 - 1e-9 <= x <= x1 + 1e-9:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
 
 
 def _signal_table(report: dict[str, Any]) -> list[str]:
