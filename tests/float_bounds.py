@@ -49,6 +49,13 @@ def logprob_atol(vocab_size: int, magnitude: float) -> float:
     return 4 * U32 * (magnitude + math.sqrt(vocab_size))
 
 
+def entropy_atol(vocab_size: int, magnitude: float) -> float:
+    """How far two float32 computations of one token's entropy, logsumexp(z / T) - sum_i p_i z_i / T,
+    may lie apart: two V-term reductions of values of that magnitude, each as a log-prob's
+    log-sum-exp (:func:`logprob_atol`), so twice its bound. A mean over tokens is within the largest."""
+    return 2 * logprob_atol(vocab_size, magnitude)
+
+
 def within(err: float, bound: float, what: str) -> bool:
     """err <= bound; with FLOAT_BOUNDS_LOG set, appends "what err bound" to that file (to see each
     bound's margin on a CPU: tests/README.md)."""
@@ -59,13 +66,14 @@ def within(err: float, bound: float, what: str) -> bool:
     return err <= bound
 
 
-def batch_logprob_atol(model, batch, temperature: float = 1.0) -> float:
+def batch_logprob_atol(model, batch, temperature: float = 1.0, *, entropy: bool = False) -> float:
     """``logprob_atol`` for ``model``'s log-probs of ``batch``'s completions (an UpdateBatch), their
-    magnitude read from one forward."""
+    magnitude read from one forward; with ``entropy``, :func:`entropy_atol` at the same magnitude."""
     from podsrl.train.sequences import forward_logprobs, pack
 
     with torch.no_grad():
         logprobs, _ = forward_logprobs(model, pack(batch.prompt_ids, batch.completion_ids, 0), temperature=temperature)
     vocab = model.get_input_embeddings().weight.shape[0]
     mask = torch.arange(logprobs.shape[1])[None, :] < torch.tensor([len(c) for c in batch.completion_ids])[:, None]
-    return logprob_atol(vocab, float(logprobs[mask].abs().max()))
+    magnitude = float(logprobs[mask].abs().max())
+    return entropy_atol(vocab, magnitude) if entropy else logprob_atol(vocab, magnitude)
