@@ -101,9 +101,9 @@ def _value(value: object) -> str:
 
 def _task_options_comment(task: str) -> str:
     """A comment listing the options the task's loader takes, with their defaults."""
-    from podsrl.tasks import TASKS
+    from podsrl.tasks import TASKS, task_options
 
-    parameters = inspect.signature(TASKS[task]).parameters.values()
+    parameters = task_options(task).values()
     options = ", ".join(
         f"{p.name} (required)" if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
         for p in parameters

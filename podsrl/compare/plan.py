@@ -28,7 +28,6 @@ equivalent for when it is built (:func:`podsrl.compare.trl_arm.check_arm`)."""
 from __future__ import annotations
 
 import copy
-import inspect
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -335,10 +334,10 @@ def resolve(base: dict[str, Any], method: Method, seed: int, *, screening: bool 
     # A comparison measures; it does not ship models: no RUN/model (about 0.5 GB for the embedded
     # 135M model, and a few seconds) for each method x seed unless the base asks for them.
     data["train"].setdefault("export_model", False)
-    from podsrl.tasks import TASKS
+    from podsrl.tasks import task_options
 
     task = _from_dict(data, where).task  # the base's, or in a screening the method's own
-    if "seed" in inspect.signature(TASKS[task.name]).parameters:
+    if "seed" in task_options(task.name):
         # The held-out set is drawn with the task's seed (the trainer defaults it to train.seed):
         # pin it to the base's, so every seed is scored on the same problems.
         data.setdefault("task", {})["options"] = {"seed": base_cfg.train.seed, **task.options}

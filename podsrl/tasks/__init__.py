@@ -96,7 +96,7 @@ def load_task(name: str, /, **options: object) -> Task:
     options = canonical_options(name, options)
     check_option_names(name, options)
     loader = TASKS[name]
-    for option, parameter in inspect.signature(loader).parameters.items():
+    for option, parameter in task_options(name).items():
         if parameter.default is inspect.Parameter.empty and option not in options:
             raise ConfigError(f"task {name!r} needs option {option!r}; valid options: {_valid_options(name)}")
     task = loader(**options)
@@ -109,12 +109,18 @@ def load_task(name: str, /, **options: object) -> Task:
     return task
 
 
+def task_options(name: str) -> Mapping[str, inspect.Parameter]:
+    """The options task `name`'s loader takes (its keyword parameters, with their defaults): the one
+    place they are read."""
+    return inspect.signature(TASKS[name]).parameters
+
+
 def check_option_names(name: str, options: Mapping[str, object]) -> None:
     """ConfigError naming ``task.options.X`` for an option that task `name`'s loader does not take,
     with the valid ones; read when a config is built and again by `load_task`. An option `name` is
     a likely mix-up with ``task.name`` (and, in reasoning-gym, with a mix's per-dataset `name`), so
     its message says where the task and its data are chosen."""
-    parameters = inspect.signature(TASKS[name]).parameters
+    parameters = task_options(name)
     for option, value in options.items():
         if option not in parameters:
             hint = ""
@@ -127,7 +133,7 @@ def check_option_names(name: str, options: Mapping[str, object]) -> None:
 def _valid_options(name: str) -> str:
     """Task `name`'s option names, each older name (`OPTION_ALIASES`) beside the name it has now."""
     older = {now: old for old, now in OPTION_ALIASES.get(name, {}).items()}
-    parameters = inspect.signature(TASKS[name]).parameters
+    parameters = task_options(name)
     return ", ".join(f"{p} (or {older[p]}, its older name)" if p in older else p for p in parameters) or "(none)"
 
 
@@ -141,5 +147,5 @@ def format_user_message(example: Example, task: Task) -> str:
 __all__ = [
     "OPTION_ALIASES", "PATH_OPTIONS", "TASKS", "Example", "Task", "absolute_paths", "canonical_options", "check_option_names",
     "format_user_message",
-    "load_task",
+    "load_task", "task_options",
 ]  # fmt: skip

@@ -6,11 +6,10 @@ which must not depend on the loop."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 from podsrl.config import Config
 from podsrl.grading.graders import get_grader
-from podsrl.tasks import TASKS, Task, load_task
+from podsrl.tasks import Task, load_task, task_options
 
 
 def held_out_problems(cfg: Config, task: Task) -> list:
@@ -34,4 +33,4 @@ def build_task(cfg: Config) -> Task:
 
 
 def _loader_params(name: str) -> set[str]:
-    return set(inspect.signature(TASKS[name]).parameters)
+    return set(task_options(name))
