@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -664,6 +665,8 @@ def test_devices_pin_one_run_per_gpu(tmp_path, capsys):
             (launch,) = compare.read_launches(compare.run_dir(out, method, seed))
             commit = launch.pop("commit")  # the podsrl source that trained it: this checkout's
             assert commit is None or len(commit.removesuffix("+dirty")) == 40
+            ended, machine = launch.pop("ended"), launch.pop("machine")  # when, and on what CPU
+            assert ended.endswith("+00:00") and machine["cores"] == os.cpu_count() and set(machine) == {"cpu", "cores", "flags"}
             assert launch == {"device": _device_of(out, method, seed), "parallel": 2, "runs_on_device": 1, "exit_code": 0}
             assert "progress = false" in (compare.run_dir(out, method, seed) / "config.toml").read_text()
     report = json.loads((out / "compare.json").read_text())

@@ -107,11 +107,40 @@ def check_same_config(path: Path, cfg: Config) -> None:
 
 
 def write_launch(path: Path, **record: Any) -> None:
-    """Append one launch record; the podsrl source commit that trained it is added."""
+    """Append one launch record; the podsrl source commit that trained it, the time it ended (UTC) and
+    the machine (CPU model, cores, the vector extensions that change kernels) are added, so that runs
+    of one comparison trained in several sessions can be told apart."""
+    import datetime
+
     Path(path).mkdir(parents=True, exist_ok=True)
     record["commit"] = source_commit()  # None outside a git checkout
+    record["ended"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    record["machine"] = machine()
     with open(Path(path) / LAUNCH_FILE, "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def machine() -> dict[str, Any]:
+    """The CPU's model name, its cores and which of the vector extensions that pick PyTorch's kernels
+    it has (/proc/cpuinfo; on other systems the platform's processor string)."""
+    import os
+    import platform
+
+    model, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model is None:
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor() or None, "cores": os.cpu_count(), "flags": [f for f in _CPU_FLAGS if f in flags]}
 
 
 def read_launches(path: Path) -> list[dict]:
