@@ -239,7 +239,7 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
             evaluate("base model")
         elif checkpoint is not None and clock.get("evaluate", True) and not any(r["step"] == state.step for r in read_jsonl(path / "eval.jsonl")):
             evaluate()  # interrupted between the checkpoint and its evaluation
-        if checkpoint is not None and _budget_reached(cfg, state):
+        if checkpoint is not None and state.done(cfg):
             return path
         threads = torch.get_num_threads()
         hf = _make_trainer(cfg, trainer, run, args)
@@ -249,7 +249,7 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
         hf.remove_callback(PrinterCallback)  # TRL's logs go to metrics.jsonl, not to the terminal every step
         hf.add_callback(training_clock(cfg, state, logger, evaluate, hf, stop))
         hf.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-        if stop.received is not None and not _budget_reached(cfg, state):
+        if stop.received is not None and not state.done(cfg):
             raise preemption.Preempted(path, latest_checkpoint(path), stop.received, state.step)
         return path
     finally:
@@ -258,20 +258,6 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
             logger.close()
         run.close()
         claim.close()
-
-
-def _budget_reached(cfg: Config, state) -> bool:
-    """``podsrl train``'s own test of the budget, on the TRL run's clock."""
-    from podsrl.train.loop import _done
-
-    return _done(cfg, state)
-
-
-def _eval_due(cfg: Config, state) -> bool:
-    """``podsrl train``'s own test of an evaluation being due, on the TRL run's clock."""
-    from podsrl.train.loop import _eval_due as due
-
-    return due(cfg, state)
 
 
 def _make_trainer(cfg: Config, trainer: str, run, args: dict[str, Any]):
@@ -382,8 +368,8 @@ class TrainingClock:
                         "time/update": None if generate is None else seconds - generate,
                         "train_seconds": self.state.train_seconds}  # fmt: skip
         self.trainer.podsrl_round = {}
-        done = _budget_reached(self.cfg, self.state)
-        self.due = done or _eval_due(self.cfg, self.state)
+        done = self.state.done(self.cfg)
+        self.due = done or self.state.eval_due(self.cfg)
         stopped = self.stop is not None and self.stop.received is not None
         if done or stopped:
             control.should_training_stop = True
@@ -409,7 +395,7 @@ class TrainingClock:
             from podsrl.run.rundir import write_text_atomic
 
             write_text_atomic(checkpoint / CLOCK_FILE, json.dumps(clock) + "\n")
-        last = _budget_reached(self.cfg, self.state)
+        last = self.state.done(self.cfg)
         if not self.due or (last and not self.cfg.eval.at_end):
             return control  # a checkpoint for a stop signal only, or the end without eval.at_end
         self.evaluate("trained policy" if last else None)

@@ -83,6 +83,18 @@ class TrainState:
     world_size: int = 1  # processes the run was trained on (a resume may use another number)
     prompts: dict = dataclasses.field(default_factory=dict)  # the prompt stream (podsrl.train.prompts.PromptStream.state_dict); {}: before issue 44
 
+    def done(self, cfg) -> bool:
+        """The budget is spent: ``train.max_steps`` steps or ``train.max_seconds`` of training, whichever comes first."""
+        t = cfg.train
+        return bool((t.max_steps and self.step >= t.max_steps) or (t.max_seconds and self.train_seconds >= t.max_seconds))
+
+    def eval_due(self, cfg) -> bool:
+        """An evaluation is due: every ``eval.every_steps`` steps, or ``eval.every_seconds`` of training since the last."""
+        e = cfg.eval
+        by_step = e.every_steps and self.step % e.every_steps == 0
+        by_time = e.every_seconds and self.train_seconds - self.last_eval_seconds >= e.every_seconds
+        return bool(by_step or by_time)
+
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}

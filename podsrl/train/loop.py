@@ -401,18 +401,6 @@ def describe_eval(run: Setup) -> list[str]:
     return lines
 
 
-def _eval_due(cfg: Config, state: ckpt.TrainState) -> bool:
-    e = cfg.eval
-    by_step = e.every_steps and state.step % e.every_steps == 0
-    by_time = e.every_seconds and state.train_seconds - state.last_eval_seconds >= e.every_seconds
-    return bool(by_step or by_time)
-
-
-def _done(cfg: Config, state: ckpt.TrainState) -> bool:
-    t = cfg.train
-    return bool((t.max_steps and state.step >= t.max_steps) or (t.max_seconds and state.train_seconds >= t.max_seconds))
-
-
 def resolve_run_dir(cfg: Config) -> Path:
     name = cfg.train.out_dir.format(time=time.strftime("%Y%m%d-%H%M%S"), rule=cfg.select.rule, seed=cfg.train.seed)
     return Path(name)
@@ -495,7 +483,7 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
     log(f"podsrl: run directory {run_dir}")
     if resume:
         state = _resume(run, run_dir, model, optimizer, scheduler, log)
-        if _done(cfg, state):  # nothing to add: no second final evaluation or checkpoint
+        if state.done(cfg):  # nothing to add: no second final evaluation or checkpoint
             log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
             return run_dir
     if dist.is_main:
@@ -518,7 +506,7 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
         if sig := stop.agreed(dist):  # a signal before the first step: nothing new to save
             raise preemption.Preempted(run_dir, ckpt.latest(run_dir), sig, state.step)
         capped = False  # dynamic sampling's cap was hit (warned once)
-        while not _done(cfg, state):
+        while not state.done(cfg):
             start = time.perf_counter()
             metrics = train_step(run, model, optimizer, scheduler, state)
             state.step += 1
@@ -529,7 +517,7 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
             capped = _warn_at_the_cap(cfg, metrics, log, capped)
             if sig := stop.agreed(dist):  # one rank's signal is enough: every rank stops after this step
                 raise preemption.Preempted(run_dir, save(), sig, state.step)
-            if _eval_due(cfg, state) and not _done(cfg, state):
+            if state.eval_due(cfg) and not state.done(cfg):
                 run_eval(run, state, logger, log)
             if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
                 path = save(cfg.train.checkpoint_failure)  # "retry": a full disk is a warning until the final save
