@@ -1000,7 +1000,7 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
     report = compare.build_report(plan, out)
     grpo = report["methods"]["grpo"]
     assert grpo["signal_per_seed"][0] == {"reward": 0.5, "zero_variance_groups": 0.75, "zero_variance_groups_start": 0.75,
-                                          "kept_adv_var": 0.2, "tokens_in_loss": 0.5,
+                                          "kept_adv_var": 0.2, "tokens_in_loss": 0.5, "signal_tokens_kept": None,
                                           "grad_norm": 1.0, "rollouts": 110, "prompts": 8, "groups_with_signal": None,
                                           "rows_run": 6 / 16, "rollouts_per_signal_group": None, "prompts_skipped": None,
                                           "explored_silent": None, "revisits_silent": None, "rest_silent": None,
@@ -1010,6 +1010,25 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
     assert report["methods"]["pods"]["signal"] == dict.fromkeys(compare.report.SIGNAL)  # no finished run: no numbers
     table = compare.format_table(report)
     assert "training signal (metrics.jsonl)" in table and "62%" in table and "50%" in table and "38%" in table
+
+
+def test_the_share_of_signal_tokens_token_selection_kept(tmp_path):
+    """D3S: of the signal rows' tokens (tokens_run, with exact skipping), the share its loss kept, over
+    the steps where token selection was on (token_fraction < 1) and a row ran."""
+    plan = _plan(tmp_path, table={"grpo": METHODS["grpo"], "d3s": {"select.rule": "d3s_intra", "rollout.n": 16, "select.m": 4,
+                                                                   "select.token_fraction": 0.5, "select.token_fraction_final": 1.0}})  # fmt: skip
+    out = tmp_path / "out"
+    path = _write_run(out, plan, "d3s", 0, [(0, 0.1), (100, 0.3)])
+    rows = [{"step": 1, "token_fraction": 0.5, "tokens_run": 100, "tokens_kept": 50},
+            {"step": 2, "token_fraction": 0.75, "tokens_run": 60, "tokens_kept": 46},
+            {"step": 3, "token_fraction": 0.9, "tokens_run": 0, "tokens_kept": 0},  # no signal row: left out
+            {"step": 4, "token_fraction": 1.0, "tokens_run": 80, "tokens_kept": 80}]  # selection off: left out
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_run(out, plan, "grpo", 0, [(0, 0.1), (100, 0.3)])
+    report = compare.build_report(plan, out)
+    assert report["methods"]["d3s"]["signal"]["signal_tokens_kept"] == pytest.approx(96 / 160)
+    assert report["methods"]["grpo"]["signal"]["signal_tokens_kept"] is None  # no token selection
+    assert "60%" in compare.format_table(report).split("training signal")[1]
 
 
 def test_the_sampler_gap_and_the_correction_are_reported_per_method(tmp_path):

@@ -77,7 +77,10 @@ DEFINITIONS = {
               "kept_adv_var: population variance of the advantages the "
               "update used (comparable between rules that normalise the same way: PODS re-normalises over the m kept, D3S "
               "keeps the full group's advantages, which are larger); tokens_in_loss: completion tokens of the kept rollouts "
-              "that entered the loss, over all of theirs (below 1 with token selection); grad_norm: before clipping; rollouts: "
+              "that entered the loss, over all of theirs (below 1 with token selection); signal_tokens_kept: with token selection "
+              "(D3S), the share of the signal rows' completion tokens (advantage != 0) its loss kept, over the steps where "
+              "the selection was on (token_fraction < 1): sum tokens_kept / sum tokens_run (the signal rows' tokens, with "
+              "optim.skip_zero_advantage; null without it or without token selection); grad_norm: before clipping; rollouts: "
               "rollouts sampled per step (below B x n with exact early stopping, above with dynamic sampling; runs older "
               "than that metric: null); prompts: prompts sampled per step (B, more with dynamic sampling); "
               "groups_with_signal: groups per step trained with a nonzero advantage (runs older than that metric: null); "
@@ -529,7 +532,7 @@ def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
     return out
 
 
-SIGNAL = ("reward", "zero_variance_groups", "zero_variance_groups_start", "kept_adv_var", "tokens_in_loss", "grad_norm", "rollouts",
+SIGNAL = ("reward", "zero_variance_groups", "zero_variance_groups_start", "kept_adv_var", "tokens_in_loss", "signal_tokens_kept", "grad_norm", "rollouts",
           "prompts", "groups_with_signal", "rows_run", "rollouts_per_signal_group", "prompts_skipped", "explored_silent",
           "revisits_silent", "rest_silent", "epochs")  # fmt: skip
 _SIGNAL_KEYS = {"zero_variance_groups": "zero_variance_groups", "kept_adv_var": "kept_adv_var", "grad_norm": "grad_norm",
@@ -557,6 +560,7 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     out["prompts"] = statistics.fmean(prompts) if prompts else None
     kept, total = sum(values("tokens_kept")), sum(values("tokens_total"))
     out["tokens_in_loss"] = kept / total if total else None
+    out["signal_tokens_kept"] = _signal_tokens_kept(metrics, cfg)
     both = [r for r in metrics if isinstance(r.get("rows_run"), int) and isinstance(r.get("kept"), (int, float))]  # older runs lack rows_run
     ran, kept_rows = sum(r["rows_run"] for r in both), sum(r["kept"] for r in both)
     out["rows_run"] = ran / kept_rows if kept_rows else None
@@ -569,6 +573,20 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     ends = [float(v) for r in metrics if isinstance(v := r.get("epoch_end", r.get("epoch")), (int, float)) and v == v]
     out["epochs"] = ends[-1] if ends else None
     return {name: out[name] for name in SIGNAL}
+
+
+def _signal_tokens_kept(metrics: list[dict], cfg: Config) -> float | None:
+    """The share of the signal rows' completion tokens (advantage != 0) that token selection kept in the
+    loss, over the steps where it was on (token_fraction < 1) and a row ran: sum tokens_kept / sum
+    tokens_run. With optim.skip_zero_advantage (the default) the rows that ran are the signal rows;
+    without it they include the rows of advantage 0, so there is no such share (None), nor without
+    token selection."""
+    if not cfg.select.uses_token_selection or not cfg.optim.skip_zero_advantage:
+        return None
+    on = [r for r in metrics if isinstance(r.get("token_fraction"), (int, float)) and r["token_fraction"] < 1
+          and isinstance(r.get("tokens_run"), (int, float)) and r["tokens_run"] > 0 and isinstance(r.get("tokens_kept"), (int, float))]  # fmt: skip
+    run = sum(r["tokens_run"] for r in on)
+    return sum(r["tokens_kept"] for r in on) / run if run else None
 
 
 SAMPLER_MEANS = ("sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_clip_frac")

@@ -267,13 +267,14 @@ def _linear(xs: list[float], ys: list[float], x: float) -> float | None:
 
 def _signal_table(report: dict[str, Any]) -> list[str]:
     """What each method trained on (compare.json ``signal``; DEFINITIONS["signal"])."""
-    rows = [("method", "train reward", "zero-variance groups", "kept adv variance", "tokens in loss", "grad norm",
+    rows = [("method", "train reward", "zero-variance groups", "kept adv variance", "tokens in loss", "signal tokens kept", "grad norm",
              "rollouts / step", "prompts / step", "groups with signal", "kept rows run", "rollouts / signal group",
              "prompts skipped / step", "explored came back silent", "silent from epoch 1", "of the rest", "epochs")]  # fmt: skip
     for name, e in report["methods"].items():
         sig = e.get("signal") or {}
         cells = [_fmt(sig.get("reward"), "{:.3f}"), _fmt(sig.get("zero_variance_groups"), "{:.0%}"),
                  _fmt(sig.get("kept_adv_var"), "{:.3f}"), _fmt(sig.get("tokens_in_loss"), "{:.0%}"),
+                 _fmt(sig.get("signal_tokens_kept"), "{:.0%}"),
                  _fmt(sig.get("grad_norm"), "{:.2f}"), _fmt(sig.get("rollouts"), "{:.0f}"), _fmt(sig.get("prompts"), "{:.1f}"),
                  _fmt(sig.get("groups_with_signal"), "{:.1f}"), _fmt(sig.get("rows_run"), "{:.0%}"),
                  _fmt(sig.get("rollouts_per_signal_group"), "{:.1f}"), _fmt(sig.get("prompts_skipped"), "{:.1f}"),
@@ -281,7 +282,8 @@ def _signal_table(report: dict[str, Any]) -> list[str]:
                  _fmt(sig.get("rest_silent"), "{:.0%}"), _fmt(sig.get("epochs"), "{:.1f}")]  # fmt: skip
         rows.append((name, *cells))
     head = ["training signal (metrics.jsonl): mean over each run's steps, then over seeds; train reward and zero-variance "
-            "groups: of the first B prompts sampled (each group's first round: a fixed-n run's basis); kept adv variance: "
+            "groups: of the first B prompts sampled (each group's first round: a fixed-n run's basis); signal tokens kept: "
+            "with token selection, the signal rows' tokens its loss kept while it was on; kept adv variance: "
             "of the advantages the update used (D3S keeps the full group's, PODS re-normalises over the m kept: compare "
             "like with like)"]  # fmt: skip
     return head + _grid(rows)
