@@ -1016,7 +1016,8 @@ def test_the_share_of_signal_tokens_token_selection_kept(tmp_path):
     """D3S: of the signal rows' tokens (tokens_run, with exact skipping), the share its loss kept, over
     the steps where token selection was on (token_fraction < 1) and a row ran."""
     plan = _plan(tmp_path, table={"grpo": METHODS["grpo"], "d3s": {"select.rule": "d3s_intra", "rollout.n": 16, "select.m": 4,
-                                                                   "select.token_fraction": 0.5, "select.token_fraction_final": 1.0}})  # fmt: skip
+                                                                   "select.token_fraction": 0.5, "select.token_fraction_final": 1.0,
+                                                                   "select.token_schedule": "linear"}})  # fmt: skip
     out = tmp_path / "out"
     path = _write_run(out, plan, "d3s", 0, [(0, 0.1), (100, 0.3)])
     rows = [{"step": 1, "token_fraction": 0.5, "tokens_run": 100, "tokens_kept": 50},
