@@ -56,7 +56,7 @@ def interval(d: dict | None) -> str:
     if not d or d.get("mean") is None:
         return "-"
     if not d.get("ci95"):
-        return f"{100 * d['mean']:+.1f} (1 seed)"
+        return f"{100 * d['mean']:+.1f} ({len(d.get('seeds') or [])} pair, no interval)"
     low, high = d["ci95"]
     return f"{100 * d['mean']:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]" + ("*" if d.get("excludes_zero") else "")
 
