@@ -119,6 +119,13 @@ def auc(rows: list[dict]) -> float | None:
     return statistics.fmean(after) if after else None
 
 
+def value_at(xs: list[float], ys: list[float], x: float) -> float | None:
+    """A curve's value at ``x``, linear between its points; None outside [xs[0], xs[-1]] (no extrapolation)."""
+    if not xs or not xs[0] - 1e-9 <= x <= xs[-1] + 1e-9:
+        return None
+    return float(np.interp(x, xs, ys))
+
+
 def time_auc(train_seconds: list[float], accuracy: list[float], horizon: float) -> float | None:
     """The wall-clock AUC: the run's mean held-out accuracy over its first ``horizon`` seconds of
     training (evaluation excluded), i.e. the area under its accuracy-vs-training-time curve up to the

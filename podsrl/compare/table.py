@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from podsrl.compare.stats import SIGNAL_START_STEPS
+from podsrl.compare.stats import SIGNAL_START_STEPS, value_at
 
 
 def _format_phases(med: dict[str, float | None]) -> str:
@@ -247,22 +247,12 @@ def _minutes_table(report: dict[str, Any], curves: dict[str, dict], every: float
         marks.append(end)
     rows = [("method", "seeds", *(f"{m / 60:.1f} min" for m in marks))]
     for name, c in curves.items():
-        values = [_linear(c["x"], c["accuracy"], m) for m in marks]
+        values = [value_at(c["x"], c["accuracy"], m) for m in marks]
         rows.append((name, str(len(report["methods"][name]["runs"])), *("-" if v is None else f"{100 * v:.1f}" for v in values)))
     head = ["held-out accuracy % at equal training minutes: mean over seeds, each method's curve linear between its own "
             "evaluations (which come at the first step end after each interval: up to a step late; the points themselves are "
             "compare.json's curves)"]  # fmt: skip
     return head + _grid(rows) + [""]
-
-
-def _linear(xs: list[float], ys: list[float], x: float) -> float | None:
-    """ys at x, linear between the points; None outside [xs[0], xs[-1]]."""
-    if not xs or x < xs[0] - 1e-9 or x > xs[-1] + 1e-9:
-        return None
-    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-        if x0 - 1e-9 <= x <= x1 + 1e-9:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ys[-1]
 
 
 def _signal_table(report: dict[str, Any]) -> list[str]:

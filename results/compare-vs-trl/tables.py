@@ -2,8 +2,8 @@
 report and the runs' metrics files in this directory:
 
     podsrl compare configs/compare-vs-trl.toml --out results/compare-vs-trl --report-only
-    python results/compare-vs-trl/tables.py                  # prints the tables
-    python results/compare-vs-trl/tables.py --dir /tmp/out   # another copy of the runs and report
+    .venv/bin/python results/compare-vs-trl/tables.py        # prints the tables (podsrl importable)
+    .venv/bin/python results/compare-vs-trl/tables.py --dir /tmp/out   # another copy of the runs and report
 
 Per arm: the trainer, n and m, steps in 10 training minutes (mean over seeds), median seconds a step
 (generation, update), rows that ran the update's forward and backward a step and groups with a
@@ -23,21 +23,13 @@ import json
 import statistics
 from pathlib import Path
 
+from podsrl.compare.stats import value_at
+
 HERE = Path(__file__).resolve().parent
 NAMES = {"grpo_n4": "GRPO(4)", "grpo_n8": "GRPO(8)", "grpo_n16": "GRPO(16)", "pods_n16_m4": "PODS(16, 4)", "pods_n16_m8": "PODS(16, 8)",
          "trl_grpo_n8": "GRPOTrainer(8)", "trl_grpo_n16": "GRPOTrainer(16)", "trl_pods_n16_m4": "PODSTrainer(16, 4)"}  # fmt: skip
 TOOL = {"podsrl": "podsrl", "trl": "TRL", "trl-pods": "TRL + podsrl's PODSTrainer"}
 MINUTES = (2, 4, 6, 8, 10)
-
-
-def linear(xs: list[float], ys: list[float], x: float) -> float | None:
-    """ys at x, linear between the points; None outside them."""
-    if not xs or x < xs[0] or x > xs[-1] + 1e-9:
-        return None
-    for x0, y0, x1, y1 in zip(xs, ys, xs[1:], ys[1:]):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ys[-1]
 
 
 def per_step(run_dir: Path, key: str) -> float | None:
@@ -88,7 +80,7 @@ def headline(report: dict, root: Path) -> list[str]:
         rows = mean([per_step(r, "rows_run") for r in runs])
         groups = mean([per_step(r, "groups_with_signal") for r in runs])
         curve = e["curves"]["train_seconds"]
-        at = [linear(curve["x"], curve["accuracy"], 60 * m) for m in MINUTES]
+        at = [value_at(curve["x"], curve["accuracy"], 60 * m) for m in MINUTES]
         med = e["median_seconds"]
         cells = [
             NAMES.get(name, name) + ("" if len(e["runs"]) == 3 else f" ({len(e['runs'])} seed{'s' * (len(e['runs']) != 1)})"),
