@@ -1004,7 +1004,8 @@ def test_training_signal_from_metrics_is_averaged_over_steps_then_seeds(tmp_path
                                           "grad_norm": 1.0, "rollouts": 110, "prompts": 8, "groups_with_signal": None,
                                           "rows_run": 6 / 16, "rollouts_per_signal_group": None, "prompts_skipped": None,
                                           "explored_silent": None, "revisits_silent": None, "rest_silent": None,
-                                          "epochs": None}  # fmt: skip
+                                          "epochs": None, "completion_len": None, "completion_len_start": None,
+                                          "truncated": None}  # fmt: skip
     assert grpo["signal_per_seed"][1]["kept_adv_var"] == pytest.approx(0.2)  # the NaN step is skipped
     assert grpo["signal"]["zero_variance_groups"] == pytest.approx(0.625)
     assert report["methods"]["pods"]["signal"] == dict.fromkeys(compare.report.SIGNAL)  # no finished run: no numbers
@@ -1101,7 +1102,9 @@ def test_a_screening_report_gives_accuracy_before_and_after_and_the_silent_start
     out = tmp_path / "out"
     path = _write_run(out, plan, "one_digit", 0, [(0, 0.2), (100, 0.5), (200, 0.6), (300, 0.7)])
     zero = [1.0, 1.0, 0.5, 0.5, 0.75, 0.25, 0.0, 0.0]  # steps 1-8: the first 5 average 0.75, all 8 0.5
-    rows = [{"step": s, "zero_variance_groups": z} for s, z in enumerate(zero, 1)] + [{"step": 3, "zero_variance_groups": 0.5}]
+    length = [150, 150, 140, 140, 120, 60, 60, 60]  # the first 5 average 140, all 8 110; a quarter of them cut
+    rows = [{"step": s, "zero_variance_groups": z, "completion_len": n, "truncated": 0.25} for s, (z, n) in enumerate(zip(zero, length), 1)]
+    rows.append({"step": 3, "zero_variance_groups": 0.5, "completion_len": 140, "truncated": 0.25})
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     _write_run(out, plan, "two_digit", 0, [(0, 0.0), (100, 0.0), (200, 0.05), (300, 0.1)])
     report = compare.build_report(plan, out)
@@ -1118,6 +1121,7 @@ def test_a_screening_report_gives_accuracy_before_and_after_and_the_silent_start
     line = next(row for row in table.splitlines() if row.startswith("one_digit  arithmetic"))
     assert line.split()[:9] == ["one_digit", "arithmetic", "1", "20.0", "70.0", "(1", "seed)", "+50.0", "70.0"]
     assert line.split()[9:11] == ["75%", "50%"]
+    assert line.split()[12:16] == ["140", "/", "110", "25%"]  # completion tokens over the first steps / the run, share cut
     # What one answer to every held-out problem scores: the most common reference among those scored.
     from collections import Counter
 

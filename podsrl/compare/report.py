@@ -71,6 +71,9 @@ DEFINITIONS = {
               "each group's first round: the same expectation with or without early stopping and dynamic sampling; steps of "
               "early-stopping runs logged before podsrl reported that basis pooled every sampled rollout, which is biased "
               "towards the groups that ran to n: they are left out, runs[].reward_steps_left_out counts them); "
+              "completion_len: mean completion tokens of the step's sampled rollouts, completion_len_start the same over "
+              f"the first {SIGNAL_START_STEPS} steps (a run whose answers shorten as it learns); truncated: the share of them "
+              "cut at rollout.max_new_tokens; "
               "zero_variance_groups: share of the first B sampled groups whose "
               "rewards are all equal (zero advantage, no gradient); zero_variance_groups_start: the same over the run's "
               f"first {SIGNAL_START_STEPS} steps only (how silent the task is to the model as it starts); "
@@ -534,9 +537,10 @@ def _median_phase_seconds(metrics: list[dict]) -> dict[str, float | None]:
 
 SIGNAL = ("reward", "zero_variance_groups", "zero_variance_groups_start", "kept_adv_var", "tokens_in_loss", "signal_tokens_kept", "grad_norm", "rollouts",
           "prompts", "groups_with_signal", "rows_run", "rollouts_per_signal_group", "prompts_skipped", "explored_silent",
-          "revisits_silent", "rest_silent", "epochs")  # fmt: skip
+          "revisits_silent", "rest_silent", "epochs", "completion_len", "completion_len_start", "truncated")  # fmt: skip
 _SIGNAL_KEYS = {"zero_variance_groups": "zero_variance_groups", "kept_adv_var": "kept_adv_var", "grad_norm": "grad_norm",
-                "rollouts": "rollouts_generated", "groups_with_signal": "groups_with_signal", "prompts_skipped": "prompts_skipped"}  # fmt: skip
+                "rollouts": "rollouts_generated", "groups_with_signal": "groups_with_signal", "prompts_skipped": "prompts_skipped",
+                "completion_len": "completion_len", "truncated": "truncated"}  # fmt: skip
 
 
 def _numbers(metrics: list[dict], key: str) -> list[float]:
@@ -552,9 +556,10 @@ def _signal(metrics: list[dict], cfg: Config) -> dict[str, float | None]:
     out: dict[str, float | None] = {name: statistics.fmean(v) if (v := values(key)) else None for name, key in _SIGNAL_KEYS.items()}
     rewards = [v for r in metrics if (v := _reward(r, cfg)) is not None]
     out["reward"] = statistics.fmean(rewards) if rewards else None
-    start = [float(v) for r in metrics if isinstance(r.get("step"), int) and r["step"] <= SIGNAL_START_STEPS
-             and isinstance(v := r.get("zero_variance_groups"), (int, float)) and v == v]  # fmt: skip
-    out["zero_variance_groups_start"] = statistics.fmean(start) if start else None
+    for key in ("zero_variance_groups", "completion_len"):
+        start = [float(v) for r in metrics if isinstance(r.get("step"), int) and r["step"] <= SIGNAL_START_STEPS
+                 and isinstance(v := r.get(key), (int, float)) and v == v]  # fmt: skip
+        out[f"{key}_start"] = statistics.fmean(start) if start else None
     B = cfg.train.prompts_per_step  # a row older than prompts_sampled sampled B prompts (no dynamic sampling then)
     prompts = [float(r.get("prompts_sampled", B)) for r in metrics if "step" in r]
     out["prompts"] = statistics.fmean(prompts) if prompts else None

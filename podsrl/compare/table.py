@@ -115,7 +115,8 @@ def _screening_table(report: dict[str, Any]) -> list[str]:
     """A screening's methods (tasks): accuracy before and after training, the change, the peak, and
     the share of silent groups over the first steps and over the run (compare.json)."""
     rows = [("method", "task", "seeds", "acc before %", "acc after %", "change, points", "peak %", "silent groups, first steps",
-             "silent groups, all steps", "train reward", "steps", "one answer scores")]  # fmt: skip
+             "silent groups, all steps", "train reward", "completion tokens, first steps / all", "cut at the limit", "steps",
+             "one answer scores")]  # fmt: skip
     for name, e in report["methods"].items():
         before, after = e.get("start_accuracy"), e["final_accuracy"]
         sig = e.get("signal") or {}
@@ -125,13 +126,21 @@ def _screening_table(report: dict[str, Any]) -> list[str]:
             "-" if before is None or after is None else f"{100 * (after - before):+.1f}",
             _fmt(e["peak_accuracy"] and 100 * e["peak_accuracy"], "{:.1f}"),
             _fmt(sig.get("zero_variance_groups_start"), "{:.0%}"), _fmt(sig.get("zero_variance_groups"), "{:.0%}"),
-            _fmt(sig.get("reward"), "{:.3f}"), ", ".join(map(str, e["steps"])) or "-", _one_answer(e.get("one_answer")),
+            _fmt(sig.get("reward"), "{:.3f}"), _tokens(sig), _fmt(sig.get("truncated"), "{:.0%}"),
+            ", ".join(map(str, e["steps"])) or "-", _one_answer(e.get("one_answer")),
         ))  # fmt: skip
     head = [f"screening: each method trained on its own task for {_budget(report)}; held-out accuracy before training (step 0) and after "
             f"(at the budget), mean over seeds; silent groups: share of sampled groups with all rewards equal (no gradient), "
             f"over the first {SIGNAL_START_STEPS} steps and over the run; one answer scores: the share of the held-out problems "
             f"scored whose answer is the most common one (that answer), what giving it to every problem scores"]  # fmt: skip
     return head + _grid(rows)
+
+
+def _tokens(sig: dict[str, Any]) -> str:
+    """"142 / 97": mean completion tokens over the first steps and over the run; "-" without them."""
+    if sig.get("completion_len") is None:
+        return "-"
+    return f"{_fmt(sig.get('completion_len_start'), '{:.0f}')} / {sig['completion_len']:.0f}"
 
 
 def _one_answer(one: dict[str, Any] | None) -> str:
@@ -257,12 +266,14 @@ def _minutes_table(report: dict[str, Any], curves: dict[str, dict], every: float
 
 def _signal_table(report: dict[str, Any]) -> list[str]:
     """What each method trained on (compare.json ``signal``; DEFINITIONS["signal"])."""
-    rows = [("method", "train reward", "zero-variance groups", "kept adv variance", "tokens in loss", "signal tokens kept", "grad norm",
+    rows = [("method", "train reward", "zero-variance groups", "completion tokens, first steps / all", "cut at the limit",
+             "kept adv variance", "tokens in loss", "signal tokens kept", "grad norm",
              "rollouts / step", "prompts / step", "groups with signal", "kept rows run", "rollouts / signal group",
              "prompts skipped / step", "explored came back silent", "silent from epoch 1", "of the rest", "epochs")]  # fmt: skip
     for name, e in report["methods"].items():
         sig = e.get("signal") or {}
-        cells = [_fmt(sig.get("reward"), "{:.3f}"), _fmt(sig.get("zero_variance_groups"), "{:.0%}"),
+        cells = [_fmt(sig.get("reward"), "{:.3f}"), _fmt(sig.get("zero_variance_groups"), "{:.0%}"), _tokens(sig),
+                 _fmt(sig.get("truncated"), "{:.0%}"),
                  _fmt(sig.get("kept_adv_var"), "{:.3f}"), _fmt(sig.get("tokens_in_loss"), "{:.0%}"),
                  _fmt(sig.get("signal_tokens_kept"), "{:.0%}"),
                  _fmt(sig.get("grad_norm"), "{:.2f}"), _fmt(sig.get("rollouts"), "{:.0f}"), _fmt(sig.get("prompts"), "{:.1f}"),
