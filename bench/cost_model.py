@@ -89,6 +89,8 @@ from pathlib import Path
 
 import numpy as np
 
+from podsrl.compare.trl_arm import PODSRL, read_trainer  # a TRL arm of podsrl compare names its trainer in trainer.json
+
 ROOT = Path(__file__).resolve().parents[1]
 H100_RHO = 68.0  # (1.5 s / 128 rollouts) / (1.4 s / (128 x 64 tokens)), docs/results.md "On a GPU"
 RULES = ("all", "max_variance", "d3s_intra", "d3s_cross")  # binary rewards: skipping is exact and predictable
@@ -104,12 +106,6 @@ def _config(run: Path) -> dict:
     return tomllib.loads((run / "config.toml").read_text())
 
 
-def _trained_by_podsrl(run: Path) -> bool:
-    """A run of ``podsrl train``, not a TRL arm of ``podsrl compare`` (trainer.json: podsrl.compare.trl_arm)."""
-    file = run / "trainer.json"
-    return not file.is_file() or json.loads(file.read_text()).get("trainer") == "podsrl"
-
-
 def load(runs: Path, seeds: list[int], baseline: str = "grpo") -> dict[str, list[list[dict]]]:
     """method -> [steps of each seed], for every podsrl method under ``runs`` whose rule is one of
     RULES (the baseline first); every step gets C, R, F, S (the model's counts) as measured."""
@@ -118,7 +114,7 @@ def load(runs: Path, seeds: list[int], baseline: str = "grpo") -> dict[str, list
     for method in methods:
         for seed in seeds:
             run = runs / method / f"seed{seed}"
-            if not (run / "metrics.jsonl").exists() or not _trained_by_podsrl(run):
+            if not (run / "metrics.jsonl").exists() or read_trainer(run) != PODSRL:
                 continue
             config = _config(run)
             if config["select"]["rule"] not in RULES:
