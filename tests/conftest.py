@@ -333,3 +333,23 @@ def update_settings(**options: Any):
 
     loss = LossSettings(**{k: v for k, v in options.items() if k in _LOSS_FIELDS})
     return UpdateSettings(loss=loss, **{k: v for k, v in options.items() if k not in _LOSS_FIELDS})
+
+
+def ten_rollouts(tokenizer, zeros: list[int], *, max_id: int = 5000):
+    """An UpdateBatch of 10 rollouts of 3 prompts (groups of 4, 3, 3) of different lengths (2-8
+    completion tokens, ids in [100, ``max_id``)), with seeded random advantages and 0 at ``zeros``
+    (test_zero_signal.py and test_importance.py's steps)."""
+    import torch
+
+    from podsrl.train.update import UpdateBatch
+
+    g = torch.Generator().manual_seed(3)
+    prompts = [tokenizer(f"What is {i} + {i * 7}?{' Please.' * i}")["input_ids"] for i in range(3)]
+    groups = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    advantages = torch.randn(len(groups), generator=g)
+    advantages[zeros] = 0.0
+    return UpdateBatch(
+        prompt_ids=[prompts[p] for p in groups],
+        completion_ids=[torch.randint(100, max_id, (2 + (3 * i) % 7,), generator=g).tolist() for i in range(len(groups))],
+        advantages=advantages,
+    )

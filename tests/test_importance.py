@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import update_settings
+from conftest import ten_rollouts, update_settings
 from float_bounds import gradient_rtol, logprob_atol, rel_diff, within
 from podsrl.core.importance import MODES, ImportanceMetrics, ImportanceSettings, importance_weights
 from podsrl.core.loss import LossSettings, policy_loss
@@ -319,17 +319,8 @@ TEMPERATURE = 0.7
 
 
 def _batch(tokenizer, zeros: list[int] = ZEROS) -> UpdateBatch:
-    """10 rollouts of 3 prompts (groups of 4, 3, 3) of different lengths (tests/test_zero_signal.py's)."""
-    g = torch.Generator().manual_seed(3)
-    prompts = [tokenizer(f"What is {i} + {i * 7}?{' Please.' * i}")["input_ids"] for i in range(3)]
-    groups = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
-    advantages = torch.randn(len(groups), generator=g)
-    advantages[zeros] = 0.0
-    return UpdateBatch(
-        prompt_ids=[prompts[p] for p in groups],
-        completion_ids=[torch.randint(100, 600, (2 + (3 * i) % 7,), generator=g).tolist() for i in range(len(groups))],
-        advantages=advantages,
-    )
+    """conftest.ten_rollouts: 10 rollouts of 3 prompts, ids within the small vocabulary."""
+    return ten_rollouts(tokenizer, zeros, max_id=600)
 
 
 def _own_logprobs(model, batch: UpdateBatch) -> list[torch.Tensor]:

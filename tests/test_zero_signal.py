@@ -25,7 +25,7 @@ import math
 import pytest
 import torch
 
-from conftest import update_settings
+from conftest import ten_rollouts, update_settings
 from float_bounds import U32, gradient_rtol, rel_diff, within
 from podsrl.core.loss import AGGREGATIONS
 from podsrl.core.token_selection import select_tokens, selectable
@@ -49,20 +49,6 @@ def tiny_policy(tiny_model_dir, one_thread):
 
     torch.manual_seed(0)
     return load_policy(ModelConfig(name=str(tiny_model_dir)))
-
-
-def _batch(tokenizer, zeros: list[int]) -> UpdateBatch:
-    """10 rollouts of 3 prompts (groups of 4, 3, 3) of different lengths; advantage 0 at ``zeros``."""
-    g = torch.Generator().manual_seed(3)
-    prompts = [tokenizer(f"What is {i} + {i * 7}?{' Please.' * i}")["input_ids"] for i in range(3)]
-    groups = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
-    advantages = torch.randn(len(groups), generator=g)
-    advantages[zeros] = 0.0
-    return UpdateBatch(
-        prompt_ids=[prompts[p] for p in groups],
-        completion_ids=[torch.randint(100, 5000, (2 + (3 * i) % 7,), generator=g).tolist() for i in range(len(groups))],
-        advantages=advantages,
-    )
 
 
 ZEROS = [0, 2, 3, 5, 6, 8, 9]  # 7 of 10 rows without signal, as in a GRPO step (78% zero-variance groups)
@@ -141,7 +127,7 @@ def _assert_same_update(a, b, what: str, iterations: int = 1) -> None:
     ],
 )
 def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_policy, aggregation, extra):
-    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, ZEROS)
+    model, batch = tiny_policy.model, ten_rollouts(tiny_policy.tokenizer, ZEROS)
     full = _step(model, batch, skip=False, micro_batch_size=4, aggregation=aggregation, **extra)
     for micro_batch_size in (1, 3, 16):
         skipped = _step(model, batch, skip=True, micro_batch_size=micro_batch_size, aggregation=aggregation, **extra)
@@ -160,7 +146,7 @@ def test_a_wrong_token_mask_fails_the_comparison(tiny_policy, monkeypatch, token
     only if it changes the gradient: a skipping run whose mask keeps every token of the rows with a
     signal (selection doing nothing: what the correct mask did when the budget counted the skipped
     rows' tokens) or the lowest-scoring ones must fail the comparison."""
-    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, ZEROS)
+    model, batch = tiny_policy.model, ten_rollouts(tiny_policy.tokenizer, ZEROS)
     options = dict(aggregation="sequence", token_fraction=0.4, token_score=token_score)
     full = _step(model, batch, skip=False, micro_batch_size=4, **options)
     wrong_masks = {
@@ -177,7 +163,7 @@ def test_a_wrong_token_mask_fails_the_comparison(tiny_policy, monkeypatch, token
 
 
 def test_skipped_rows_take_no_forward(tiny_policy):
-    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, ZEROS)
+    model, batch = tiny_policy.model, ten_rollouts(tiny_policy.tokenizer, ZEROS)
     *_, forwards = _step(model, batch, skip=True, micro_batch_size=16)
     assert forwards == [3]  # the update's one micro-batch: the three rows with a signal
     *_, forwards = _step(model, batch, skip=True, micro_batch_size=16, token_fraction=0.5)
@@ -196,7 +182,7 @@ def test_a_step_without_signal_still_steps_the_optimizer(tiny_policy):
     """Every advantage 0 (GRPO's first steps on a hard task): no forward, but AdamW still moves the
     weights by its momentum and weight decay, exactly as with the zero gradient of a full pass."""
     model, tokenizer = tiny_policy.model, tiny_policy.tokenizer
-    first, silent = _batch(tokenizer, [0, 1]), _batch(tokenizer, list(range(10)))
+    first, silent = ten_rollouts(tokenizer, [0, 1]), ten_rollouts(tokenizer, list(range(10)))
     m = copy.deepcopy(model)
     params = [p for p in m.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
@@ -227,7 +213,7 @@ def test_one_iteration_with_a_kl_term_uses_its_own_forward_as_pi_old(tiny_model_
 
     torch.manual_seed(0)
     policy = load_policy(ModelConfig(name=str(tiny_model_dir), lora=True, lora_rank=4, lora_alpha=8, lora_dropout=0.5))
-    model, batch = policy.model, _batch(policy.tokenizer, [])
+    model, batch = policy.model, ten_rollouts(policy.tokenizer, [])
     model.train()
     _, _, stats, forwards = _step(model, batch, skip=True, micro_batch_size=16, beta=0.1)
     assert len(forwards) == 3  # scoring pass, reference, update
@@ -270,7 +256,7 @@ def test_the_sampler_trainer_gap_is_logged_over_the_rows_that_ran(tiny_policy):
     they are off by one, and only over the rows that ran (issue 32: vLLM's log-probs were unused)."""
     from podsrl.train.sequences import forward_logprobs, pack
 
-    model, batch = tiny_policy.model, _batch(tiny_policy.tokenizer, ZEROS)
+    model, batch = tiny_policy.model, ten_rollouts(tiny_policy.tokenizer, ZEROS)
     with torch.no_grad():
         own, _ = forward_logprobs(model, pack(batch.prompt_ids, batch.completion_ids, 0), temperature=0.7)
     lengths = [len(c) for c in batch.completion_ids]
