@@ -13,7 +13,10 @@ evaluations, as the report's table), AUC per training minute minus GRPO(16)'s pa
 95% interval, and training minutes to 99% of GRPO(16)'s peak and to TRL GRPOTrainer(8)'s accuracy at
 10 minutes (compare.json ``time_to_target_seconds`` and ``targets``), with that time as a fraction of
 GRPO(16)'s and of TRL GRPOTrainer(8)'s own. Nothing here is computed that the report does not hold,
-except the rows and groups a step (from metrics.jsonl) and the reading at equal minutes.
+except the rows and groups a step (from metrics.jsonl), the reading at equal minutes, and the
+second table's paired differences between two arms neither of which is the baseline (the report
+pairs every arm with GRPO(16) only): PODSTrainer(16, 4) against GRPOTrainer(16), and every podsrl
+arm against GRPOTrainer(8), by seed, with the report's own paired_difference.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import statistics
 from pathlib import Path
 
-from podsrl.compare.stats import value_at
+from podsrl.compare.stats import paired_difference, value_at
 
 HERE = Path(__file__).resolve().parent
 NAMES = {"grpo_n4": "GRPO(4)", "grpo_n8": "GRPO(8)", "grpo_n16": "GRPO(16)", "pods_n16_m4": "PODS(16, 4)", "pods_n16_m8": "PODS(16, 8)",
@@ -99,12 +102,41 @@ def headline(report: dict, root: Path) -> list[str]:
     return lines
 
 
+# The issue's paired questions: PODS against GRPO at the same n, in podsrl and inside TRL, and every
+# podsrl arm against TRL GRPOTrainer(8), the trainer a user would otherwise run.
+PAIRS = [("pods_n16_m4", "grpo_n16"), ("pods_n16_m8", "grpo_n16"), ("trl_pods_n16_m4", "trl_grpo_n16"),
+         *((arm, "trl_grpo_n8") for arm in ("grpo_n4", "grpo_n8", "grpo_n16", "pods_n16_m4", "pods_n16_m8"))]  # fmt: skip
+
+
+def per_seed(entry: dict, key: str) -> dict[int, float | None]:
+    return {r["seed"]: r.get(key) for r in entry["runs"]}
+
+
+def pairs(report: dict) -> list[str]:
+    """Paired differences by seed (the report's own paired_difference: mean and 95% t-interval) of
+    AUC per training minute and of accuracy at the budget, for PAIRS."""
+    methods = report["methods"]
+    lines = ["| arm - against | seeds | AUC per training min, paired | accuracy at 10 min, paired |", "|---|---|---|---|"]
+    for arm, other in PAIRS:
+        if not (methods.get(arm, {}).get("runs") and methods.get(other, {}).get("runs")):
+            continue
+        auc = paired_difference(per_seed(methods[arm], "time_auc"), per_seed(methods[other], "time_auc"))
+        final = paired_difference(per_seed(methods[arm], "final_accuracy"), per_seed(methods[other], "final_accuracy"))
+        cells = [f"{NAMES[arm]} - {NAMES[other]}", str(len(auc.seeds))]
+        for d in (auc, final):
+            cells.append(interval({"mean": d.mean, "ci95": d.ci95, "seeds": d.seeds, "excludes_zero": d.excludes_zero()}))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=HERE, help="the comparison's output directory (compare.json, runs/)")
     args = parser.parse_args()
     report = json.loads((args.dir / "compare.json").read_text())
     print("\n".join(headline(report, args.dir)))
+    print()
+    print("\n".join(pairs(report)))
 
 
 if __name__ == "__main__":
