@@ -424,6 +424,28 @@ def test_each_tasks_default_prompt_agrees_with_its_instruction(name, tmp_path):
     assert asks_for_the_number_alone == (name == "arithmetic")
 
 
+def test_a_data_path_from_another_worktree_is_the_same_setting(tmp_path, monkeypatch):
+    """``../data/x.jsonl`` from two worktrees side by side is one file: saved without "..", and a run
+    saved before that (its path with "..") compares equal to the plan (a comparison's --report-only
+    or resume from the other worktree found a "different config": issue 59's screening)."""
+    from podsrl.config import load
+    from podsrl.run.rundir import config_differences
+
+    data = tmp_path / "data" / "mytask.jsonl"
+    data.parent.mkdir()
+    _write_jsonl(data, [{"question": "q", "answer": "1"}] * 4)
+    configs = []
+    for worktree in ("a", "b"):
+        (tmp_path / worktree).mkdir()
+        monkeypatch.chdir(tmp_path / worktree)
+        configs.append(load(None, ["task.name=jsonl", "task.options.path=../data/mytask.jsonl", "task.options.num_eval=1"]))
+    assert [c.task.options["path"] for c in configs] == [str(data)] * 2
+    old = load(None, ["task.name=jsonl", f"task.options.path={tmp_path / 'a' / '..' / 'data' / 'mytask.jsonl'}", "task.options.num_eval=1"])
+    assert ".." in old.task.options["path"] and config_differences(old, configs[1]) == {}
+    other = load(None, ["task.name=jsonl", f"task.options.path={tmp_path / 'a' / 'mytask.jsonl'}", "task.options.num_eval=1"])
+    assert set(config_differences(other, configs[1])) == {"task.options"}
+
+
 def test_relative_data_paths_are_made_absolute_when_the_config_is_built(tmp_path, monkeypatch):
     from podsrl.config import load, to_toml
 

@@ -32,6 +32,7 @@ finds its data from any directory (docs/run-directory.md).
 """
 
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -72,14 +73,16 @@ def canonical_options(name: str, options: Mapping[str, object]) -> dict[str, obj
 
 def absolute_paths(options: Mapping[str, object]) -> dict[str, object]:
     """``options`` with each relative `path` / `eval_path` that exists (against the working
-    directory) made absolute; anything else (absolute, missing, a dataset id) as given."""
+    directory) made absolute, without "." and ".." (``../shared/data`` from /w/a and from /w/b is
+    /w/shared/data: the same files, the same setting); anything else (absolute, missing, a
+    dataset id) as given."""
     out = dict(options)
     for option in PATH_OPTIONS:
         value = out.get(option)
         if isinstance(value, str) and value:
             path = Path(value).expanduser()
             if not path.is_absolute() and path.exists():
-                out[option] = str(path.absolute())
+                out[option] = os.path.normpath(path.absolute())
     return out
 
 
