@@ -417,6 +417,16 @@ def test_seeds_vary_training_but_not_the_held_out_set(tmp_path):
     assert plan.config("grpo", 0).rollout.n == 4 and plan.config("grpo", 0).optim.lr == 3e-5
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.toml")))
+def test_every_shipped_comparison_loads(name, monkeypatch):
+    """Every file in configs/ is a comparison whose every method's config builds (a typo in a preset
+    that no other test names, such as compare-gpu.toml or compare-long.toml, fails here). From the
+    repository root, where their relative data paths (../shared/data) resolve as their commands run them."""
+    monkeypatch.chdir(ROOT)
+    plan = compare.load_plan(ROOT / "configs" / name)
+    assert plan.methods and all(plan.config(m.name, 0) for m in plan.methods)
+
+
 def test_default_comparison_matches_configs_compare_toml():
     from_file = compare.load_plan(ROOT / "configs" / "compare.toml")
     default = compare.load_plan()
