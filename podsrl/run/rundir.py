@@ -233,10 +233,8 @@ def holds_run(path: Path) -> bool:
 
 def config_differences(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
     """Every setting whose value differs: dotted name -> (old, new). An unset ``select.m`` counts as
-    the m it resolves to (a run's config.toml holds the resolved m: :func:`resolved_m`); a task's
-    absolute data path counts without "." and ".." (a run trained from another worktree of the same
-    machine saved /w/a/../shared/data, before :func:`podsrl.tasks.absolute_paths` normalised it)."""
-    a, b = (_normal_paths(resolved_m(cfg).to_dict()) for cfg in (old, new))
+    the m it resolves to (a run's config.toml holds the resolved m: :func:`resolved_m`)."""
+    a, b = resolved_m(old).to_dict(), resolved_m(new).to_dict()
     out = {}
     for section in {**a, **b}:
         sa, sb = a.get(section, {}), b.get(section, {})
@@ -244,16 +242,6 @@ def config_differences(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
             if sa.get(key) != sb.get(key):
                 out[f"{section}.{key}"] = (sa.get(key), sb.get(key))
     return out
-
-
-def _normal_paths(values: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    from podsrl.tasks import PATH_OPTIONS
-
-    options = values.get("task", {}).get("options")
-    if isinstance(options, dict):
-        values["task"]["options"] = {key: os.path.normpath(v) if key in PATH_OPTIONS and isinstance(v, str) and os.path.isabs(v) else v
-                                     for key, v in options.items()}  # fmt: skip
-    return values
 
 
 def resume_changes(path: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:

@@ -73,15 +73,17 @@ def canonical_options(name: str, options: Mapping[str, object]) -> dict[str, obj
 
 def absolute_paths(options: Mapping[str, object]) -> dict[str, object]:
     """``options`` with each relative `path` / `eval_path` that exists (against the working
-    directory) made absolute, without "." and ".." (``../shared/data`` from /w/a and from /w/b is
-    /w/shared/data: the same files, the same setting); anything else (absolute, missing, a
-    dataset id) as given."""
+    directory) made absolute, and every absolute one written without "." and ".." (``../shared/data``
+    from /w/a and from /w/b is /w/shared/data: the same files, the same setting, also in a run saved
+    before this normalised it); anything else (missing, a dataset id, ``~/...``) as given."""
     out = dict(options)
     for option in PATH_OPTIONS:
         value = out.get(option)
         if isinstance(value, str) and value:
             path = Path(value).expanduser()
-            if not path.is_absolute() and path.exists():
+            if os.path.isabs(value):
+                out[option] = os.path.normpath(value)
+            elif not path.is_absolute() and path.exists():
                 out[option] = os.path.normpath(path.absolute())
     return out
 
