@@ -18,7 +18,7 @@ every shorter one: each length's figures are over the first L tokens of the same
 Per length L, over its N = prompts x samples completions, with d = log pi_trainer - log pi_sampler
 per completion token:
 
-- the completions' mean length and the share cut at L; the per-token gap: mean d, mean |d| and the
+- the completions' mean length and the share cut at L (no end-of-sequence within the first L tokens); the per-token gap: mean d, mean |d| and the
   k3 estimate of KL(sampler || trainer), mean exp(d) - 1 - d (``sampler_kl`` in metrics.jsonl);
 - the sequence ratio r_i = exp(sum_t d): its 10/50/90% quantiles and the share below 0.1;
 - for each correction mode at TRL's default bounds (clip_max 3, no clip_min), through podsrl's own
@@ -62,8 +62,10 @@ def prompts(tokenizer, data: Path, k: int) -> list[list[int]]:
     return prompt_ids(tokenizer, task, task.eval[:k])
 
 
-def sample(policy, engine: str, prompt_ids: list[list[int]], n: int, max_new_tokens: int, seed: int) -> tuple[list[list[int]], list[list[float]], str]:
-    """(completions [K], the sampler's log-prob of each of their tokens, the sampler's name), K = prompts x n."""
+def sample(policy, engine: str, prompt_ids: list[list[int]], n: int, max_new_tokens: int, seed: int) -> tuple[list[list[int]], list[list[float]], list[bool], str]:
+    """(completions [K], the sampler's log-prob of each of their tokens, whether each ended on its own
+    (end-of-sequence before the limit: the engine's ``truncated``, negated), the sampler's name), K =
+    prompts x n."""
     from podsrl.config import RolloutConfig
     from podsrl.engines import Sampling
 
@@ -79,14 +81,14 @@ def sample(policy, engine: str, prompt_ids: list[list[int]], n: int, max_new_tok
             out = vllm.generate(prompt_ids, sampling)
         finally:
             vllm.close()
-        return out.completion_ids, out.logprobs, f"vLLM {vllm.sampler_dtype.describe()}"
+        return out.completion_ids, out.logprobs, [not t for t in out.truncated], f"vLLM {vllm.sampler_dtype.describe()}"
     from podsrl.engines.hf import TransformersEngine
 
     sampler = copy.deepcopy(policy.model).to(torch.bfloat16).eval()
     torch.manual_seed(seed)
     out = TransformersEngine(sampler, policy.tokenizer).generate(prompt_ids, sampling)
     rows = [p for p in prompt_ids for _ in range(n)]
-    return out.completion_ids, logprobs(sampler, rows, out.completion_ids, policy.tokenizer.pad_token_id), "transformers, a bfloat16 copy of the policy"
+    return out.completion_ids, logprobs(sampler, rows, out.completion_ids, policy.tokenizer.pad_token_id), [not t for t in out.truncated], "transformers, a bfloat16 copy of the policy"
 
 
 @torch.no_grad()
@@ -115,9 +117,12 @@ def _padded(rows: list[list[float]], length: int) -> tuple[torch.Tensor, torch.T
     return values, mask
 
 
-def summarize(trainer: list[list[float]], sampler: list[list[float]], length: int, modes: tuple[str, ...] = MODES) -> dict:
+def summarize(trainer: list[list[float]], sampler: list[list[float]], length: int, ended: list[bool] | None = None, modes: tuple[str, ...] = MODES) -> dict:
     """The figures of one length (see the module docstring) from each completion's trainer and
-    sampler log-probs, cut at ``length`` tokens."""
+    sampler log-probs, cut at ``length`` tokens. ``ended[i]``: completion i ended on its own (its last
+    token is the end-of-sequence token); it is cut at ``length`` when it is longer, or as long without
+    having ended (None: none ended)."""
+    ended = ended if ended is not None else [False] * len(trainer)
     t, mask = _padded(trainer, length)
     s, _ = _padded(sampler, length)
     d = (t - s)[mask]  # [tokens]
@@ -128,7 +133,7 @@ def summarize(trainer: list[list[float]], sampler: list[list[float]], length: in
         "length": length,
         "sequences": len(trainer),
         "mean_tokens": float(mask.sum()) / len(trainer),
-        "cut": sum(len(x) >= length for x in trainer) / len(trainer),
+        "cut": sum(len(x) > length or (len(x) == length and not e) for x, e in zip(trainer, ended, strict=True)) / len(trainer),
         "logp_diff": float(d.mean()),
         "abs_logp_diff": float(d.abs().mean()),
         "kl": float((d.exp() - 1 - d).mean()),
@@ -190,14 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     policy = load_policy(ModelConfig(name=args.model, dtype="float32", device="cpu"))
     prompt_ids = prompts(policy.tokenizer, Path(args.data), args.prompts)
-    completions, sampler, name = sample(policy, args.engine, prompt_ids, args.samples, max(lengths), args.seed)
+    completions, sampler, ended, name = sample(policy, args.engine, prompt_ids, args.samples, max(lengths), args.seed)
     rows = [p for p in prompt_ids for _ in range(args.samples)]
     trainer = logprobs(policy.model.eval(), rows, completions, policy.tokenizer.pad_token_id)
     print(f"# {command}")
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {time.time() - started:.0f} s; model {args.model} (float32), "
           f"sampler {name}; {args.prompts} GSM8K test prompts x {args.samples} samples, temperature 1")  # fmt: skip
     print()
-    figures = [summarize(trainer, sampler, L) for L in lengths]
+    figures = [summarize(trainer, sampler, L, ended) for L in lengths]
     print(tables(figures))
     print()
     print(f"ESS at {lengths[-1]} tokens: " + ", ".join(f"{mode} {m['ess']:.2f}" for mode, m in figures[-1]["modes"].items()))

@@ -798,6 +798,10 @@ def test_bench_figures_are_the_formulas():
     assert bench.summarize(trainer, sampler, 3)["modes"]["sequence_mask"]["weight_mean"] == pytest.approx((2 * math.exp(-5) + 0.5) / 2)
     table = bench.tables([x])
     assert "| 2 | 2 | 100% |" in table and "| `sequence_mask` (default) | 1.25, 0.74, 0% |" in table
+    # the second completion ended with its second token: at L = 2 it is not cut, the first (longer) is
+    assert bench.summarize(trainer, sampler, 2, ended=[False, True])["cut"] == 0.5
+    assert bench.summarize(trainer, sampler, 3, ended=[False, True])["cut"] == 0.5  # the first reached L = 3 without ending
+    assert bench.summarize(trainer, sampler, 3, ended=[True, True])["cut"] == 0.0
 
 
 def test_bench_runs_tiny(tiny_model_dir, tmp_path, capsys):
