@@ -197,6 +197,14 @@ def _method_entries(plan: Plan, out: Path, names: list[str]) -> tuple[dict[str, 
     return entries, rows, curves
 
 
+def _reach(curves: dict[str, Curve], rows: list[list[dict]], accuracy: float | None, axis: str) -> tuple[float | None, list[float | None]]:
+    """On ``axis``: where a method's seed-mean curve first reaches ``accuracy`` and each seed's first
+    evaluation at or above it (None where never; (None, []) when there is no target)."""
+    if accuracy is None:
+        return None, []
+    return first_reach(curves[axis], accuracy), [seed_first_reach(r, accuracy, axis) for r in rows]
+
+
 def _add_to_target(entry: dict[str, Any], rows: list[list[dict]], curves: dict[str, Curve], target: float | None,
                    base_at: dict[str, float | None]) -> None:  # fmt: skip
     """A method's numbers at the target, on both axes: where its seed-mean curve first reaches it, each
@@ -204,8 +212,7 @@ def _add_to_target(entry: dict[str, Any], rows: list[list[dict]], curves: dict[s
     it) and the speedup over the baseline."""
     for axis in AXES:
         key = _TO_TARGET[axis]
-        at = first_reach(curves[axis], target) if target is not None else None
-        per_seed = [seed_first_reach(r, target, axis) for r in rows] if target is not None else []
+        at, per_seed = _reach(curves, rows, target, axis)
         reached = [v for v in per_seed if v is not None]
         entry[key] = at
         entry[f"{key}_per_seed"] = per_seed
@@ -226,18 +233,17 @@ def _more_targets(plan: Plan, entries: dict[str, dict], rows: dict[str, list[lis
         e = entries.get(t.method)
         level = None if e is None else (e["peak_accuracy"] if t.of == "peak" else e["final_accuracy"])
         accuracy = t.fraction * level if level else None  # 0% (never right) sets no target, as for the baseline
-        ref = {axis: first_reach(curves[t.method][axis], accuracy) if accuracy is not None else None for axis in AXES}
+        ref = {axis: _reach(curves[t.method], rows[t.method], accuracy, axis)[0] for axis in AXES}
         per_method = {}
         for name in entries:
-            at = {axis: first_reach(curves[name][axis], accuracy) if accuracy is not None else None for axis in AXES}
-            fast = speedup(ref["train_seconds"], at["train_seconds"])
+            at = {axis: _reach(curves[name], rows[name], accuracy, axis) for axis in AXES}
+            fast = speedup(ref["train_seconds"], at["train_seconds"][0])
             per_method[name] = {
-                "steps_to_target": at["step"],
-                "time_to_target_seconds": at["train_seconds"],
-                "time_to_target_seconds_per_seed": [seed_first_reach(r, accuracy, "train_seconds") for r in rows[name]]
-                if accuracy is not None else [],
+                "steps_to_target": at["step"][0],
+                "time_to_target_seconds": at["train_seconds"][0],
+                "time_to_target_seconds_per_seed": at["train_seconds"][1],
                 "speedup": fast,
-                "step_speedup": speedup(ref["step"], at["step"]),
+                "step_speedup": speedup(ref["step"], at["step"][0]),
                 "time_ratio": 1 / fast if fast else None,
             }  # fmt: skip
         out.append({"method": t.method, "of": t.of, "fraction": t.fraction, "label": t.label, "level": level,
