@@ -28,8 +28,9 @@ number is compared as text, ignoring case and runs of whitespace.
 
 import re
 from fractions import Fraction
+from typing import NamedTuple
 
-__all__ = ["ANSWER_TAG", "NUMBER_WORDS", "SURROUNDING", "answer_text", "answers_match", "ends_with_number", "extract_answer", "final_sentence", "last_boxed", "last_tag", "marked_answer", "number_value", "parse_number"]
+__all__ = ["ANSWER_TAG", "NUMBER_WORDS", "SURROUNDING", "Region", "after_hashes", "answer_region", "answer_text", "answers_match", "ends_with_number", "extract_answer", "final_sentence", "last_boxed", "last_tag", "marked_answer", "number_value", "parse_number"]
 
 _PLAIN = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"  # 1,234.5 | 1234 | .5
 _LATEX_FRAC = r"\\[dt]?frac\{\s*-?(?:\d+(?:\.\d+)?)\s*\}\{\s*-?(?:\d+(?:\.\d+)?)\s*\}"
@@ -216,23 +217,46 @@ def marked_answer(text: str) -> str | None:
     return _CLAUSE_BREAK.split(rest, maxsplit=1)[0].strip(SURROUNDING)
 
 
-def answer_text(completion: str) -> str:
-    """The part of a completion that holds its answer, for the ``text`` grader: the text after the
-    last "####" (its first line), the last `\\boxed{}`, the last `<answer>...</answer>`, else the last
-    non-empty line, from after its last "answer is" / "answer:" if it has one."""
-    if "####" in completion:
-        tail = completion.rsplit("####", 1)[1].strip()
-        if tail:
-            return tail.splitlines()[0]
+def after_hashes(completion: str) -> str | None:
+    """The first line after a completion's last "####" (GSM8K's answer line), stripped; None when it
+    has no "####" or nothing follows it."""
+    if "####" not in completion:
+        return None
+    tail = completion.rsplit("####", 1)[1].strip()
+    return tail.splitlines()[0] if tail else None
+
+
+class Region(NamedTuple):
+    """Where a completion's answer is (:func:`answer_region`): its text and which rule found it."""
+
+    text: str
+    where: str  # "####" | "boxed" | "tag" | "line" (the last non-empty line; "" when there is none)
+
+
+def answer_region(completion: str) -> Region:
+    """Where the completion's answer is, in podsrl's priority: after the last "####" (its first line),
+    in the last `\\boxed{}`, in the last `<answer>` tag, else its last non-empty line."""
+    tail = after_hashes(completion)
+    if tail is not None:
+        return Region(tail, "####")
     boxed = last_boxed(completion)
     if boxed is not None:
-        return boxed
+        return Region(boxed, "boxed")
     tag = last_tag(completion)
     if tag is not None:
-        return answer_text(tag)  # the tag's content read as a plain completion is ("<answer>The answer is: x</answer>")
+        return Region(tag, "tag")
     lines = [line for line in completion.splitlines() if line.strip()]
-    if not lines:
-        return ""
-    last = lines[-1]
-    markers = list(_MARKER.finditer(last))
-    return last[markers[-1].end() :] if markers else last
+    return Region(lines[-1] if lines else "", "line")
+
+
+def answer_text(completion: str) -> str:
+    """The part of a completion that holds its answer, for the ``text`` grader: its
+    :func:`answer_region`, a tag's content read as a plain completion ("<answer>The answer is:
+    x</answer>"), a last line from after its last "answer is" / "answer:" if it has one."""
+    region = answer_region(completion)
+    if region.where == "tag":
+        return answer_text(region.text)
+    if region.where != "line":
+        return region.text
+    markers = list(_MARKER.finditer(region.text))
+    return region.text[markers[-1].end() :] if markers else region.text

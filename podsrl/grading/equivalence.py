@@ -32,7 +32,7 @@ import threading
 import warnings
 from functools import lru_cache
 
-from podsrl.grading.answers import last_boxed
+from podsrl.grading.answers import after_hashes, last_boxed
 
 TIMEOUT_SECONDS = 3  # per parse and per comparison; signal.alarm takes whole seconds
 MAX_CHARS = 2000  # the longest text parsed: the end of a completion without "####" or a box
@@ -59,10 +59,9 @@ def available() -> bool:
 
 def answer_region(completion: str) -> str:
     """The part of a completion that holds its final answer, in podsrl's priority order."""
-    if "####" in completion:
-        tail = completion.rsplit("####", 1)[1].strip()
-        if tail:
-            return tail.splitlines()[0][:MAX_CHARS]
+    tail = after_hashes(completion)
+    if tail is not None:
+        return tail[:MAX_CHARS]
     boxed = last_boxed(completion)
     if boxed is not None:
         return f"\\boxed{{{boxed}}}" if len(boxed) <= MAX_CHARS else ""  # a runaway box: wrong

@@ -73,7 +73,7 @@ from functools import lru_cache
 from podsrl.errors import ConfigError
 from podsrl.grading import equivalence
 from podsrl.grading.answers import (
-    NUMBER_WORDS, SURROUNDING, answer_text, extract_answer, final_sentence, last_boxed, last_tag, number_value,
+    NUMBER_WORDS, SURROUNDING, after_hashes, answer_region, answer_text, extract_answer, final_sentence, last_boxed, number_value,
     parse_number,
 )  # fmt: skip
 from podsrl.tasks.types import Example
@@ -114,7 +114,7 @@ def numeric(completion: str, example: Example) -> float:
     if number_value(extract_answer(completion) or "") == value:
         return 1.0
     # No number in digits in the final sentence: its answer may be a number word ("A spider has eight legs.").
-    if value in NUMBER_WORDS and not re.search(r"\d", final_sentence(_answer_region(completion))):
+    if value in NUMBER_WORDS and not re.search(r"\d", final_sentence(answer_region(completion).text)):
         return 1.0 if names_answer(completion, example.answer, example.question) else 0.0
     return 0.0
 
@@ -311,7 +311,7 @@ def names_answer(completion: str, reference: str, question: str = "") -> bool:
     forms = _forms(reference)
     if not forms:
         return False
-    sentence = _CONTRACTED_NOT.sub(" not", _unmacro(final_sentence(_answer_region(completion))))
+    sentence = _CONTRACTED_NOT.sub(" not", _unmacro(final_sentence(answer_region(completion).text)))
     spans = [(m.group().casefold(), m.start(), m.end()) for m in _TOKEN.finditer(sentence)]
     words = [w for w, _, _ in spans]
     asked, alternatives = _question_words(question)
@@ -358,20 +358,6 @@ def _question_words(question: str) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(words), frozenset(alternatives)
 
 
-def _answer_region(completion: str) -> str:
-    """Where the completion's answer is: after "####" (its first line), in the last `\\boxed{}` or
-    `<answer>` tag, else its last non-empty line (:func:`answer_text` without cutting at a marker)."""
-    if "####" in completion:
-        tail = completion.rsplit("####", 1)[1].strip()
-        if tail:
-            return tail.splitlines()[0]
-    for inside in (last_boxed(completion), last_tag(completion)):
-        if inside is not None:
-            return inside
-    lines = [line for line in completion.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
 def _unmacro(text_: str) -> str:
     previous = None
     while previous != text_:  # nested \text{\textbf{..}}
@@ -383,7 +369,7 @@ def _numeric_decides(completion: str, reference: str) -> bool:
     """The reference is a plain number and the completion's answer is not a box of LaTeX."""
     if parse_number(reference) is None:
         return False
-    if "####" in completion and completion.rsplit("####", 1)[1].strip():
+    if after_hashes(completion) is not None:
         return True  # GSM8K's marker outranks any box (`extract_answer`)
     boxed = last_boxed(completion)
     return boxed is None or parse_number(boxed) is not None

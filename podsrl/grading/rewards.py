@@ -40,7 +40,7 @@ from typing import Protocol
 
 from podsrl.errors import ConfigError, RewardError
 from podsrl.grading import graders
-from podsrl.grading.answers import ends_with_number, last_boxed
+from podsrl.grading.answers import after_hashes, ends_with_number, last_boxed
 from podsrl.grading.user import RewardFn, load_user_reward
 from podsrl.tasks.types import Example, Task
 
@@ -68,7 +68,7 @@ def format_reward(completion: str, example: Example) -> float:
     checked here. (Named `format_reward` so as not to shadow the builtin; registered as "format".)
     """
     del example  # the rule depends on the completion only
-    if "####" in completion and completion.rsplit("####", 1)[1].strip():
+    if after_hashes(completion) is not None:
         return 1.0
     boxed = last_boxed(completion)
     if boxed is not None and boxed.strip():
