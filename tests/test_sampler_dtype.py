@@ -160,8 +160,15 @@ def test_the_start_up_line_and_config_toml_say_what_fast_resolved_to(tmp_path):
     line = _device_line(s, torch.nn.Linear(2, 2))
     assert line.endswith(
         "rollout engine vllm, sampler bfloat16 (rollout.sampler_dtype = 'fast': the CPU has native bfloat16 "
-        "arithmetic, avx512_bf16 and amx_bf16 in /proc/cpuinfo)"
+        f"arithmetic, avx512_bf16 and amx_bf16 in /proc/cpuinfo), importance correction {s.cfg.rollout.importance_sampling_mode} "
+        "(clip_max 3; rollout.importance_sampling_mode)"
     ), line
+    off = load(overrides=["--rollout.engine=vllm", "--rollout.importance_sampling_correction=false"])
+    assert _device_line(_setup(s.engine, off), torch.nn.Linear(2, 2)).endswith(
+        "no importance correction (rollout.importance_sampling_correction = false)"
+    )
+    bounded = load(overrides=["--rollout.engine=vllm", "--rollout.importance_sampling_mode=token_mask", "--rollout.importance_sampling_clip_min=0.5"])
+    assert "importance correction token_mask (clip_max 3, clip_min 0.5; " in _device_line(_setup(s.engine, bounded), torch.nn.Linear(2, 2))
     notes = _config_notes(s)
     assert notes == {"rollout.sampler_dtype": "bfloat16 where the run last started: " + choice.reason}
     claim = rundir.prepare(tmp_path / "run", s.cfg)

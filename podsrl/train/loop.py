@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from podsrl.config import Config
+from podsrl.config import Config, RolloutConfig
 from podsrl.core.downsample import Selection, downsample, has_signal
 from podsrl.core.seeds import Stream, step_seed
 from podsrl.core.early_stop import why_not_exact
@@ -574,9 +574,19 @@ def _device_line(run: Setup, model) -> str:
     return (
         f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
         + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
-        + (f", sampler {sampler.describe()}" if sampler is not None else "")
+        + (f", sampler {sampler.describe()}, {_correction(cfg.rollout)}" if sampler is not None else "")
         + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
     )  # fmt: skip
+
+
+def _correction(rollout: RolloutConfig) -> str:
+    """The importance correction of the sampler's gap, for the start-up line (docs/vllm.md)."""
+    if not rollout.importance_sampling_correction:
+        return "no importance correction (rollout.importance_sampling_correction = false)"
+    bounds = f"clip_max {rollout.importance_sampling_clip_max:g}" + (
+        f", clip_min {rollout.importance_sampling_clip_min:g}" if rollout.importance_sampling_clip_min is not None else ""
+    )
+    return f"importance correction {rollout.importance_sampling_mode} ({bounds}; rollout.importance_sampling_mode)"
 
 
 def _config_notes(run: Setup) -> dict[str, str]:
