@@ -47,10 +47,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from podsrl.config import RolloutConfig  # noqa: E402
 from podsrl.core.importance import MODES, ImportanceSettings, importance_weights  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"  # ../shared/data/gsm8k beside the repository
-DEFAULT_MODE = "sequence_mask"
 
 
 def prompts(tokenizer, data: Path, k: int) -> list[list[int]]:
@@ -66,7 +66,6 @@ def sample(policy, engine: str, prompt_ids: list[list[int]], n: int, max_new_tok
     """(completions [K], the sampler's log-prob of each of their tokens, whether each ended on its own
     (end-of-sequence before the limit: the engine's ``truncated``, negated), the sampler's name), K =
     prompts x n."""
-    from podsrl.config import RolloutConfig
     from podsrl.engines import Sampling
 
     sampling = Sampling(n=n, temperature=RolloutConfig.temperature, top_p=RolloutConfig.top_p, max_new_tokens=max_new_tokens, seed=seed)
@@ -165,7 +164,7 @@ def tables(rows: list[dict]) -> str:
         for x in rows:
             m = x["modes"][mode]
             cells.append(f"{m['weight_mean']:.2f}, {m['ess']:.2f}, {100 * m['zero_tokens']:.0f}%")
-        lines.append(f"| `{mode}`{' (default)' if mode == DEFAULT_MODE else ''} | " + " | ".join(cells) + " |")
+        lines.append(f"| `{mode}`{' (default)' if mode == RolloutConfig.importance_sampling_mode else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

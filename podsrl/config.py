@@ -191,7 +191,7 @@ class RolloutConfig:
     # vllm_importance_sampling_* (verl: rollout_is, rollout_rs), applied where the engine returns its
     # log-probs (vLLM); the transformers engine samples with the trainer itself and needs none.
     importance_sampling_correction: bool = True  # weight each token's loss by pi_trainer / pi_sampler (at the weights that sampled), truncated or masked; false: no correction (the gap is still logged)
-    importance_sampling_mode: str = "sequence_mask"  # "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask" | "geometric_truncate" | "geometric_mask": a ratio per token (TIS), one per sequence (the product of its tokens'), or one per sequence as the geometric mean of its tokens' (verl's and SkyRL's "geometric"), clipped into [clip_min, clip_max] or weight 0 outside
+    importance_sampling_mode: str = "token_truncate"  # default token_truncate (TIS), whose weight does not shrink with the completion's length (TRL's sequence_mask has ESS 0.66 at 512 tokens: docs/vllm.md, "Long completions", issue 59) | "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask" | "geometric_truncate" | "geometric_mask": a ratio per token (TIS), one per sequence (the product of its tokens'), or one per sequence as the geometric mean of its tokens' (verl's and SkyRL's "geometric"), clipped into [clip_min, clip_max] or weight 0 outside
     importance_sampling_clip_max: float = 3.0  # the ratio's upper bound C_max (>= 1)
     importance_sampling_clip_min: float | None = None  # the ratio's lower bound C_min (<= 1); none: no lower bound
     # Exact early stopping (podsrl/core/early_stop.py): a group stops once more rollouts could not

@@ -1063,13 +1063,13 @@ def test_the_sampler_gap_and_the_correction_are_reported_per_method(tmp_path):
     grpo = report["methods"]["grpo"]
     assert grpo["runs"][0]["sampler"] == pytest.approx({"sampler_logp_diff": 0.02, "sampler_kl": 1e-4, "is_ratio_mean": 1.01,
                                                         "is_clip_frac": 0.25, "is_ratio_min": 0.5, "is_ratio_max": 2.0})  # fmt: skip
-    assert grpo["sampler"] == pytest.approx({"dtype": "fast", "correction": "sequence_mask", "sampler_logp_diff": (0.02 + 0.52) / 2,
+    assert grpo["sampler"] == pytest.approx({"dtype": "fast", "correction": "token_truncate", "sampler_logp_diff": (0.02 + 0.52) / 2,
                                              "sampler_kl": 1e-4, "is_ratio_mean": 1.01, "is_clip_frac": 0.25,
                                              "is_ratio_min": 0.25, "is_ratio_max": 2.0})  # fmt: skip
     pods = report["methods"]["pods"]["sampler"]
     assert (pods["dtype"], pods["correction"], pods["sampler_logp_diff"], pods["is_ratio_max"]) == ("bfloat16", None, None, None)
     table = compare.format_table(report)
-    assert "sampler gap (metrics.jsonl)" in table and "sequence_mask" in table and "2.70e-01" in table and "25.00%" in table
+    assert "sampler gap (metrics.jsonl)" in table and "token_truncate" in table and "2.70e-01" in table and "25.00%" in table
     for path in out.rglob("metrics.jsonl"):  # no run logged a gap (the transformers engine): no table
         path.write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
     assert "sampler gap" not in compare.format_table(compare.build_report(plan, out))

@@ -184,14 +184,16 @@ def test_ess_of_a_batch_masked_whole_is_zero():
     assert (metrics.sequences, metrics.weight_mean, metrics.ess) == (3, 0.0, 0.0)
 
 
-def test_defaults_are_trls():
+def test_the_bounds_are_trls_the_mode_podsrls():
+    """TRL's clip_max and clip_min; podsrl's mode is token_truncate where TRL's is sequence_mask (issue
+    59: a sequence ratio's weights fall with the completion's length; the module docstring)."""
     trl = pytest.importorskip("trl", reason="the TRL integration needs the trl extra (make test installs it)")
     GRPOConfig = trl.GRPOConfig
 
     fields = GRPOConfig.__dataclass_fields__
     s = ImportanceSettings()
-    assert (s.mode, s.clip_max, s.clip_min) == (
-        fields["vllm_importance_sampling_mode"].default,
+    assert (s.mode, fields["vllm_importance_sampling_mode"].default) == ("token_truncate", "sequence_mask")
+    assert (s.clip_max, s.clip_min) == (
         fields["vllm_importance_sampling_clip_max"].default,
         fields["vllm_importance_sampling_clip_min"].default,
     )
@@ -264,8 +266,12 @@ def test_a_low_ess_is_warned_once():
     assert watch.step({"step": 2}) == []
     notes = watch.step({"step": 3, "is_ess": ESS_BOUND - 0.01, "is_weight_mean": 0.3, "sampler_kl": 0.012})
     assert len(notes) == 1
-    assert "step 3" in notes[0] and "is_ess = 0.49" in notes[0] and "'sequence_mask'" in notes[0] and "sampler_kl 0.0120" in notes[0]
+    assert "step 3" in notes[0] and "is_ess = 0.49" in notes[0] and "sampler_kl 0.0120" in notes[0]
+    assert "'token_truncate'; under a per-token or geometric ratio that means a large gap per token" in notes[0]
     assert watch.step({"step": 4, "is_ess": 0.1, "is_weight_mean": 0.1}) == []  # once per run
+    # Under a sequence mode the warning points at the per-token one.
+    notes = RunWatch(load(None, ["--rollout.importance_sampling_mode=sequence_mask"])).step({"step": 1, "is_ess": 0.2, "is_weight_mean": 0.3})
+    assert "'sequence_mask'; a sequence ratio is a product over the tokens" in notes[0] and "'token_truncate' (the default)" in notes[0]
 
 
 # ------------------------------------------------------------------------------ the loss
@@ -797,7 +803,7 @@ def test_bench_figures_are_the_formulas():
     assert y["zero_tokens"] == 0.0
     assert bench.summarize(trainer, sampler, 3)["modes"]["sequence_mask"]["weight_mean"] == pytest.approx((2 * math.exp(-5) + 0.5) / 2)
     table = bench.tables([x])
-    assert "| 2 | 2 | 100% |" in table and "| `sequence_mask` (default) | 1.25, 0.74, 0% |" in table
+    assert "| 2 | 2 | 100% |" in table and "| `sequence_mask` | 1.25, 0.74, 0% |" in table and "| `token_truncate` (default) | " in table
     # the second completion ended with its second token: at L = 2 it is not cut, the first (longer) is
     assert bench.summarize(trainer, sampler, 2, ended=[False, True])["cut"] == 0.5
     assert bench.summarize(trainer, sampler, 3, ended=[False, True])["cut"] == 0.5  # the first reached L = 3 without ending

@@ -28,10 +28,11 @@
   than half its sequences equally weighted (Kish's effective sample size; the N/2 at which
   sequential Monte Carlo resamples). Whether that costs more than the cheaper sampler saves (a
   bfloat16 sampler step takes 0.58-0.70x the float32 one's time, docs/vllm.md) is not measured.
-  The default ``sequence_mask`` falls with the completion's length (its ratio is a product over
-  the tokens): 0.66 at 512 tokens on GSM8K at this CPU's gap (docs/vllm.md, "Long completions"),
-  below 0.5 at larger gaps (issue 59's simulation at KL 0.009-0.015 a token); the message names
-  the mode and the alternatives.
+  ``sequence_mask`` (TRL's default, podsrl's before issue 59) falls with the completion's length
+  (its ratio is a product over the tokens): 0.66 at 512 tokens on GSM8K at this CPU's gap
+  (docs/vllm.md, "Long completions"), below 0.5 at larger gaps (issue 59's simulation at KL
+  0.009-0.015 a token); the default ``token_truncate`` kept 1.00 there. The message names the mode
+  and what keeps more of the batch under it.
 
 :class:`RunWatch` reads the metrics a step logs and the evaluation results (rank 0's
 :class:`podsrl.run.metrics.RunLogger` feeds it) and returns the lines to print; it prints nothing
@@ -88,6 +89,16 @@ def truncation_note(fraction: float, setting: str, where: str) -> str | None:
     )
 
 
+def _remedy(mode: str) -> str:
+    """What keeps more of the batch under ``mode``: a sequence ratio (a product over the tokens) drifts
+    far from 1 on long completions, so a per-token mode; a per-token or geometric mode that still
+    weighs the batch down means the gap itself is large, so a sampler in the policy's dtype."""
+    float32 = "a sampler in the policy's dtype (rollout.sampler_dtype = 'auto') closes the gap itself"
+    if mode.startswith("sequence"):
+        return f"a sequence ratio is a product over the tokens, so long completions drift far from 1: the per-token 'token_truncate' (the default) or {float32}"
+    return f"under a per-token or geometric ratio that means a large gap per token: {float32}"
+
+
 @dataclass
 class RunWatch:
     """Reads a run's step metrics and evaluations; returns the notes to print (see the module docstring)."""
@@ -124,8 +135,7 @@ class RunWatch:
             f"podsrl: warning: step {metrics.get('step')}: the importance correction weighs the batch down: its effective sample size "
             f"is_ess = {metrics['is_ess']:.2f} of the step's sequences (below {ESS_BOUND}), mean sequence weight "
             f"{metrics.get('is_weight_mean', math.nan):.2f}, from the sampler's gap{gap} under rollout.importance_sampling_mode = "
-            f"'{r.importance_sampling_mode}'; a sequence ratio is a product over the tokens, so long completions drift far from 1: "
-            "a per-token mode ('token_truncate') or a float32 sampler (rollout.sampler_dtype = 'auto') keeps more of the batch "
+            f"'{r.importance_sampling_mode}'; {_remedy(r.importance_sampling_mode)} "
             "(docs/vllm.md, \"Long completions\"; warned once; metrics.jsonl has is_ess for every step)"
         )
 
