@@ -834,6 +834,14 @@ def test_paired_t_interval_by_hand():
     d = compare.paired_difference({0: 0.6, 1: 0.7, 2: 0.75, 3: None}, {0: 0.5, 1: 0.5, 2: 0.6, 3: 0.7, 4: 0.1})
     assert d.seeds == [0, 1, 2] and d.per_seed == pytest.approx([0.1, 0.2, 0.15]) and d.excludes_zero() is True
     assert compare.paired_difference({0: 0.6}, {0: 0.5}).excludes_zero() is None  # one pair: no interval
+    # As a table cell, in points: the count of pairs, the star, the baseline and the one-pair case.
+    from podsrl.compare.table import difference
+
+    lo, hi = (100 * v for v in d.ci95)
+    assert difference(d.to_json()) == f"+15.0 [{lo:+.1f}, {hi:+.1f}]* (3)"
+    assert difference(d.to_json(), count=False) == f"+15.0 [{lo:+.1f}, {hi:+.1f}]*"
+    assert difference(compare.paired_difference({0: 0.6}, {0: 0.5}).to_json()) == "+10.0 (1 pair, no CI)"
+    assert difference(d.to_json(), baseline=True) == "(baseline)" and difference(None) == "-"
 
 
 def test_robust_summaries_and_paired_differences_in_the_report(tmp_path):

@@ -17,7 +17,7 @@ from podsrl.compare.plan import Plan
 from podsrl.compare.plots import plot_report
 from podsrl.compare.layout import check_same_config, is_finished, read_launches, run_dir
 from podsrl.compare.stats import (
-    AXES, SIGNAL_START_STEPS, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup, time_auc,
+    AXES, SIGNAL_START_STEPS, Curve, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup, time_auc,
     summarize,
 )  # fmt: skip
 from podsrl.config import Config
@@ -478,7 +478,7 @@ def _paired_differences(entries: dict[str, dict], baseline: str) -> list[str]:
         paired = {}
         for key in SUMMARY_KEYS:
             d = paired_difference(_by_seed(entry, key), _by_seed(base, key))
-            paired[key] = _summary_json(d)
+            paired[key] = d.to_json()
             if d.mean is None:
                 continue
             text = f"{name} {key} {_points(d.mean)}" + (f" [{_points(d.ci95[0])}, {_points(d.ci95[1])}]" if d.ci95 else "")
@@ -500,18 +500,13 @@ def _pairwise(entries: dict[str, dict], baseline: str) -> list[dict[str, Any]]:
     """compare.json ``pairwise``: a minus b, paired by seed, for every pair of non-baseline methods."""
     names = [name for name in entries if name != baseline]
     return [
-        {"a": a, "b": b, **{key: _summary_json(paired_difference(_by_seed(entries[a], key), _by_seed(entries[b], key))) for key in SUMMARY_KEYS}}
+        {"a": a, "b": b, **{key: paired_difference(_by_seed(entries[a], key), _by_seed(entries[b], key)).to_json() for key in SUMMARY_KEYS}}
         for i, a in enumerate(names) for b in names[i + 1:]
     ]  # fmt: skip
 
 
 def _by_seed(entry: dict[str, Any], key: str) -> dict[int, float | None]:
     return {run["seed"]: run[key] for run in entry["runs"]}
-
-
-def _summary_json(d: Summary) -> dict[str, Any]:
-    return {"mean": d.mean, "ci95": list(d.ci95) if d.ci95 else None, "excludes_zero": d.excludes_zero(),
-            "seeds": d.seeds, "per_seed": d.per_seed}  # fmt: skip
 
 
 def _points(x: float) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -171,6 +172,11 @@ class Summary:
         if self.ci95 is None:
             return None
         return self.ci95[0] > 0 or self.ci95[1] < 0
+
+    def to_json(self) -> dict[str, Any]:
+        """As compare.json keeps it: mean, ci95 (a list or None), excludes_zero, seeds, per_seed."""
+        return {"mean": self.mean, "ci95": list(self.ci95) if self.ci95 else None, "excludes_zero": self.excludes_zero(),
+                "seeds": self.seeds, "per_seed": self.per_seed}  # fmt: skip
 
 
 def summarize(by_seed: dict[int, float | None]) -> Summary:

@@ -178,8 +178,8 @@ def _summary_table(report: dict[str, Any]) -> list[str]:
         rows.append((
             name, str(len(e["runs"])),
             _mean_ci(e["auc"], e["auc_ci95"]), _mean_ci(e["final_accuracy"], e["final_accuracy_ci95"]),
-            _difference(paired.get("auc"), name == base), _difference(paired.get("final_accuracy"), name == base),
-            _mean_ci(e.get("time_auc"), e.get("time_auc_ci95")), _difference(paired.get("time_auc"), name == base),
+            difference(paired.get("auc"), baseline=name == base), difference(paired.get("final_accuracy"), baseline=name == base),
+            _mean_ci(e.get("time_auc"), e.get("time_auc_ci95")), difference(paired.get("time_auc"), baseline=name == base),
         ))  # fmt: skip
     head = [f"robust summaries: AUC = mean accuracy over the evaluations after step 0; final = at the budget; "
             f"AUC per training minute = mean accuracy over the first {minutes:.1f} minutes of training (the shortest run's); "
@@ -193,7 +193,7 @@ def _pairwise_table(report: dict[str, Any]) -> list[str]:
     if not pairs:
         return []
     rows = [("a - b", "AUC, points [paired 95% CI]", "final, points [paired 95% CI]")]
-    rows += [(f"{p['a']} - {p['b']}", _difference(p["auc"], False), _difference(p["final_accuracy"], False)) for p in pairs]
+    rows += [(f"{p['a']} - {p['b']}", difference(p["auc"]), difference(p["final_accuracy"])) for p in pairs]
     return ["between methods: a - b for the same seed (* = the paired interval excludes zero)"] + _grid(rows) + [""]
 
 
@@ -207,17 +207,19 @@ def _mean_ci(mean: float | None, ci: list[float] | None) -> str:
     return f"{100 * mean:.1f} [{low:.1f}, {high:.1f}]"
 
 
-def _difference(d: dict[str, Any] | None, is_baseline: bool) -> str:
-    """"+5.1 [1.2, 9.0]* (5)" in points with the number of pairs; "(baseline)"; or "-"."""
-    if is_baseline:
+def difference(d: dict[str, Any] | None, *, baseline: bool = False, count: bool = True) -> str:
+    """A paired difference as compare.json keeps it (:meth:`podsrl.compare.stats.Summary.to_json`),
+    in points: "+5.1 [+1.2, +9.0]* (5)" (* = the interval excludes zero; the number of pairs unless
+    ``count`` is False), "+5.1 (1 pair, no CI)", "(baseline)" or "-"."""
+    if baseline:
         return "(baseline)"
-    if not d or d["mean"] is None:
+    if not d or d.get("mean") is None:
         return "-"
-    k = len(d["seeds"])
-    if d["ci95"] is None:
+    k = len(d.get("seeds") or [])
+    if not d.get("ci95"):
         return f"{100 * d['mean']:+.1f} ({k} pair, no CI)"
     low, high = (100 * v for v in d["ci95"])
-    return f"{100 * d['mean']:+.1f} [{low:+.1f}, {high:+.1f}]{'*' if d['excludes_zero'] else ''} ({k})"
+    return f"{100 * d['mean']:+.1f} [{low:+.1f}, {high:+.1f}]{'*' if d.get('excludes_zero') else ''}" + (f" ({k})" if count else "")
 
 
 def _curve_table(report: dict[str, Any]) -> list[str]:

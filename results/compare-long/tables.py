@@ -33,6 +33,7 @@ import statistics
 from pathlib import Path
 
 from podsrl.compare.stats import paired_difference, value_at
+from podsrl.compare.table import difference
 from podsrl.run.watch import ESS_BOUND
 
 HERE = Path(__file__).resolve().parent
@@ -58,15 +59,6 @@ def mean(values: list[float | None]) -> float | None:
 
 def median(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}" if values else "-"
-
-
-def interval(d: dict | None, scale: float = 100.0) -> str:
-    if not d or d.get("mean") is None:
-        return "-"
-    if not d.get("ci95"):
-        return f"{scale * d['mean']:+.1f} ({len(d.get('seeds') or [])} pair, no interval)"
-    low, high = d["ci95"]
-    return f"{scale * d['mean']:+.1f} [{scale * low:+.1f}, {scale * high:+.1f}]" + ("*" if d.get("excludes_zero") else "")
 
 
 def runs_of(root: Path, entry: dict) -> list[Path]:
@@ -107,7 +99,7 @@ def arms(report: dict, root: Path) -> list[str]:
             f"{med['step']:.1f} ({med['generate']:.1f}, {med['update']:.1f})",
             " / ".join("-" if a is None else f"{100 * a:.1f}" for a in acc),
             " / ".join("-" if v is None else f"{v:.0f}" for v in length),
-            "(baseline)" if name == base else interval((e.get("paired_vs_baseline") or {}).get("time_auc")),
+            difference((e.get("paired_vs_baseline") or {}).get("time_auc"), baseline=name == base, count=False),
             "never" if t is None else f"{t / 60:.1f}" + (f" ({t / base_time:.2f}x)" if base_time else ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -164,7 +156,7 @@ def tokens(report: dict, root: Path) -> list[str]:
         if name != "d3s_intra_all_tokens" and other and other["runs"]:
             for key in ("time_auc", "final_accuracy"):
                 d = paired_difference({r["seed"]: r.get(key) for r in e["runs"]}, {r["seed"]: r.get(key) for r in other["runs"]})
-                cells.append(interval({"mean": d.mean, "ci95": d.ci95, "seeds": d.seeds, "excludes_zero": d.excludes_zero()}))
+                cells.append(difference(d.to_json(), count=False))
         else:
             cells += ["-", "-"]
         lines.append("| " + " | ".join(cells) + " |")

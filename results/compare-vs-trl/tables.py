@@ -27,6 +27,7 @@ import statistics
 from pathlib import Path
 
 from podsrl.compare.stats import paired_difference, value_at
+from podsrl.compare.table import difference
 
 HERE = Path(__file__).resolve().parent
 NAMES = {"grpo_n4": "GRPO(4)", "grpo_n8": "GRPO(8)", "grpo_n16": "GRPO(16)", "pods_n16_m4": "PODS(16, 4)", "pods_n16_m8": "PODS(16, 8)",
@@ -45,15 +46,6 @@ def per_step(run_dir: Path, key: str) -> float | None:
 def mean(values: list[float | None]) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.fmean(values) if values else None
-
-
-def interval(d: dict | None) -> str:
-    if not d or d.get("mean") is None:
-        return "-"
-    if not d.get("ci95"):
-        return f"{100 * d['mean']:+.1f} ({len(d.get('seeds') or [])} pair, no interval)"
-    low, high = d["ci95"]
-    return f"{100 * d['mean']:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]" + ("*" if d.get("excludes_zero") else "")
 
 
 def minutes(seconds: float | None, reference: float | None) -> str:
@@ -93,7 +85,7 @@ def headline(report: dict, root: Path) -> list[str]:
             "-" if rows is None else f"{rows:.1f} of {e['m'] * 8}",
             "-" if groups is None else f"{groups:.1f}",
             " / ".join("-" if a is None else f"{100 * a:.1f}" for a in at),
-            "(baseline)" if name == base else interval((e.get("paired_vs_baseline") or {}).get("time_auc")),
+            difference((e.get("paired_vs_baseline") or {}).get("time_auc"), baseline=name == base, count=False),
             minutes(e["time_to_target_seconds"], base_time),
         ]
         if final:
@@ -124,7 +116,7 @@ def pairs(report: dict) -> list[str]:
         final = paired_difference(per_seed(methods[arm], "final_accuracy"), per_seed(methods[other], "final_accuracy"))
         cells = [f"{NAMES[arm]} - {NAMES[other]}", str(len(auc.seeds))]
         for d in (auc, final):
-            cells.append(interval({"mean": d.mean, "ci95": d.ci95, "seeds": d.seeds, "excludes_zero": d.excludes_zero()}))
+            cells.append(difference(d.to_json(), count=False))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
