@@ -23,6 +23,9 @@ from the report and the runs' files in this directory:
    of the per-step shares, tokens_kept / tokens_run from metrics.jsonl), and the paired AUC per
    training minute and accuracy at 10 minutes of D3S against D3S without token selection (the
    report's paired_difference, by seed).
+4. The papers' methods against GRPO(4) with the sampler default (bfloat16 + token_truncate, the arm
+   that became the default): AUC per training minute and held-out accuracy at 10 minutes, paired by
+   seed (the report's paired_difference), with the steps each fitted in the 10 minutes.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ NAMES = {"grpo_f32": "GRPO(4), float32 sampler", "grpo_bf16_seq": "GRPO(4), bflo
          "d3s_intra": "D3S intra", "d3s_intra_all_tokens": "D3S intra, every token"}  # fmt: skip
 MINUTES = (0, 2.5, 5, 7.5, 10)
 LONG = 100  # tokens: table 2 splits the steps at this mean completion length
+DEFAULT = "grpo_bf16_tok"  # table 4's reference: GRPO(4) with the sampler and correction that became the default
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -163,6 +167,24 @@ def tokens(report: dict, root: Path) -> list[str]:
     return lines
 
 
+def against_default(report: dict) -> list[str]:
+    methods = report["methods"]
+    lines = ["| arm - GRPO(4), bfloat16 + token_truncate | seeds | steps in 10 min (GRPO(4): "
+             f"{statistics.fmean(methods[DEFAULT]['steps']):.0f}) | AUC per training min, paired | accuracy at 10 min, paired |",
+             "|---|---|---|---|---|"] if methods.get(DEFAULT, {}).get("runs") else []  # fmt: skip
+    for name in ("pods_n16_m4", "d3s_intra", "d3s_intra_all_tokens"):
+        e = methods.get(name)
+        if not lines or not (e and e["runs"]):
+            continue
+        ref = methods[DEFAULT]
+        auc, final = (paired_difference({r["seed"]: r.get(key) for r in e["runs"]}, {r["seed"]: r.get(key) for r in ref["runs"]})
+                      for key in ("time_auc", "final_accuracy"))  # fmt: skip
+        cells = [NAMES[name], str(len(auc.seeds)), f"{statistics.fmean(e['steps']):.0f}",
+                 difference(auc.to_json(), count=False), difference(final.to_json(), count=False)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=HERE, help="the comparison's output directory (compare.json, runs/)")
@@ -173,6 +195,8 @@ def main() -> None:
     print("\n".join(correction(report, args.dir)))
     print()
     print("\n".join(tokens(report, args.dir)))
+    print()
+    print("\n".join(against_default(report)))
 
 
 if __name__ == "__main__":
