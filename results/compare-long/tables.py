@@ -65,6 +65,10 @@ def median(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}" if values else "-"
 
 
+def by_seed(entry: dict, key: str) -> dict[int, float | None]:
+    return {r["seed"]: r.get(key) for r in entry["runs"]}
+
+
 def runs_of(root: Path, entry: dict) -> list[Path]:
     return [root / "runs" / Path(r["dir"]).parent.name / f"seed{r['seed']}" for r in entry["runs"]]
 
@@ -159,7 +163,7 @@ def tokens(report: dict, root: Path) -> list[str]:
                  f"{statistics.median(shares):.0%} [{min(shares):.0%}, {max(shares):.0%}]" if shares else "- (never on)"]  # fmt: skip
         if name != "d3s_intra_all_tokens" and other and other["runs"]:
             for key in ("time_auc", "final_accuracy"):
-                d = paired_difference({r["seed"]: r.get(key) for r in e["runs"]}, {r["seed"]: r.get(key) for r in other["runs"]})
+                d = paired_difference(by_seed(e, key), by_seed(other, key))
                 cells.append(difference(d.to_json(), count=False))
         else:
             cells += ["-", "-"]
@@ -169,16 +173,16 @@ def tokens(report: dict, root: Path) -> list[str]:
 
 def against_default(report: dict) -> list[str]:
     methods = report["methods"]
-    lines = ["| arm - GRPO(4), bfloat16 + token_truncate | seeds | steps in 10 min (GRPO(4): "
-             f"{statistics.fmean(methods[DEFAULT]['steps']):.0f}) | AUC per training min, paired | accuracy at 10 min, paired |",
-             "|---|---|---|---|---|"] if methods.get(DEFAULT, {}).get("runs") else []  # fmt: skip
+    ref = methods.get(DEFAULT)
+    if not (ref and ref["runs"]):
+        return []
+    lines = [f"| arm - {NAMES[DEFAULT]} | seeds | steps in 10 min (GRPO(4): {statistics.fmean(ref['steps']):.0f}) "
+             "| AUC per training min, paired | accuracy at 10 min, paired |", "|---|---|---|---|---|"]  # fmt: skip
     for name in ("pods_n16_m4", "d3s_intra", "d3s_intra_all_tokens"):
         e = methods.get(name)
-        if not lines or not (e and e["runs"]):
+        if not (e and e["runs"]):
             continue
-        ref = methods[DEFAULT]
-        auc, final = (paired_difference({r["seed"]: r.get(key) for r in e["runs"]}, {r["seed"]: r.get(key) for r in ref["runs"]})
-                      for key in ("time_auc", "final_accuracy"))  # fmt: skip
+        auc, final = (paired_difference(by_seed(e, key), by_seed(ref, key)) for key in ("time_auc", "final_accuracy"))
         cells = [NAMES[name], str(len(auc.seeds)), f"{statistics.fmean(e['steps']):.0f}",
                  difference(auc.to_json(), count=False), difference(final.to_json(), count=False)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
