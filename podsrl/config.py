@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from podsrl.core.downsample import DownsampleSpec
+from podsrl.core.importance import MODES, ImportanceSettings
 from podsrl.errors import ConfigError
 
 
@@ -191,9 +192,9 @@ class RolloutConfig:
     # vllm_importance_sampling_* (verl: rollout_is, rollout_rs), applied where the engine returns its
     # log-probs (vLLM); the transformers engine samples with the trainer itself and needs none.
     importance_sampling_correction: bool = True  # weight each token's loss by pi_trainer / pi_sampler (at the weights that sampled), truncated or masked; false: no correction (the gap is still logged)
-    importance_sampling_mode: str = "token_truncate"  # default token_truncate (TIS), whose weight does not shrink with the completion's length (TRL's sequence_mask has ESS 0.66 at 512 tokens: docs/vllm.md, "Long completions", issue 59) | "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask" | "geometric_truncate" | "geometric_mask": a ratio per token (TIS), one per sequence (the product of its tokens'), or one per sequence as the geometric mean of its tokens' (verl's and SkyRL's "geometric"), clipped into [clip_min, clip_max] or weight 0 outside
-    importance_sampling_clip_max: float = 3.0  # the ratio's upper bound C_max (>= 1)
-    importance_sampling_clip_min: float | None = None  # the ratio's lower bound C_min (<= 1); none: no lower bound
+    importance_sampling_mode: str = ImportanceSettings.mode  # default token_truncate (TIS), whose weight does not shrink with the completion's length (TRL's sequence_mask has ESS 0.66 at 512 tokens: docs/vllm.md, "Long completions", issue 59) | "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask" | "geometric_truncate" | "geometric_mask": a ratio per token (TIS), one per sequence (the product of its tokens'), or one per sequence as the geometric mean of its tokens' (verl's and SkyRL's "geometric"), clipped into [clip_min, clip_max] or weight 0 outside
+    importance_sampling_clip_max: float = ImportanceSettings.clip_max  # the ratio's upper bound C_max (>= 1)
+    importance_sampling_clip_min: float | None = ImportanceSettings.clip_min  # the ratio's lower bound C_min (<= 1); none: no lower bound
     # Exact early stopping (podsrl/core/early_stop.py): a group stops once more rollouts could not
     # change the law of what it trains on; rules or rewards without such a criterion are refused.
     early_stop: str = "off"  # "off": n rollouts per prompt | "exact": sample in rounds, stop each group as soon as it is exact
@@ -218,8 +219,6 @@ class RolloutConfig:
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
         _check(self.kv_cache_gib is None or self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0 (or none)")
         _one_of(self.sampler_dtype, ("auto", "fast", "bfloat16", "float16", "float32"), "rollout.sampler_dtype")
-        from podsrl.core.importance import MODES
-
         _one_of(self.importance_sampling_mode, MODES, "rollout.importance_sampling_mode")
         _check(
             self.importance_sampling_clip_max >= 1,
