@@ -120,6 +120,11 @@ def grpo_config(cfg: Config, trainer: str, output_dir: Path, *, device: str) -> 
     from podsrl.core.downsample import DownsampleSpec
     import dataclasses
 
+    import torch
+
+    from podsrl.models import DTYPES
+    from podsrl.train.precision import resolve_mixed_precision
+
     r, s, loss, o, t = cfg.rollout, cfg.select, cfg.loss, cfg.optim, cfg.train
     B, n = t.prompts_per_step, r.n
     m = max(s.m_start(n), s.m_final or 0) if trainer == "trl-pods" else n
@@ -161,9 +166,9 @@ def grpo_config(cfg: Config, trainer: str, output_dir: Path, *, device: str) -> 
         # the budget is read on the training clock (TrainingClock); max_steps as TRL needs one
         "max_steps": t.max_steps or _BIG,
         "seed": t.seed,
-        # the machine, precision (the policy podsrl loaded, in model.dtype), and what TRL writes
+        # the machine, precision (the policy podsrl loaded, in model.dtype; bf16 autocast where podsrl's update takes it), and what TRL writes
         "use_cpu": device == "cpu",
-        "bf16": False,
+        "bf16": resolve_mixed_precision(cfg.model.mixed_precision, torch.device(device), DTYPES[cfg.model.dtype]).enabled,
         "fp16": False,
         "logging_steps": 1,
         "save_strategy": "no",  # saves come from TrainingClock, at podsrl's evaluation times
