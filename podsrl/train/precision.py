@@ -26,10 +26,10 @@ One setting for every training path (one process, DDP, FSDP). With mixed precisi
   it in bfloat16. A logit stored in bfloat16 is off by up to 2^-8 of itself (1/16 of a nat for a
   logit of 16-32), and a log-prob takes that error whole. Measured on the embedded
   SmolLM2-135M-Instruct (``python bench/mixed_precision.py --logprob-error``: 8 arithmetic prompts x
-  2 sampled completions, 185 tokens, logits up to 44 in magnitude, each against the same forward in
-  float64; 2026-11-28, this project's 2-core AMD EPYC, AVX2): float32 log-probs within 3.3e-6 nats a
-  token on average; bfloat16 autocast with the output layer in bfloat16 within 3.0e-2 (largest 0.21,
-  mean k3 1.0e-3), with it in float32 within 1.7e-2 (largest 0.11, mean k3 3.2e-4). So the output
+  2 sampled completions, 371 tokens, each against the same forward in float64; 2026-11-29, this
+  project's 2-core AMD EPYC, AVX2): float32 log-probs within 2.9e-6 nats a token on average;
+  bfloat16 autocast with the output layer in bfloat16 within 2.9e-2 (largest 0.22, mean k3 8.9e-4),
+  with it in float32 within 1.6e-2 (largest 0.11, mean k3 3.1e-4). So the output
   layer in float32 halves the log-probs' error, for its share of the arithmetic: 28M of the model's
   135M parameters, at the completion positions only (17% of the update's products for 2 rows of
   40 + 64 tokens, their prompt shared, 20% for 40 + 256).
