@@ -1,7 +1,7 @@
 """Benchmark: where a training step's time goes, podsrl against TRL, at short and long completions.
 
-    python bench/step_split.py                                  # 16, 128, 256 tokens at B = 8, 4, 2; 3 steps an arm
-    python bench/step_split.py --lengths 16,128 --prompts 8,4 --steps 4
+    python bench/step_split.py                                  # 16, 128, 256 tokens at B = 8, 2, 2; 3, 2, 2 steps an arm
+    python bench/step_split.py --lengths 16 --prompts 8 --steps 3   # one length at a time (the tables of each run combine)
     python bench/step_split.py --quick                          # a tiny random model, 4 and 8 tokens: checks it runs
     python bench/step_split.py --keep runs/step-split           # also keep every arm's run directory (bench/cost_model.py reads them)
 
@@ -41,9 +41,10 @@ forward of whole [prompt; completion] rows: TRL's, and podsrl's without sharing)
 clipping, batching, bookkeeping). ``update share`` is update / step.
 
 **The gap**, GRPOTrainer(16) - GRPO(16) and PODSTrainer(16, 4) - PODS(16, 4), per step, measured
-by ablation on the same batches: after each step of podsrl's GRPO(16) the update is run again on
-that step's batch without skipping and then without sharing either (``optim.skip_zero_advantage``,
-``optim.share_prompts``), and PODS(16, 4)'s without sharing, each timed (:func:`gap_split`):
+by ablation on the same batches: after each timed step of podsrl's GRPO(16) the update is run again
+on that step's batch without skipping and then without sharing either (``optim.skip_zero_advantage``,
+``optim.share_prompts``), and PODS(16, 4)'s without sharing, each timed (:func:`gap_split`; these
+reruns are the bench's largest cost at long completions: every row, twice):
 
 - ``engine``: TRL's generate - podsrl's generate (transformers ``generate`` against vLLM, weight
   sync included);
@@ -248,7 +249,8 @@ def worker(spec: dict) -> dict:
             metrics = train_step(*args, **kwargs)
             record = {"phases": clock.current}
             model, optimizer, scheduler, batch, settings = last["args"]
-            for name, change in variants.items():  # the same batch, timed again with a saving off
+            warmup = len(records) < spec["warmup"]  # left out of the medians: no ablation
+            for name, change in ({} if warmup else variants).items():  # the same batch, timed again with a saving off
                 clock.current = {}
                 start = time.perf_counter()
                 run_update(model, optimizer, scheduler, batch, dataclasses.replace(settings, **change), **last["kwargs"])
@@ -390,8 +392,8 @@ def _ints(text: str, what: str, parser) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="16,128,256", help="completion lengths L, comma-separated")
-    parser.add_argument("--prompts", default="8,4,2", help="B at each length (one value: every length), even")
-    parser.add_argument("--steps", type=int, default=3, help="steps per arm and length, the warm-up included")
+    parser.add_argument("--prompts", default="8,2,2", help="B at each length (one value: every length), even")
+    parser.add_argument("--steps", default="3,2,2", help="steps per arm at each length (one value: every length), the warm-up included")
     parser.add_argument("--warmup", type=int, default=1, help="the first steps of each run, left out of the medians")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every arm at every length")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"which of {','.join(ARMS)}")
@@ -409,14 +411,16 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="step_split-logs-"))
     if args.quick:
         args.model = _tiny_model(log_dir / "tiny-model")
-        args.lengths, args.prompts, args.steps = "4,8", "2", 2
+        args.lengths, args.prompts, args.steps = "4,8", "2", "2"
     lengths = _ints(args.lengths, "--lengths", parser)
     prompts = _ints(args.prompts, "--prompts", parser)
     prompts = prompts * len(lengths) if len(prompts) == 1 else prompts
     if len(prompts) != len(lengths) or any(b % 2 for b in prompts):
         parser.error("--prompts: one even B, or one even B per length")
-    if args.steps <= args.warmup:
-        parser.error(f"--steps must exceed --warmup ({args.warmup}): the warm-up steps are dropped")
+    counts = _ints(str(args.steps), "--steps", parser)
+    counts = counts * len(lengths) if len(counts) == 1 else counts
+    if len(counts) != len(lengths) or min(counts) <= args.warmup:
+        parser.error(f"--steps: one count, or one per length, each above --warmup ({args.warmup}): the warm-up steps are dropped")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if unknown := [a for a in arms if a not in ARMS]:
         parser.error(f"--arms: unknown {unknown}; valid: {', '.join(ARMS)}")
@@ -426,10 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     steps: dict[int, dict[str, list[dict]]] = {L: {a: [] for a in arms} for L in lengths}
     for r in range(args.rounds):
-        for L, B in zip(lengths, prompts):
+        for L, B, count in zip(lengths, prompts, counts):
             for arm in arms:
                 keep = None if args.keep is None else str(args.keep / f"L{L}" / "runs" / arm / f"seed{r}")
-                spec = dict(arm=arm, length=L, prompts=B, steps=args.steps, seed=args.seed + r, model=resolve_model_path(args.model),
+                spec = dict(arm=arm, length=L, prompts=B, steps=count, warmup=args.warmup, seed=args.seed + r, model=resolve_model_path(args.model),
                             engine=args.engine, keep=keep)  # fmt: skip
                 out = run_isolated(__file__, ["--worker"], spec, log=log_dir / f"L{L}-{arm}-round{r + 1}.log", prefix=f"step_split-{arm}-")
                 if "error" in out:
@@ -442,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {L: {a: phases(s) for a, s in arms_.items() if s} for L, arms_ in steps.items()}
     print(f"\n# {command}")
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {time.time() - started:.0f} s; model {args.model}, podsrl's engine "
-          f"{args.engine}; B = {','.join(map(str, prompts))} at L = {','.join(map(str, lengths))}; medians of {args.rounds} x "
-          f"{args.steps - args.warmup} steps an arm; logs in {log_dir}\n")  # fmt: skip
+          f"{args.engine}; B = {','.join(map(str, prompts))} at L = {','.join(map(str, lengths))}; medians of {args.rounds} round(s) x "
+          f"{','.join(str(c - args.warmup) for c in counts)} steps an arm; logs in {log_dir}\n")  # fmt: skip
     print(phase_table(results))
     print()
     print(gap_table(results))
