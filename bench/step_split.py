@@ -1,6 +1,6 @@
 """Benchmark: where a training step's time goes, podsrl against TRL, at short and long completions.
 
-    python bench/step_split.py                                  # 16, 128, 256 tokens at B = 8, 2, 2; 3, 2, 2 steps an arm
+    python bench/step_split.py                                  # 16, 128, 256 tokens at B = 8, 2, 2; 2 steps an arm (1 timed)
     python bench/step_split.py --lengths 16 --prompts 8 --steps 3   # one length at a time (the tables of each run combine)
     python bench/step_split.py --quick                          # a tiny random model, 4 and 8 tokens: checks it runs
     python bench/step_split.py --keep runs/step-split           # also keep every arm's run directory (bench/cost_model.py reads them)
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="16,128,256", help="completion lengths L, comma-separated")
     parser.add_argument("--prompts", default="8,2,2", help="B at each length (one value: every length), even")
-    parser.add_argument("--steps", default="3,2,2", help="steps per arm at each length (one value: every length), the warm-up included")
+    parser.add_argument("--steps", default="2", help="steps per arm at each length (one value: every length), the warm-up included")
     parser.add_argument("--warmup", type=int, default=1, help="the first steps of each run, left out of the medians")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every arm at every length")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"which of {','.join(ARMS)}")
