@@ -3,7 +3,7 @@
     python bench/step_split.py                                  # 16, 128, 256 tokens at B = 8, 2, 2; 2 steps an arm (1 timed)
     python bench/step_split.py --lengths 16 --prompts 8 --steps 3   # one length at a time (the tables of each run combine)
     python bench/step_split.py --quick                          # a tiny random model, 4 and 8 tokens: checks it runs
-    python bench/step_split.py --keep runs/step-split           # also keep every arm's run directory (bench/cost_model.py reads them)
+    python bench/step_split.py --keep runs/step-split           # also keep every arm's run directory and the steps' records
 
 What it measures (issue 67). The step of each arm, split into its phases, at each completion length
 L, and the gap between podsrl and TRL's GRPOTrainer at the same n split into its causes.
@@ -64,6 +64,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -285,6 +286,8 @@ def worker(spec: dict) -> dict:
         trl_arm._make_trainer = make
         trl_arm.train_trl(cfg, tool, run_dir=run_dir, log=lambda *a, **k: None)
     rows = read_jsonl(run_dir / "metrics.jsonl")
+    for heavy in ("checkpoints", "trl"):  # the final checkpoint's weights and optimizer state (TRL's in trl/): not needed
+        shutil.rmtree(run_dir / heavy, ignore_errors=True)
     if len(rows) != len(records):
         raise RuntimeError(f"{label}: {len(rows)} metrics rows but {len(records)} timed steps")
     keys = ("time/step", "time/generate", "time/reward", "time/select", "time/sync", "time/update", "rows_run", "tokens_run", "kept",
@@ -400,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="an embedded model's name or a model directory")
     parser.add_argument("--engine", default="vllm", choices=("vllm", "transformers"), help="podsrl's engine")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--keep", type=Path, default=None, help="keep each arm's run directory under KEEP/L<length>/runs/<arm>/seed<round>")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep each arm's run directory (without its checkpoint) under KEEP/L<length>/runs/<arm>/seed<round>/run")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a tiny random model, lengths 4,8, B = 2, 2 steps")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
