@@ -1,0 +1,172 @@
+"""How a comparison's figures are read and worded in the docs, in one place (issue 68). The tables
+scripts of ``results/<name>/tables.py`` and :mod:`podsrl.docs_render` word every figure of README.md
+and docs/results.md through these functions, so a sentence's numbers and its wording come from one
+computation over the committed files:
+
+- **A paired difference** (method minus another, seed by seed: :func:`podsrl.compare.stats.paired_difference`)
+  is "+2.1 [-1.2, +5.5]" in points, and its verdict is "resolved" when the 95% interval excludes 0,
+  else "not resolved" (:func:`verdict`). Nothing stronger: an interval that holds 0 is never "no
+  slower" or "at least as good" (it holds differences of either sign).
+- **A ratio of times** is the method's time to the target as a fraction of the reference's
+  (:data:`RATIO`, :func:`fraction`): "0.61x GRPO(16)'s time" is sooner, below 1. ``podsrl compare``
+  printed speedups the other way (the baseline's time over the method's) until issue 68.
+- **Held-out accuracy at a training time** is each run's own evaluations read linearly at that time
+  (:func:`podsrl.compare.stats.value_at`), then the mean over seeds (:meth:`Comparison.accuracy_at`):
+  every arm read at the same minute, the budget included (a run's last evaluation comes at the first
+  step end after the budget, up to a step late: 0.3-28 s in results/compare-vs-trl).
+
+:class:`Comparison` reads one results directory (``compare.json``, ``runs/<method>/seed<k>/``) once.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from podsrl.compare.stats import Summary, paired_difference, value_at
+from podsrl.compare.table import difference
+
+RATIO = "time to the target as a fraction of the baseline's (below 1: sooner)"
+
+
+class Comparison:
+    """One committed comparison: its report (compare.json) and its runs' metrics and eval files,
+    each file read once."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        path = self.root / "compare.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no compare.json; a results directory holds a comparison's report (podsrl compare ... --report-only)")
+        self.report: dict[str, Any] = json.loads(path.read_text())
+        self.methods: dict[str, dict[str, Any]] = self.report["methods"]
+        self.baseline: str = self.report["baseline"]
+
+    def entry(self, method: str) -> dict[str, Any]:
+        if method not in self.methods:
+            raise KeyError(f"{self.root}: no method {method!r} in compare.json; methods: {', '.join(self.methods)}")
+        return self.methods[method]
+
+    def seeds(self, method: str) -> list[int]:
+        return [r["seed"] for r in self.entry(method)["runs"]]
+
+    def run_dir(self, method: str, seed: int) -> Path:
+        return self.root / "runs" / method / f"seed{seed}"
+
+    def evals(self, method: str, seed: int) -> list[dict]:
+        """The run's eval.jsonl rows, by training time."""
+        return sorted(_jsonl(self.run_dir(method, seed) / "eval.jsonl"), key=lambda r: r["train_seconds"])
+
+    def metrics(self, method: str, seed: int) -> list[dict]:
+        return _jsonl(self.run_dir(method, seed) / "metrics.jsonl")
+
+    def per_seed(self, method: str, key: str) -> dict[int, float | None]:
+        """A per-run summary of compare.json (``time_auc``, ``final_accuracy``, ``auc``), by seed."""
+        return {r["seed"]: r.get(key) for r in self.entry(method)["runs"]}
+
+    def accuracy_at(self, method: str, seconds: float) -> dict[int, float | None]:
+        """Each seed's held-out accuracy at ``seconds`` of training, linear between its own
+        evaluations (None past its last one)."""
+        out = {}
+        for seed in self.seeds(method):
+            rows = self.evals(method, seed)
+            out[seed] = value_at([r["train_seconds"] for r in rows], [r["accuracy"] for r in rows], seconds)
+        return out
+
+    def paired(self, method: str, other: str, key: str) -> Summary:
+        """``method`` minus ``other`` by seed: ``key`` a compare.json per-run summary, or
+        ``"accuracy_at:SECONDS"`` for :meth:`accuracy_at`."""
+        if key.startswith("accuracy_at:"):
+            seconds = float(key.split(":", 1)[1])
+            return paired_difference(self.accuracy_at(method, seconds), self.accuracy_at(other, seconds))
+        return paired_difference(self.per_seed(method, key), self.per_seed(other, key))
+
+    def first_reach(self, method: str, target: float) -> tuple[float | None, dict[int, float | None]]:
+        """Training seconds at which ``method`` first reaches ``target`` accuracy: on its seed-mean
+        curve (compare.json ``curves``, the report's rule for time to a target) and per seed, on the
+        seed's own evaluations. Both at an evaluation, never between two."""
+        curve = self.entry(method)["curves"]["train_seconds"]
+        mean = next((x for x, a in zip(curve["x"], curve["accuracy"]) if a >= target - 1e-12), None)
+        per_seed = {}
+        for seed in self.seeds(method):
+            per_seed[seed] = next((r["train_seconds"] for r in self.evals(method, seed) if r["accuracy"] >= target - 1e-12), None)
+        return mean, per_seed
+
+
+@cache
+def _jsonl_cached(path: str, mtime: float) -> tuple[dict, ...]:
+    return tuple(json.loads(line) for line in Path(path).read_text().splitlines() if line.strip())
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; the comparison's runs must be committed under runs/<method>/seed<k>/")
+    return list(_jsonl_cached(str(path), path.stat().st_mtime))
+
+
+# ----------------------------------------------------------------------------------------- wording
+
+
+def verdict(d: Summary | dict[str, Any] | None) -> str:
+    """"resolved" when the paired 95% interval excludes 0, "not resolved" when it holds 0, "no
+    interval" with fewer than two pairs."""
+    ci = _ci(d)
+    if ci is None:
+        return "no interval"
+    return "resolved" if ci[0] > 0 or ci[1] < 0 else "not resolved"
+
+
+def paired_text(d: Summary | dict[str, Any] | None, *, with_verdict: bool = False) -> str:
+    """"+2.1 [-1.2, +5.5]" (points), with " (not resolved)" / " (resolved)" when asked."""
+    data = d.to_json() if isinstance(d, Summary) else d
+    text = difference(data, count=False).rstrip("*")
+    return f"{text} ({verdict(d)})" if with_verdict else text
+
+
+def _ci(d: Summary | dict[str, Any] | None) -> tuple[float, float] | None:
+    if d is None:
+        return None
+    ci = d.ci95 if isinstance(d, Summary) else d.get("ci95")
+    return tuple(ci) if ci else None
+
+
+def fraction(seconds: float | None, reference: float | None) -> str:
+    """A time as a fraction of the reference's (:data:`RATIO`): "0.61x"; "-" when either is missing."""
+    if seconds is None or not reference:
+        return "-"
+    return f"{seconds / reference:.2f}x"
+
+
+def minutes(seconds: float | None) -> str:
+    """"6.2" (minutes), or "never"."""
+    return "never" if seconds is None else f"{seconds / 60:.1f}"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def span(values: Iterable[float], fmt: Callable[[float], str] = lambda v: f"{v:.1f}") -> str:
+    """"2.0-4.3": the smallest and largest as formatted (one value when they print the same)."""
+    texts = sorted({fmt(v) for v in values}, key=float)
+    if not texts:
+        return "-"
+    return texts[0] if len(texts) == 1 else f"{texts[0]}-{texts[-1]}"
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
+
+
+def claim(holds: bool, wording: str) -> str:
+    """``wording`` when the files bear it out, else an error naming it: a template's fixed words ("lead
+    early", "ahead on every mean") are checked like its numbers, so re-rendering after the files or
+    their reading change fails instead of printing a sentence the numbers contradict."""
+    if not holds:
+        raise ValueError(f"the wording {wording!r} no longer holds for the files; rewrite the sentence")
+    return wording
