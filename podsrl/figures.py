@@ -34,12 +34,12 @@ RATIO = "time to the target as a fraction of the baseline's (below 1: sooner)"
 
 
 class Comparison:
-    """One committed comparison: its report (compare.json) and its runs' metrics and eval files,
-    each file read once."""
+    """One committed comparison: its report (compare.json, or another report of the same runs, such as
+    one with another target) and its runs' metrics and eval files, each file read once."""
 
-    def __init__(self, root: Path | str):
+    def __init__(self, root: Path | str, report: str = "compare.json"):
         self.root = Path(root)
-        path = self.root / "compare.json"
+        path = self.root / report
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no compare.json; a results directory holds a comparison's report (podsrl compare ... --report-only)")
         self.report: dict[str, Any] = json.loads(path.read_text())
@@ -170,3 +170,83 @@ def claim(holds: bool, wording: str) -> str:
     if not holds:
         raise ValueError(f"the wording {wording!r} no longer holds for the files; rewrite the sentence")
     return wording
+
+
+# ------------------------------------------------------------------------------------- summary tables
+
+SUMMARY_MINUTES = (2, 4, 6, 8, 10)
+
+
+def summary_table(c: Comparison, names: dict[str, str], columns: Iterable[str]) -> str:
+    """A markdown table, one row per method of ``names`` (label by method), of the ``columns`` named
+    (:data:`SUMMARY_COLUMNS`): the "in short" tables of docs/results.md, from one comparison's files."""
+    columns = list(columns)
+    unknown = [col for col in columns if col not in SUMMARY_COLUMNS]
+    if unknown:
+        raise ValueError(f"summary column {unknown[0]!r} unknown; columns: {', '.join(SUMMARY_COLUMNS)}")
+    base = c.baseline
+    head = ["method", *(SUMMARY_COLUMNS[col][0](c, names) for col in columns)]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for method, label in names.items():
+        lines.append("| " + " | ".join([label, *(SUMMARY_COLUMNS[col][1](c, method, method == base) for col in columns)]) + " |")
+    return "\n".join(lines)
+
+
+def _signal_cell(key: str, spec: str) -> Callable:
+    return lambda c, m, is_base: "-" if c.entry(m)["signal"].get(key) is None else format(c.entry(m)["signal"][key], spec)
+
+
+def _paired_cell(key: str) -> Callable:
+    def cell(c: Comparison, m: str, is_base: bool) -> str:
+        if is_base:
+            own = mean(c.per_seed(m, key).values())
+            return f"({percent(own)}%)"
+        d = c.paired(m, c.baseline, key)
+        if d.ci95 is None:
+            return f"{100 * d.mean:+.1f} ({len(d.seeds)} seed)"
+        return paired_text(d) + ("*" if verdict(d) == "resolved" else "")
+
+    return cell
+
+
+def _steps_to_target_cell(c: Comparison, m: str, is_base: bool) -> str:
+    value, base = c.entry(m)["steps_to_target"], c.entry(c.baseline)["steps_to_target"]
+    if value is None:
+        return "never"
+    return f"{value:.0f}" if is_base else f"{value:.0f} ({value / base:.2f}x)"
+
+
+def _time_to_target_cell(c: Comparison, m: str, is_base: bool) -> str:
+    e = c.entry(m)
+    value, per_seed = e["time_to_target_seconds"], e["time_to_target_seconds_per_seed"]
+    if value is None:
+        return "never"
+    reached = sum(v is not None for v in per_seed)
+    return minutes(value) + ("" if reached == len(per_seed) else f" ({reached} of {len(per_seed)} seeds)")
+
+
+def _silent_cell(c: Comparison, m: str, is_base: bool) -> str:
+    sig = c.entry(m)["signal"]
+    if sig.get("revisits_silent") is None:
+        return "-"
+    text = f"{sig['revisits_silent']:.0%}"
+    return text + (f" ({sig['explored_silent']:.0%} / {sig['rest_silent']:.0%})" if sig.get("explored_silent") is not None else "")
+
+
+def _target_label(c: Comparison, names: dict[str, str]) -> str:
+    return f"{100 * c.report['target_fraction']:.0f}% of {names[c.baseline]}'s peak ({percent(c.report['target_accuracy'])}%)"
+
+
+SUMMARY_COLUMNS: dict[str, tuple[Callable, Callable]] = {
+    "rollouts": (lambda c, n: "rollouts / step", _signal_cell("rollouts", ".0f")),
+    "groups": (lambda c, n: "groups with a signal / step (of 8)", _signal_cell("groups_with_signal", ".1f")),
+    "steps": (lambda c, n: "steps in 10 min", lambda c, m, b: f"{statistics.fmean(c.entry(m)['steps']):.0f}"),
+    "per_signal": (lambda c, n: "rollouts / group with a signal", _signal_cell("rollouts_per_signal_group", ".1f")),
+    "silent": (lambda c, n: "silent from the 2nd epoch on (explored / the rest)", _silent_cell),
+    "at_minutes": (lambda c, n: f"held-out % at {' / '.join(map(str, SUMMARY_MINUTES))} training min",
+                   lambda c, m, b: " / ".join(percent(mean(c.accuracy_at(m, 60 * t).values())) for t in SUMMARY_MINUTES)),
+    "auc_per_min": (lambda c, n: f"AUC per training min - {n[c.baseline]}, paired", _paired_cell("time_auc")),
+    "final": (lambda c, n: f"final (last evaluation) - {n[c.baseline]}, paired", _paired_cell("final_accuracy")),
+    "steps_to_target": (lambda c, n: f"steps to {_target_label(c, n)} (x {n[c.baseline]}'s steps)", _steps_to_target_cell),
+    "time_to_target": (lambda c, n: f"min to {_target_label(c, n)}", _time_to_target_cell),
+}  # fmt: skip

@@ -307,25 +307,21 @@ def premise(c: Comparison) -> str:
 
     def split(comparison: Comparison, arm: str) -> str:
         med = comparison.entry(arm)["median_seconds"]
-        return f"{med['step']:.1f} s, {med['generate']:.1f} of them sampling and {med['update']:.1f} updating"
+        return f"{med['step']:.1f} s: {med['generate']:.1f} sampling, {med['update']:.1f} updating"
 
-    ahead = claim(all(phase(c, a, "generate") > phase(c, a, "update") for a in (*SAMPLERS, "pods_n16_m4")),
-                  "with long answers on a CPU sampling is the larger half")  # fmt: skip
-    behind = claim(all(short.entry(a)["median_seconds"]["update"] > short.entry(a)["median_seconds"]["generate"]
-                       for a in ("grpo_n16", "trl_grpo_n8", "trl_grpo_n16")), "with short answers the update dominates")  # fmt: skip
+    update = claim(all(short.entry(a)["median_seconds"]["update"] > short.entry(a)["median_seconds"]["generate"]
+                       for a in ("grpo_n16", "trl_grpo_n8", "trl_grpo_n16")), "the update dominates")  # fmt: skip
+    sampling = claim(all(phase(c, a, "generate") > phase(c, a, "update") for a in (*SAMPLERS, "pods_n16_m4")), "sampling dominates")
+    none = claim(all(verdict(c.paired(m, DEFAULT, "time_auc")) == "not resolved" for m in METHODS),
+                 "no method was resolved from GRPO(4) per training minute")  # fmt: skip
     t_p4, t_g16 = short.entry("pods_n16_m4")["time_to_target_seconds"], short.entry("grpo_n16")["time_to_target_seconds"]
-    none = claim(all(verdict(c.paired(m, DEFAULT, "time_auc")) == "not resolved" for m in METHODS), "none was resolved from GRPO(4)")
     return (
-        "What down-sampling saves depends on which half of a step costs more, and this project measured both on its "
-        f"2-core CPU. {behind[0].upper() + behind[1:]}: with answers of at most 16 tokens and vLLM's CPU sampler, GRPO(16)'s median step took {split(short, 'grpo_n16')}; TRL's "
-        f"GRPOTrainer(16), sampling with transformers `generate`, {split(short, 'trl_grpo_n16')} "
-        "([results/compare-vs-trl](results/compare-vs-trl/)). There PODS(16, 4), updating 4 rows of each 16 sampled, reached 99% "
-        f"of GRPO(16)'s peak in {fraction(t_p4, t_g16)} its time. {ahead[0].upper() + ahead[1:]}: with worked answers (held-out "
-        f"completions of {span((length_at(c, a, 0) for a in c.methods), lambda v: f'{v:.0f}')} tokens before training), GRPO(4)'s step took {split(c, 'grpo_f32')} with the float32 sampler and PODS(16, 4)'s "
-        f"{split(c, 'pods_n16_m4')} with the bfloat16 one ([results/compare-long](results/compare-long/)); there PODS and "
-        f"D3S (whose update, raising m from 4 to 8 and scoring tokens, is {phase(c, 'd3s_intra', 'update'):.1f} s of its "
-        f"{phase(c, 'd3s_intra', 'step'):.1f}) fitted fewer steps in 10 minutes than GRPO(4) and {none} per training minute. Every ratio of times in this README and in "
-        "docs/results.md is a method's time to a target as a fraction of the baseline's (below 1: sooner)."
+        "Which half of a step costs more was measured both ways on a 2-core CPU. With answers of at most 16 "
+        f"tokens {update} (GRPO(16)'s median step {split(short, 'grpo_n16')}), and there PODS(16, 4) reached 99% of "
+        f"GRPO(16)'s peak in {fraction(t_p4, t_g16)} its time; with worked answers of about "
+        f"{statistics.fmean(length_at(c, a, 0) for a in c.methods):.0f} tokens {sampling} (GRPO(4)'s step "
+        f"{split(c, 'grpo_f32')}) and {none}. Every ratio of times in this README and in docs/results.md is a method's time to a target as a fraction of the "
+        "baseline's (below 1: sooner)."
     )
 
 

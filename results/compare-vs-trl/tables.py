@@ -405,8 +405,15 @@ def cost_model(c: Comparison) -> str:
         cells = [f"{_predicted(c, a, gpu=(GPU_CALL, K)) / _predicted(c, base, gpu=(GPU_CALL, K)):.2f}x" for K, _ in grid]
         lines.append(f"| {NAMES[a]} | " + " | ".join(cells) + " |")
     other = {w: _predicted(c, "pods_n16_m4", gpu=(w, 128)) / _predicted(c, base, gpu=(w, 128)) for w in (4 * GPU_CALL, GPU_CALL / 4)}
+    at128 = {a: _predicted(c, a, gpu=(GPU_CALL, 128)) / _predicted(c, base, gpu=(GPU_CALL, 128)) for a in arms}
+    fastest = claim(min(at128, key=at128.get) == "pods_n16_m4" and at128["pods_n16_m4"] < 1, "is predicted fastest")
+    step_ratio = [c.entry(a)["steps_to_target"] / c.entry(base)["steps_to_target"] for a in ("grpo_n4", "grpo_n8")]
     lines += ["", f"(W = {4 * GPU_CALL:.0f} and {GPU_CALL / 4:.0f}: PODS(16, 4) {other[4 * GPU_CALL]:.2f}x and "
-              f"{other[GPU_CALL / 4]:.2f}x at K = 128.)"]  # fmt: skip
+              f"{other[GPU_CALL / 4]:.2f}x at K = 128.) Where a call of 128 rollouts costs about what one does, a step's "
+              f"sampling no longer grows with n and the step count decides: GRPO(4) and GRPO(8), which need "
+              f"{span(step_ratio, lambda v: f'{v:.1f}')}x GRPO(16)'s steps to its peak, take "
+              f"{span((at128[a] for a in ('grpo_n4', 'grpo_n8')), lambda v: f'{v:.2f}')}x its time, and PODS(16, 4), which keeps "
+              f"GRPO(16)'s step count with a quarter of its update, {fastest}."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -417,13 +424,50 @@ def gpu_prediction(c: Comparison) -> str:
     module, data, k = _cost_model(str(c.root))
     err = max(abs(_predicted(c, a, skip=False) / module.time_to(data[a], c.entry(a)["steps_to_target"], None) - 1) for a in PODSRL)
     return (
-        f"`bench/cost_model.py`, fitted to these runs within {100 * err:.0f}%, predicts that with a GPU sampler (a call of 128 "
-        f"rollouts costing about one) larger n wins: PODS(16, 4) would reach GRPO(16)'s peak in {frac['pods_n16_m4']:.2f}x "
-        f"GRPO(16)'s time, GRPO(4) in {frac['grpo_n4']:.2f}x."
+        f"`bench/cost_model.py` (within {100 * err:.0f}% of these runs) predicts that a GPU sampler (128 rollouts a call at "
+        f"about one's cost) turns it: PODS(16, 4) in {frac['pods_n16_m4']:.2f}x GRPO(16)'s time to its peak, GRPO(4) in "
+        f"{frac['grpo_n4']:.2f}x."
     )
 
 
+def readme(c: Comparison) -> str:
+    """README's reading under its one table: only figures the table shows, the cost model's prediction
+    named as such, and verdicts whose intervals are in docs/results.md's paired table."""
+    target = trl8_target(c)
+    first = [c.first_reach(arm, target)[0] for arm in PODSRL]
+    ends = {arm: accuracy(c, arm, BUDGET) for arm in PODSRL}
+    trl_end = accuracy(c, TRL8, BUDGET)
+    t_p4, t_g16 = time_to_peak(c, "pods_n16_m4", "grpo_n16"), time_to_peak(c, "grpo_n16", "grpo_n16")
+    t_tp4, t_tg16 = time_to_peak(c, "trl_pods_n16_m4", "trl_grpo_n16"), time_to_peak(c, "trl_grpo_n16", "trl_grpo_n16")
+    trl = c.paired("trl_pods_n16_m4", "trl_grpo_n16", "time_auc")
+    auc = c.paired("pods_n16_m4", "grpo_n16", "time_auc")
+    sooner = claim(t_tp4 is not None and (t_tg16 is None or t_tp4 < t_tg16), "reached 99% of GRPOTrainer(16)'s peak sooner")
+    at10 = [c.paired(a, "grpo_n16", f"accuracy_at:{BUDGET}") for a in PODSRL if a != "grpo_n16"]
+    return (
+        f"Every podsrl arm reaches GRPOTrainer(8)'s accuracy at 10 minutes ({percent(target)}%) in "
+        f"{span(v / 60 for v in first)} training minutes (seed means) and at 10 minutes is "
+        f"{span(100 * (ends[a] - trl_end) for a in PODSRL)} points above it "
+        f"({_all_resolved([c.paired(a, TRL8, f'accuracy_at:{BUDGET}') for a in PODSRL])}): a "
+        f"GRPOTrainer(8) step takes {phase(c, TRL8, 'step'):.1f} s against podsrl GRPO(8)'s {phase(c, 'grpo_n8', 'step'):.1f} s, "
+        f"sampling with `generate` and updating all {per_step(c, TRL8, 'rows_run'):.0f} rows where podsrl runs the "
+        f"{per_step(c, 'grpo_n8', 'rows_run'):.1f} with a signal. At n = 16, PODS(16, 4) reached 99% of GRPO(16)'s peak in "
+        f"{fraction(t_p4, t_g16)} its time (AUC/min {paired_text(auc)}, {verdict(auc)}), updating "
+        f"{per_step(c, 'pods_n16_m4', 'rows_run'):.1f} rows a step against {per_step(c, 'grpo_n16', 'rows_run'):.1f}; inside "
+        f"TRL, PODSTrainer(16, 4) {sooner}, {verdict(trl)} {'above' if trl.mean > 0 else 'below'} it on AUC/min. At 10 "
+        f"minutes podsrl's five arms are within {100 * (max(ends.values()) - min(ends.values())):.1f} points "
+        f"({_all_resolved(at10)} against GRPO(16)); {gpu_prediction(c)}"
+    )
+
+
+def last_evaluation(c: Comparison, arm: str = TRL8) -> str:
+    """The arm's seed-mean accuracy at its last evaluation and that evaluation's mean training minutes."""
+    curve = c.entry(arm)["curves"]["train_seconds"]
+    return f"{percent(curve['accuracy'][-1])}% at {minutes(curve['x'][-1])} minutes"
+
+
 FIGURES = {
+    "readme": readme,
+    "last-evaluation": last_evaluation,
     "headline": headline,
     "pairs": pairs,
     "against-trl8": against_trl8,
