@@ -152,7 +152,7 @@ def test_a_render_block_is_rendered_whole(repo):
     page = _page(repo, "<!-- figures: results/toy -->\n\n<!-- render: steps a -->\n\n7\n\n<!-- end render -->\n")
     assert len(docs_render.check(repo, (page,))) == 1
     docs_render.write(repo, (page,))
-    assert (repo / page).read_text() == "<!-- figures: results/toy -->\n\n<!-- render: steps a -->\n\n10\n\n<!-- end render -->\n"
+    assert (repo / page).read_text() == "<!-- figures: results/toy -->\n\n<!-- render: steps a -->\n10\n<!-- end render -->\n"
     assert docs_render.check(repo, (page,)) == []
 
 
