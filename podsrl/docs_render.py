@@ -88,7 +88,9 @@ OVERCLAIMS = ("no slower", "not slower", "at least as well", "at least as fast",
 
 
 @dataclass
-class Problem:
+class Finding:
+    """What the check found, or a measurement note: a page, a line and what is there."""
+
     page: str
     line: int
     what: str
@@ -306,15 +308,15 @@ def _line(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def rendered(text: str, repo: Path, page: str = "") -> tuple[str, list[Problem]]:
+def rendered(text: str, repo: Path, page: str = "") -> tuple[str, list[Finding]]:
     """The page with every render block and inline figure rendered anew, and the markers that failed."""
-    problems: list[Problem] = []
+    problems: list[Finding] = []
 
     def one(m: re.Match, page_text: str, block: bool) -> str:
         try:
             body = render(m.group("spec"), _default_at(page_text, m.start()), repo)
         except Exception as e:  # a marker naming a missing figure, method or file: reported, the page kept
-            problems.append(Problem(page, _line(page_text, m.start()), f"{type(e).__name__}: {e}"))
+            problems.append(Finding(page, _line(page_text, m.start()), f"{type(e).__name__}: {e}"))
             return m.group(0)
         if block:
             body = wrap(body.strip("\n"))
@@ -351,42 +353,42 @@ def _blank(m: re.Match) -> str:
     return re.sub(r"[^\n]", " ", m.group(0))
 
 
-def uncovered(text: str, page: str = "") -> list[Problem]:
+def uncovered(text: str, page: str = "") -> list[Finding]:
     """Measured-looking figures outside every marker, fenced or inline code, comment and link target."""
     for pattern in (BLOCK, MEASURED_BLOCK, QUOTED, INLINE, MEASURED_INLINE, re.compile(r"^```.*?^```", re.M | re.S),
                     re.compile(r"<!--.*?-->", re.S), re.compile(r"`[^`\n]*`"), re.compile(r"\]\([^)\s]*\)"), SETTING):  # fmt: skip
         text = pattern.sub(_blank, text)
-    return [Problem(page, _line(text, m.start()), f"figure {m.group(0)!r} is neither rendered nor marked as measured")
+    return [Finding(page, _line(text, m.start()), f"figure {m.group(0)!r} is neither rendered nor marked as measured")
             for m in FIGURE.finditer(text)]  # fmt: skip
 
 
 _OWN_LINE = re.compile(r"^<!-- (?:render|end render|measured|end measured|quoted|end quoted|figures|doc-test)\b[^>]*-->$")
 
 
-def marker_lines(text: str, page: str = "") -> list[Problem]:
+def marker_lines(text: str, page: str = "") -> list[Finding]:
     """Lines that start with an inline marker: Markdown reads a line that starts with ``<!--`` as raw
     HTML (it ends the paragraph, and the line's own Markdown is not rendered), so an inline marker
     never starts a line; block markers stand on lines of their own."""
-    return [Problem(page, i + 1, "a line starts with an inline marker (Markdown would read it as raw HTML): start the "
+    return [Finding(page, i + 1, "a line starts with an inline marker (Markdown would read it as raw HTML): start the "
                     "line with a word of the sentence")
             for i, line in enumerate(text.splitlines())
             if line.lstrip().startswith("<!--") and not _OWN_LINE.match(line.strip())]  # fmt: skip
 
 
-def overclaims(text: str, page: str = "") -> list[Problem]:
+def overclaims(text: str, page: str = "") -> list[Finding]:
     lowered = text.lower()
-    return [Problem(page, _line(text, m.start()), f"{phrase!r} says more than a paired interval can; write what the interval shows "
+    return [Finding(page, _line(text, m.start()), f"{phrase!r} says more than a paired interval can; write what the interval shows "
                     "(\"not resolved\" when it holds 0)")
             for phrase in OVERCLAIMS for m in re.finditer(re.escape(phrase), lowered)]  # fmt: skip
 
 
-def measurements(text: str, page: str = "") -> list[Problem]:
+def measurements(text: str, page: str = "") -> list[Finding]:
     """The measurement notes of a page, as (line, what)."""
     found = [(m.start(), m.group("what")) for m in MEASURED_BLOCK.finditer(text)]
     found += [(m.start(), f"quoted from {m.group('source')} {m.group('what')}: {len(FIGURE.findall(m.group('body')))} figures, "
                f"{len(INTERVAL.findall(m.group('body')))} intervals checked") for m in QUOTED.finditer(text)]  # fmt: skip
     found += [(m.start(), f"{m.group('what')}: {m.group('body').strip()}") for m in MEASURED_INLINE.finditer(text)]
-    return [Problem(page, _line(text, pos), what) for pos, what in sorted(found)]
+    return [Finding(page, _line(text, pos), what) for pos, what in sorted(found)]
 
 
 def intervals_of(c: Comparison) -> set[str]:
@@ -416,7 +418,7 @@ def intervals_of(c: Comparison) -> set[str]:
     return out
 
 
-def quoted(text: str, repo: Path, page: str = "") -> list[Problem]:
+def quoted(text: str, repo: Path, page: str = "") -> list[Finding]:
     """In each ``<!-- quoted: results/<name> ... -->`` region (prose whose figures were read from a
     results directory by hand), every interval must be one the directory's files give
     (:func:`intervals_of`); the region's other figures are not checked (``--list`` counts them)."""
@@ -425,7 +427,7 @@ def quoted(text: str, repo: Path, page: str = "") -> list[Problem]:
         try:
             known = intervals_of(_comparison(str(repo / m.group("source"))))
         except Exception as e:
-            problems.append(Problem(page, _line(text, m.start()), f"{type(e).__name__}: {e}"))
+            problems.append(Finding(page, _line(text, m.start()), f"{type(e).__name__}: {e}"))
             continue
         body = m.group("body")
         for pattern in (INLINE, MEASURED_INLINE, re.compile(r"`[^`\n]*`")):
@@ -433,13 +435,13 @@ def quoted(text: str, repo: Path, page: str = "") -> list[Problem]:
         start = m.start("body")
         for hit in INTERVAL.finditer(body):
             if hit.group(0) not in known:
-                problems.append(Problem(page, _line(text, start + hit.start()), f"interval {hit.group(0)} is not one that "
+                problems.append(Finding(page, _line(text, start + hit.start()), f"interval {hit.group(0)} is not one that "
                                         f"{m.group('source')} gives (a paired difference, a mean's or a time's 95% interval); "
                                         "render it, or mark it measured with its source"))  # fmt: skip
     return problems
 
 
-def check(repo: Path, pages: tuple[str, ...] = PAGES) -> list[Problem]:
+def check(repo: Path, pages: tuple[str, ...] = PAGES) -> list[Finding]:
     """Every problem of the pages: a marked figure that differs from its rendering (or cannot be
     rendered), an unmarked figure, an overclaim."""
     problems = []
@@ -452,13 +454,13 @@ def check(repo: Path, pages: tuple[str, ...] = PAGES) -> list[Problem]:
             first = next((i for i, (a, b) in enumerate(zip(old_lines, new_lines)) if a != b), min(len(old_lines), len(new_lines)))
             got = old_lines[first] if first < len(old_lines) else "(end of page)"
             want = new_lines[first] if first < len(new_lines) else "(end of page)"
-            problems.append(Problem(page, first + 1, f"differs from its results file; the page has\n    {got}\n  and the files give\n    {want}\n"
+            problems.append(Finding(page, first + 1, f"differs from its results file; the page has\n    {got}\n  and the files give\n    {want}\n"
                                     "  (python -m podsrl.docs_render --write renders every figure; review the diff)"))  # fmt: skip
         problems += uncovered(text, page) + overclaims(text, page) + marker_lines(text, page) + quoted(text, repo, page)
     return problems
 
 
-def write(repo: Path, pages: tuple[str, ...] = PAGES) -> list[Problem]:
+def write(repo: Path, pages: tuple[str, ...] = PAGES) -> list[Finding]:
     problems = []
     for page in pages:
         path = repo / page
@@ -485,9 +487,9 @@ def main(argv: list[str] | None = None) -> int:
             for note in measurements((args.repo / page).read_text(), page):
                 print(note)
         return 0
-    problems = write(args.repo, pages) if args.write else check(args.repo, pages)
     if args.write:
-        problems += [p for page in pages for p in uncovered((args.repo / page).read_text(), page)]
+        write(args.repo, pages)
+    problems = check(args.repo, pages)
     for p in problems:
         print(p, file=sys.stderr)
     return 1 if problems else 0

@@ -8,8 +8,9 @@ computation over the committed files:
   else "not resolved" (:func:`verdict`). Nothing stronger: an interval that holds 0 is never "no
   slower" or "at least as good" (it holds differences of either sign).
 - **A ratio of times** is the method's time to the target as a fraction of the reference's
-  (:data:`RATIO`, :func:`fraction`): "0.61x GRPO(16)'s time" is sooner, below 1. ``podsrl compare``
-  printed speedups the other way (the baseline's time over the method's) until issue 68.
+  (:data:`RATIO`, :func:`fraction`): "0.61x GRPO(16)'s time" is sooner, below 1. ``podsrl compare``'s
+  report printed speedups the other way (the baseline's time over the method's) when issue 68 was
+  filed; the older sections of docs/results.md quote them so and say so.
 - **Held-out accuracy at a training time** is each run's own evaluations read linearly at that time
   (:func:`podsrl.compare.stats.value_at`), then the mean over seeds (:meth:`Comparison.accuracy_at`):
   every arm read at the same minute, the budget included (a run's last evaluation comes at the first
@@ -30,7 +31,7 @@ from typing import Any
 from podsrl.compare.stats import Summary, paired_difference, value_at
 from podsrl.compare.table import difference
 
-RATIO = "time to the target as a fraction of the baseline's (below 1: sooner)"
+RATIO = "a method's time to a target as a fraction of the baseline's (below 1: sooner)"  # README names it once
 
 
 class Comparison:

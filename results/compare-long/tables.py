@@ -39,7 +39,7 @@ import statistics
 from pathlib import Path
 
 from podsrl.compare.stats import value_at
-from podsrl.figures import Comparison, claim, fraction, mean, paired_text, percent, span, verdict
+from podsrl.figures import RATIO, Comparison, claim, fraction, mean, paired_text, percent, span, verdict
 from podsrl.run.watch import ESS_BOUND
 
 HERE = Path(__file__).resolve().parent
@@ -320,8 +320,7 @@ def premise(c: Comparison) -> str:
         f"tokens {update} (GRPO(16)'s median step {split(short, 'grpo_n16')}), and there PODS(16, 4) reached 99% of "
         f"GRPO(16)'s peak in {fraction(t_p4, t_g16)} its time; with worked answers of about "
         f"{statistics.fmean(length_at(c, a, 0) for a in c.methods):.0f} tokens {sampling} (GRPO(4)'s step "
-        f"{split(c, 'grpo_f32')}) and {none}. Every ratio of times in this README and in docs/results.md is a method's time to a target as a fraction of the "
-        "baseline's (below 1: sooner)."
+        f"{split(c, 'grpo_f32')}) and {none}. Every ratio of times in this README and in docs/results.md is {RATIO}."
     )
 
 
