@@ -225,12 +225,16 @@ class StaticCacheEngine:
             eos_token_id=sorted(self.eos),
             cache_implementation="static",
             max_cache_len=cache_len,
-            compile_config=CompileConfig() if self.compiled else None,
+            compile_config=self._compile_config(CompileConfig) if self.compiled else None,
             **kwargs,
         )
         new_ids = out[:, width:]
         lps = None if recorder is None else recorder.columns(new_ids).float().tolist()
         return new_ids.tolist(), lps
+
+    def _compile_config(self, CompileConfig):
+        """transformers' defaults: mode "reduce-overhead" (CUDA graphs), fullgraph off."""
+        return CompileConfig()
 
     # ------------------------------------------------------------------ weight sync
 
