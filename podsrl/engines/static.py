@@ -26,9 +26,9 @@ times one. This engine does what vLLM does, with transformers alone:
   is rounded up to ``CACHE_BUCKET`` tokens so that a batch of other prompt lengths reuses the compiled
   step (transformers keeps the longest cache length it has seen); on a CPU it runs eager (transformers
   compiles only on accelerators, and inductor's C++ build of a 30-layer model takes many minutes on a
-  small CPU). Transformers' continuous batching (``generate_batch``, paged attention) was measured
-  too: 11x slower on this project's CPU, and its internals moved between transformers 5.17 and 5.19
-  (docs/engines.md).
+  small CPU). Transformers' continuous batching (``generate_batch``, paged attention) was tried
+  too: far slower on this project's CPU in a scratch run, and its internals moved between
+  transformers 5.17 and 5.19 (docs/engines.md: why, and what a GPU run must still measure).
 - **The law**: the decode loop of ``generate`` that TransformersEngine runs (transformers'
   ``_sample``, identical in 5.17 and 5.19: softmax of the processed scores, then ``torch.multinomial``),
   with the same processors in the same order: the model's own (its generation_config), then
