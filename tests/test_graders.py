@@ -147,6 +147,39 @@ def test_evaluation_keeps_what_the_model_answered_when_asked(tmp_path, write_mod
     assert partial.accuracy == 0.0 and partial.completions[0]["completions"][0]["grade"] == 0.5
 
 
+def test_the_first_evaluation_warns_of_wrong_completions_that_hold_their_reference(tmp_path, capsys):
+    """Issue 68: a grader that misses right word answers understates the base model's accuracy. An
+    evaluation counts the completions graded wrong that hold their reference (words) as a word; the
+    run's first evaluation with any says so once, naming the grader and the count, and where to look."""
+    from podsrl.config import load
+    from podsrl.run.watch import RunWatch, named_but_wrong_note
+
+    task = _word_task(tmp_path)
+    prompts = [[i] for i in range(len(task.eval))]
+    sentences = [f"The answer is {ex.answer.lower()}." for ex in task.eval]  # right, and holding the reference
+    assert evaluate(_Answering(sentences), prompts, task.eval).wrong_with_reference == 0  # right: not counted
+    numeric = dataclasses.replace(task, grader="numeric")
+    unread = evaluate(_Answering(sentences), prompts, numeric.eval, samples=2)
+    readable = sum(ex.answer == "Seven" for ex in numeric.eval)  # a number word: numeric reads it
+    assert unread.wrong_with_reference == 2 * (len(task.eval) - readable) > 0
+    denied = [f"It is not {ex.answer}." for ex in task.eval]  # rightly wrong, counted all the same: the note says to look
+    assert evaluate(_Answering(denied), prompts, task.eval).wrong_with_reference == len(task.eval)
+    assert evaluate(_Answering(["no idea"] * len(task.eval)), prompts, task.eval).wrong_with_reference == 0
+    numbers = [Example(str(i), "q", str(i)) for i in range(3)]  # references of numbers: not counted
+    assert evaluate(_Answering(["It is not 0, 1 or 2."] * 3), [[0], [1], [2]], numbers).wrong_with_reference == 0
+
+    watch = RunWatch(load(None, []), "numeric")
+    [note] = watch.evaluation(unread, 0)
+    assert note.startswith("podsrl: warning: the evaluation at step 0: task.grader = 'numeric' graded ")
+    assert f"graded {unread.wrong_with_reference} completions of the {len(task.eval)} problems wrong" in note and "--completions" in note
+    assert watch.evaluation(unread, 10) == []  # once per run
+    assert named_but_wrong_note(evaluate(_Answering(sentences), prompts, task.eval), "auto", "x") is None
+    from podsrl.cli import _print_evaluation  # `podsrl eval` says it too
+
+    _print_evaluation(unread, load(None, []), "numeric")
+    assert "podsrl: warning: this evaluation: task.grader = 'numeric' graded" in capsys.readouterr().out
+
+
 def test_partial_credit_is_not_a_right_answer_for_held_out_accuracy(write_module):
     module = write_module("half_grader", "def half(completion, example):\n    return 0.5 if completion else 0.0\n")
     example = Example("1", "q", "x", grader=f"{module}:half")
