@@ -147,3 +147,55 @@ def test_one_option_named_scores_for_that_option_only(listing, data):
         example = Example("q", question, reference, task_answers=frozenset(options))
         assert graders.auto(completion, example) == (1.0 if i == j else 0.0), (completion, reference)
         assert graders.text(completion, dataclasses.replace(example, task_answers=None)) == (1.0 if i == j else 0.0), (completion, reference)
+
+
+RED = "Which planet is known as the red planet?"
+
+
+@pytest.mark.parametrize(
+    "question, reference, completion, right",
+    [  # docs/your-task.md's examples, and graders.py's
+        (RED, "Mars", "The red planet is Mars.", True),
+        (RED, "Mars", "Mars is the red planet.", True),
+        (RED, "Mars", "It's Mars, because of its iron oxide.", True),
+        (RED, "Mars", "Mars, not Venus.", True),
+        (RED, "Mars", "Mars is not the red planet.", False),
+        (RED, "Mars", "Mars, or Venus.", False),
+        (RED, "Mars", "Marsh", False),
+        (RED, "Mars", "Mars. Or Venus.", False),
+        (RED, "Mars", "Mars is red.\nBut the red planet is Venus.", False),
+        ("What is the opposite of summer?", "winter", "The opposite of winter is summer.", False),
+        ("What is the capital of France?", "Paris", "The capital of Paris is France.", False),
+        ("Which insect makes honey?", "bee", "Bees make honey.", True),
+        ("Who wrote Hamlet?", "Shakespeare", "William Shakespeare", True),
+        ("What is the capital of the United States?", "Washington, D.C.", "Washington, D.C.", True),
+        ("What is the capital of the United States?", "Washington, D.C.", "Washington DC", True),
+        ("What is the capital of France?", "Paris", "Paris. It is known for the Eiffel Tower.", True),
+        ("What is the capital of France?", "Paris", "It's not London, it's Paris.", True),
+        ("What is the capital of France?", "Paris", "No, it's Paris.", True),
+        ("What is the capital of France?", "Paris", "Paris? No, Lyon.", False),
+        ("What is the capital of France?", "Paris", "Is it Paris?", False),
+        ("What is the capital of France?", "Paris", "Paris, of course!", True),
+        ("What is the capital of France?", "Paris", "Paris, the capital.", True),
+        ("What is the capital of France?", "Paris", "Paris, France", True),
+        ("What is the capital of France?", "Paris", "Answer: Paris, Lyon, Marseille", False),
+        ("What is the capital of France?", "Paris", "Paris. Lyon.", False),
+        ("What is the capital of France?", "Paris", "Paris. Good luck!", True),
+        ("Which of these is a mammal: dog, snake, lizard?", "dog", "A dog is a mammal; snakes and lizards are reptiles.", True),
+        ("Which of these is a mammal: dog, snake, lizard?", "dog", "The dog is a mammal. Snakes and lizards are reptiles.", True),
+        ("Which of these is a mammal: dog, snake, lizard?", "dog", "dog\nsnake\nlizard", False),
+        ("Which of these is a mammal? (A) dog (B) snake (C) lizard", "B", "(B) snake", True),
+        ("Which of these is a mammal? (A) dog (B) snake (C) lizard", "snake", "(B)", True),
+        ("Which is bigger, Mars or Jupiter?", "Jupiter", "Jupiter is bigger than Mars.", True),
+        ("Which is bigger, Mars or Jupiter?", "Jupiter", "Between Mars and Jupiter, Jupiter is bigger.", True),
+        ("Which is bigger, Mars or Jupiter?", "Jupiter", "Mars is bigger than Jupiter.", False),
+        ("Which animal cannot fly: the penguin or the eagle?", "penguin", "The penguin cannot fly.", True),
+        ("What gas do plants absorb?", "carbon dioxide", "Carbon dioxide (CO2).", True),
+        ("How many legs does a spider have?", "8", "A spider has eight legs.", True),
+        ("How many legs does a spider have?", "8", "It has eight legs, not six.", True),
+        ("How many legs does a spider have?", "8", "six eight", False),
+    ],
+)
+def test_the_examples_the_docs_give(question, reference, completion, right):
+    for name in ("auto", "text"):
+        assert graders.GRADERS[name](completion, Example("1", question, reference)) == (1.0 if right else 0.0), name
