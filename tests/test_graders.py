@@ -54,6 +54,8 @@ def test_as_trl_reward_grades_text_answers():
         ("twelve", "12", True),  # a number word is that number (issue 57)
         ("thirteen", "12", False),
         ("x+1", "x+1", True),
+        ("red\ngreen\nblue", "red\ngreen\nblue", True),  # words of several lines: the whole completion
+        ("red\ngreen", "red\ngreen\nblue", False),
         ("(C)", "\\text{(C)}", True),
         ("C", "\\text{(C)}", False),
     ],

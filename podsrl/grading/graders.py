@@ -29,7 +29,8 @@ The built-in graders (`GRADERS`), each 0.0 or 1.0:
   A number word is a number: with no digit in the final sentence, the word rule reads it ("A
   spider has eight legs." for "8"). A reference that is not a number is never matched.
 - ``text``: for a reference of words ("Paris", "New York", "Washington, D.C.") or the letter of one
-  of the question's lettered choices ("B" for "(A) dog (B) snake"), the word rule below; a number
+  of the question's lettered choices ("B" for "(A) dog (B) snake"), the word rule below (or the
+  whole completion is the reference, normalised: a reference of several lines); a number
   is compared as a number (``numeric``); anything else exactly after the normalisation users
   expect: case, runs of whitespace, surrounding whitespace, quotes and punctuation (a trailing
   period, "**bold**", backticks), LaTeX `\\text{}` (`\\textbf`, `\\mathrm`) and `$`, comparing the
@@ -165,8 +166,9 @@ def text(completion: str, example: Example) -> float:
     reference that is not words is compared as text, normalised; one that is a number as a number."""
     if parse_number(example.answer) is not None:
         return numeric(completion, example)
-    if _reads_words(example):
-        return 1.0 if names_answer(completion, example.answer, example.question, example.task_answers) else 0.0
+    if _reads_words(example):  # the word rule; or the whole completion is the reference (one of several lines)
+        named = names_answer(completion, example.answer, example.question, example.task_answers)
+        return 1.0 if named or text_key(completion) == text_key(example.answer) else 0.0
     return 1.0 if _same_text(completion, example.answer) else 0.0
 
 
