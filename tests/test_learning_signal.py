@@ -123,7 +123,7 @@ def test_the_all_zero_warning_names_the_grader_in_use_or_blames_the_reward_funct
         watch = RunWatch(cfg, build_task(cfg).grader)  # as the run's logger gets it: the task's grader
         return [n for s in range(1, SILENT_STEPS + 1) for n in watch.step(_step(s))][0]
 
-    assert "task.grader = 'text'," in warn(["task.grader=text"]) and "opening or ending it" in warn(["task.grader=text"])
+    assert "task.grader = 'text'," in warn(["task.grader=text"]) and "named as the answer" in warn(["task.grader=text"])
     rg = warn(["task.name=reasoning_gym", "task.options.dataset=leg_counting", "task.options.num_train=4", "task.options.num_eval=2",
                "task.options.partial_credit=false"])
     assert "task.grader = 'reasoning_gym_binary' (the task's own)" in rg and "checker" in rg

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from podsrl.train.distributed import Dist
 from podsrl.engines import Engine, Rollouts, Sampling
+from podsrl.grading import naming
 from podsrl.grading.answers import extract_answer
 from podsrl.grading.graders import grade
 from podsrl.intervals import accuracy_interval, wilson_interval  # noqa: F401 (wilson_interval: test_compare reads it here)
@@ -62,6 +63,10 @@ class EvalResult:
     # no number, "####" answer or box: podsrl.grading.answers.extract_answer).
     truncated_right: float = 0.0
     truncated_unanswered: float = 0.0
+    # Completions graded wrong that hold their reference answer, one of words, as a word
+    # (podsrl.grading.naming.contains_reference): a hint that the grader misses right answers (issue
+    # 68; podsrl.run.watch.named_but_wrong_note). A count, over every rank.
+    wrong_with_reference: int = 0
     # With keep_completions (`podsrl eval --completions`): one record per problem, in the held-out
     # order, on rank 0 (None on the others): {"id", "question", "answer", "completions": [{"text",
     # "grade", "truncated"}]}, grade by the problem's grader (1.0: right). Not in eval.jsonl.
@@ -125,6 +130,7 @@ class Counts(NamedTuple):
     truncated: int  # samples cut off at the token limit
     truncated_right: int  # cut off and right anyway
     truncated_unanswered: int  # cut off with no final answer in them (podsrl.grading.answers.extract_answer)
+    wrong_with_reference: int  # graded wrong, and holding the reference (words) as a word
 
 
 def evaluate(
@@ -166,12 +172,14 @@ def _score(example: Example, rollouts: Rollouts, j: int, samples: int) -> tuple[
     texts, ids, cut = rollouts.texts[block], rollouts.completion_ids[block], rollouts.truncated[block]
     grades = [grade(t, example) for t in texts]
     right = [g >= 1.0 for g in grades]  # graders.is_right, on the grades computed once
+    words = naming.is_words(example.answer)
     counts = Counts(
         correct=sum(right),
         tokens=sum(len(c) for c in ids),
         truncated=sum(cut),
         truncated_right=sum(c and r for c, r in zip(cut, right)),
         truncated_unanswered=sum(c and not r and extract_answer(t) is None for c, r, t in zip(cut, right, texts)),
+        wrong_with_reference=sum(words and not r and naming.contains_reference(t, example.answer) for r, t in zip(right, texts)),
     )
     record = {"id": example.id, "question": example.question, "answer": example.answer,
               "completions": [{"text": t, "grade": g, "truncated": bool(c)} for t, g, c in zip(texts, grades, cut)]}  # fmt: skip
@@ -205,5 +213,6 @@ def _result(counts: list[Counts], samples: int, *, seconds: float, completions: 
         seconds=seconds,
         truncated_right=sum(c.truncated_right for c in counts) / total,
         truncated_unanswered=sum(c.truncated_unanswered for c in counts) / total,
+        wrong_with_reference=sum(c.wrong_with_reference for c in counts),
         completions=completions,
     )
