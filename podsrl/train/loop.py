@@ -484,7 +484,8 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
     if resume:
         state = _resume(run, run_dir, model, optimizer, scheduler, log)
         if state.done(cfg):  # nothing to add: no second final evaluation or checkpoint
-            log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
+            why = f" ({note})" if (note := state.overrun_note(cfg)) is not None else ""
+            log(f"podsrl: the run has already reached its budget{why}; raise train.max_steps or train.max_seconds to go on")
             return run_dir
     if dist.is_main:
         claim.write_config(cfg, step=state.step, log=log, notes=_config_notes(run))  # atomic; on resume, records what changed
@@ -511,7 +512,7 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
             metrics = train_step(run, model, optimizer, scheduler, state)
             state.step += 1
             # Budgets and evaluation times are decided on rank 0's clock, the same on every rank.
-            state.train_seconds = dist.broadcast_object(state.train_seconds + time.perf_counter() - start)
+            state.record_step(dist.broadcast_object(time.perf_counter() - start))
             metrics["train_seconds"] = state.train_seconds
             logger.log_step(metrics, state)
             capped = _warn_at_the_cap(cfg, metrics, log, capped)
@@ -523,6 +524,8 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
                 path = save(cfg.train.checkpoint_failure)  # "retry": a full disk is a warning until the final save
                 if path is not None:
                     export.after_checkpoint(cfg, run_dir, path, dist, final=False, log=log)
+        if (note := state.overrun_note(cfg)) is not None:
+            log(f"podsrl: stopping after step {state.step}: {note}")
         if cfg.eval.at_end:
             run_eval(run, state, logger, log, label="trained policy")
         export.after_checkpoint(cfg, run_dir, save(), dist, final=True, log=log)
