@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 
 from podsrl import errors
 from podsrl.config import from_dict, load, to_toml
+from podsrl.engines.hf import TransformersEngine
 from podsrl.errors import EXIT_CHECKPOINT, EXIT_ENGINE, EXIT_HUNG, EXIT_PREEMPTED, CheckpointWriteError, ConfigError, EngineError, RewardError
 from podsrl.grading.pool import RewardPool
 from podsrl.grading.rewards import compute_rewards
@@ -49,10 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The test's own reward, with faults chosen by environment variables: PODSRL_TEST_FAULT =
 # "kill:RANK:CALL" (SIGKILL, as the OOM killer would), "term:RANK:CALL" (SIGTERM, as a scheduler's
-# preemption would, and go on) or "hang:RANK:CALL" (sleep, after writing the time to
-# PODSRL_TEST_MARK) at that rank's CALL-th call, on the first attempt only (torchrun's
+# preemption would, and go on), "termall:RANK:CALL" (SIGTERM to every rank, as SLURM and torchrun
+# send it, after writing the time to PODSRL_TEST_MARK) or "hang:RANK:CALL" (sleep, after writing
+# the time to PODSRL_TEST_MARK) at that rank's CALL-th call, on the first attempt only (torchrun's
 # restarts count in TORCHELASTIC_RESTART_COUNT); PODSRL_TEST_PIDS: a directory where each rank
-# writes its pid; PODSRL_TEST_SLEEP_ONCE: a file created by the one call that sleeps forever.
+# writes its pid; PODSRL_TEST_SLOW = "CALL:SECONDS": every call from the CALL-th on sleeps SECONDS
+# (a slow step), on every rank, first attempt only; PODSRL_TEST_SLEEP_ONCE: a file created by the
+# one call that sleeps forever.
 FAULTY_REWARD = '''
 import os, signal, time
 from pathlib import Path
@@ -74,9 +78,16 @@ def faulty_reward(completion, example):
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "term":
             os.kill(os.getpid(), signal.SIGTERM)
+        if kind == "termall":
+            Path(os.environ["PODSRL_TEST_MARK"]).write_text(str(time.time()))
+            for pid in Path(os.environ["PODSRL_TEST_PIDS"]).glob("rank*-0"):
+                os.kill(int(pid.read_text()), signal.SIGTERM)
         if kind == "hang":
             Path(os.environ["PODSRL_TEST_MARK"]).write_text(str(time.time()))
             time.sleep(3600)
+    slow_from, _, seconds = os.environ.get("PODSRL_TEST_SLOW", "").partition(":")
+    if slow_from and _calls >= int(slow_from) and attempt == "0":
+        time.sleep(float(seconds))
     once = os.environ.get("PODSRL_TEST_SLEEP_ONCE")
     if once:
         try:
@@ -88,6 +99,7 @@ def faulty_reward(completion, example):
 '''
 
 QUIET = {"eval.at_start": False, "eval.at_end": False, "train.progress": False, "train.export_model": False}
+ABANDON = {"train.max_steps": 3, "train.checkpoint_every": 0}  # the one-process stop tests' runs
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +121,19 @@ def stop_handlers():
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="module")
+def reference(make_config, tmp_path_factory) -> Path:
+    """The uninterrupted run of :data:`ABANDON` that every stopped and resumed one must reproduce."""
+    path = tmp_path_factory.mktemp("reference")
+    config = _config(make_config, path, **{**ABANDON, "train.checkpoint_every": 1, "train.keep_checkpoints": 3})  # every step's weights
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return trainer.train(load(config), run_dir=path / "run", log=lambda *_: None)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _config(make_config, tmp_path, **overrides) -> Path:
@@ -185,29 +210,103 @@ def test_resume_auto_starts_resumes_restarts_and_refuses_another_run(make_config
 # -------------------------------------------------------------------------- preemption
 
 
-def test_sigterm_checkpoints_exits_75_and_resume_continues_exactly(make_config, tmp_path, monkeypatch, stop_handlers, one_thread):
-    overrides = {"train.max_steps": 4, "train.checkpoint_every": 0}
-    config = _config(make_config, tmp_path, **overrides)
-    reference = trainer.train(load(config), run_dir=tmp_path / "reference", log=lambda *_: None)
-    real_step = trainer.train_step
+def test_sigterm_in_the_optimizer_step_finishes_the_step_and_resume_continues_exactly(make_config, tmp_path, monkeypatch, stop_handlers,
+                                                                                         one_thread, reference):
+    """A signal in the step's optimizer step (or after it) is recorded; the step ends, is
+    checkpointed, and the run exits with 75."""
+    config = _config(make_config, tmp_path, **ABANDON)
+    real_step, calls = torch.optim.AdamW.step, []
 
-    def signalled_during_step_2(s, model, optimizer, scheduler, state):
-        if state.step == 1:
+    def signalled_in_step_2(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # delivered now; the step still finishes
-        return real_step(s, model, optimizer, scheduler, state)
+        return real_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "train_step", signalled_during_step_2)
+    monkeypatch.setattr(torch.optim.AdamW, "step", signalled_in_step_2)
     run = tmp_path / "run"
     code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
     assert code == EXIT_PREEMPTED, err
-    assert "stopped by SIGTERM after step 2" in err and f"podsrl train --resume {run}" in err and "Traceback" not in err
+    assert "stopped by SIGTERM after step 2;" in err and f"podsrl train --resume {run}" in err and "Traceback" not in err
     assert _steps(run) == [1, 2] and ckpt.latest(run).name == "step-000002"  # checkpoint_every = 0: the stop's own
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # a second SIGTERM cannot cut the exit short
     monkeypatch.undo()
     code, _, err = run_cli(["train", "--resume", str(run), "--no-plot"])
     assert code == 0, err
-    assert _steps(run) == [1, 2, 3, 4]
-    assert _max_diff(_weights(run, 4), _weights(reference, 4)) == 0.0
+    assert _steps(run) == [1, 2, 3]
+    assert _max_diff(_weights(run, 3), _weights(reference, 3)) == 0.0
+
+
+def _slow_from_the_signal(real, armed, fired, pause: float = 0.1, calls: int = 300):
+    """``real`` made slow when ``armed()``: a timer thread sends SIGTERM 0.3 s in (its time into
+    ``fired``), and the call then runs ``real`` ``calls`` times with ``pause`` s between (at least 30 s
+    of torch work and sleep) unless the signal cuts it short. Returns the wrapper."""
+
+    def slow(*args, **kwargs):
+        if not armed() or fired:
+            return real(*args, **kwargs)
+        fired.append(None)
+        threading.Timer(0.3, lambda: (fired.__setitem__(0, time.monotonic()), os.kill(os.getpid(), signal.SIGTERM))).start()
+        for _ in range(calls):
+            out = real(*args, **kwargs)
+            time.sleep(pause)
+        return out
+
+    return slow
+
+
+@pytest.mark.parametrize("where", ["generation", "update"])
+def test_sigterm_mid_step_abandons_it_within_seconds_and_resume_continues_exactly(make_config, tmp_path, monkeypatch, stop_handlers, one_thread,
+                                                                                reference, where):
+    """SIGTERM in the middle of step 2, made slow (30 s or more of generation, or of the update's
+    forward passes, when nothing cuts it short): the step is abandoned at once, step 1's checkpoint
+    is written (checkpoint_every = 0: none before), exit 75; the resume reproduces the uninterrupted run."""
+    from podsrl.train import update
+
+    config = _config(make_config, tmp_path, **ABANDON)
+    real_step, in_step_2, fired = trainer.train_step, [], []
+
+    def step(s, model, optimizer, scheduler, state):
+        in_step_2[:] = [state.step == 1]
+        return real_step(s, model, optimizer, scheduler, state)
+
+    monkeypatch.setattr(trainer, "train_step", step)
+    if where == "generation":
+        monkeypatch.setattr(TransformersEngine, "generate", _slow_from_the_signal(TransformersEngine.generate, lambda: in_step_2 == [True], fired))
+    else:  # the update's forward passes with gradients, before its optimizer step
+        armed = lambda: in_step_2 == [True] and torch.is_grad_enabled()  # noqa: E731
+        monkeypatch.setattr(update, "forward_logprobs", _slow_from_the_signal(update.forward_logprobs, armed, fired))
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
+    elapsed = time.monotonic() - fired[0]
+    assert code == EXIT_PREEMPTED, err
+    assert elapsed < 10, f"{elapsed:.1f} s from the signal to the exit"  # the step alone would take 30 s more
+    assert "stopped by SIGTERM after step 1, abandoning step 2;" in err and "(from step-000001)" in err and "Traceback" not in err, err
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"
+    assert _max_diff(_weights(run, 1), _weights(reference, 1)) == 0.0  # the weights of step 1's end
+    monkeypatch.undo()
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot"])
+    assert code == 0, err
+    assert _steps(run) == [1, 2, 3]
+    assert _max_diff(_weights(run, 3), _weights(reference, 3)) == 0.0
+
+
+def test_an_abandoned_step_keeps_the_checkpoint_its_last_step_has(make_config, tmp_path, monkeypatch, stop_handlers, one_thread, reference):
+    """With a checkpoint every step, the abandon writes none: step 1's is there already, untouched."""
+    config = _config(make_config, tmp_path, **{**ABANDON, "train.checkpoint_every": 1})
+    real_step, in_step_2, fired = trainer.train_step, [], []
+
+    def step(s, model, optimizer, scheduler, state):
+        in_step_2[:] = [state.step == 1]
+        return real_step(s, model, optimizer, scheduler, state)
+
+    monkeypatch.setattr(trainer, "train_step", step)
+    monkeypatch.setattr(TransformersEngine, "generate", _slow_from_the_signal(TransformersEngine.generate, lambda: in_step_2 == [True], fired))
+    real_save, saved = ckpt.save, []
+    monkeypatch.setattr(ckpt, "save", lambda *a, **k: saved.append(a[4].step) or real_save(*a, **k))
+    with pytest.raises(preemption.Preempted) as stopped:
+        trainer.train(load(config), run_dir=tmp_path / "run", log=lambda *_: None)
+    assert stopped.value.abandoned == "step 2" and stopped.value.checkpoint.name == "step-000001" and saved == [1]
 
 
 def test_a_stop_signal_before_the_first_step_stops_without_a_checkpoint(make_config, tmp_path, monkeypatch, stop_handlers, one_thread):
@@ -667,11 +766,12 @@ DIST = {
 }
 
 
-def _launch(args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> subprocess.Popen:
-    """``torchrun --nproc-per-node=2 -m podsrl train ARGS``; without torchrun's shared store, which
-    makes restarts fail in gloo's set-up on the last attempt's keys (pytorch/pytorch#135712)."""
+def _launch(args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0, script: list[str] | None = None) -> subprocess.Popen:
+    """``torchrun --nproc-per-node=2 -m podsrl train ARGS`` (``script``: ``SCRIPT ARGS... train ARGS``);
+    without torchrun's shared store, which makes restarts fail in gloo's set-up on the last attempt's
+    keys (pytorch/pytorch#135712)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", f"--max-restarts={restarts}",
-           "-m", "podsrl", "train", *args, "--no-plot"]  # fmt: skip
+           *(script or ["-m", "podsrl"]), "train", *args, "--no-plot"]  # fmt: skip
     env = {**_env(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -720,20 +820,60 @@ def test_torchrun_restarts_a_killed_rank_and_ends_as_if_uninterrupted(dist_confi
     assert _max_diff(_weights(run, 5), _weights(uninterrupted, 5)) == 0.0
 
 
-def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(dist_config, uninterrupted, tmp_path):
+def _abandoned(out: str) -> list[tuple[str, ...]]:
+    """Each rank's (last completed step, abandoned step, run, checkpoint) from its stop message."""
+    return re.findall(r"stopped by SIGTERM after step (\d+), abandoning step (\d+); resume with `podsrl train --resume (\S+)` \(from (\S+)\)", out)
+
+
+def test_sigterm_to_one_rank_abandons_the_step_on_every_rank(dist_config, uninterrupted, tmp_path):
     run, pids = tmp_path / "run", tmp_path / "pids"
     pids.mkdir()
     # SIGTERM reaches rank 1 alone, in the middle of step 2 (its 13th reward call of 8 a step): a
     # signal sent from here after some delay was not one test, as a fast machine could finish the
-    # five steps first.
+    # five steps first. Rank 1 abandons the step at once; rank 0 learns it at its next collective.
     fault = {"PODSRL_TEST_FAULT": "term:1:13", "PODSRL_TEST_PIDS": str(pids)}
     code, out = _finish(_launch([str(dist_config), "--out", str(run)], env=fault), pids=pids)
-    stops = re.findall(r"stopped by SIGTERM after step (\d+); resume with `podsrl train --resume (\S+)`", out)
+    stops = _abandoned(out)
     assert code != 0 and len(stops) == 2 and stops[0] == stops[1], out[-3000:]
-    step = int(stops[0][0])
-    assert step == 2, out[-3000:]  # the step it arrived in is finished and checkpointed, no further one
-    assert stops[0][1] == str(run) and out.count("exitcode  : 75") == 2, out[-3000:]  # both ranks: the documented code
-    assert _steps(run) == list(range(1, step + 1)) and ckpt.latest(run).name == f"step-{step:06d}"
+    assert stops[0] == ("1", "2", str(run), "step-000001"), out[-3000:]  # step 1's checkpoint, written by the stop (checkpoint_every = 2)
+    assert out.count("exitcode  : 75") == 2, out[-3000:]  # both ranks: the documented code
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"
+    code, out = _finish(_launch(["--resume", str(run)]))
+    assert code == 0, out[-3000:]
+    assert _steps(run) == [1, 2, 3, 4, 5]
+    assert _max_diff(_weights(run, 5), _weights(uninterrupted, 5)) == 0.0
+
+
+def test_sigterm_to_every_rank_in_a_slow_step_stops_within_seconds(dist_config, tmp_path):
+    """Step 2 made slow (every reward call sleeps 30 s: 4 minutes a step); SIGTERM to both ranks at
+    rank 1's first call of it. Both abandon the step, step 1's checkpoint is written, and both exit
+    with 75 within seconds, not minutes."""
+    run, pids, mark = tmp_path / "run", tmp_path / "pids", tmp_path / "signalled"
+    pids.mkdir()
+    fault = {"PODSRL_TEST_FAULT": "termall:1:9", "PODSRL_TEST_SLOW": "9:30", "PODSRL_TEST_PIDS": str(pids), "PODSRL_TEST_MARK": str(mark)}
+    code, out = _finish(_launch([str(dist_config), "--out", str(run)], env=fault), pids=pids)
+    elapsed = time.time() - float(mark.read_text())
+    assert code != 0 and out.count("exitcode  : 75") == 2, out[-3000:]
+    assert elapsed < 30, f"torchrun ended {elapsed:.0f} s after the signal\n{out[-3000:]}"  # a step alone would take minutes
+    stops = _abandoned(out)
+    assert len(stops) == 2 and stops[0] == stops[1] == ("1", "2", str(run), "step-000001"), out[-3000:]
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"  # its resume is the one-rank test's
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_rank_in_a_slow_update_stops_within_seconds(dist_config, uninterrupted, tmp_path):
+    """Step 2's update made slow (its forward passes repeated for 30 s or more, tests/stop_mid_update.py),
+    SIGTERM to both ranks in its first one: both abandon the step before its optimizer step, write
+    step 1's checkpoint and exit with 75 within seconds; the resume reproduces the uninterrupted run."""
+    run, where = tmp_path / "run", tmp_path / "ranks"
+    where.mkdir()
+    code, out = _finish(_launch([str(dist_config), "--out", str(run)], script=[str(ROOT / "tests" / "stop_mid_update.py"), str(where)]), pids=where)
+    elapsed = time.time() - float((where / "signalled").read_text())
+    assert code != 0 and out.count("exitcode  : 75") == 2, out[-3000:]
+    assert elapsed < 30, f"torchrun ended {elapsed:.0f} s after the signal\n{out[-3000:]}"  # the update alone would take 30 s more
+    stops = _abandoned(out)
+    assert len(stops) == 2 and stops[0] == stops[1] == ("1", "2", str(run), "step-000001"), out[-3000:]
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"
     code, out = _finish(_launch(["--resume", str(run)]))
     assert code == 0, out[-3000:]
     assert _steps(run) == [1, 2, 3, 4, 5]
