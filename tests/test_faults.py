@@ -309,6 +309,35 @@ def test_an_abandoned_step_keeps_the_checkpoint_its_last_step_has(make_config, t
     assert stopped.value.abandoned == "step 2" and stopped.value.checkpoint.name == "step-000001" and saved == [1]
 
 
+def test_sigterm_mid_evaluation_abandons_it_and_the_resume_evaluates_there_first(make_config, tmp_path, monkeypatch, stop_handlers, one_thread,
+                                                                                  reference):
+    """An evaluation (every step here) made slow and signalled at step 1: abandoned at once, step 1's
+    checkpoint written (its evaluation is not in eval.jsonl); the resume evaluates at step 1 first,
+    then goes on as the uninterrupted run."""
+    config = _config(make_config, tmp_path, **{**ABANDON, "eval.every_steps": 1})
+    real_eval, evaluating, fired = trainer.run_eval, [], []
+
+    def run_eval(run, state, *args, **kwargs):
+        evaluating[:] = [state.step]
+        try:
+            return real_eval(run, state, *args, **kwargs)
+        finally:
+            evaluating[:] = []
+
+    monkeypatch.setattr(trainer, "run_eval", run_eval)
+    monkeypatch.setattr(TransformersEngine, "generate", _slow_from_the_signal(TransformersEngine.generate, lambda: evaluating == [1], fired))
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
+    assert code == EXIT_PREEMPTED and time.monotonic() - fired[0] < 10, err
+    assert "stopped by SIGTERM after step 1, abandoning the evaluation at step 1;" in err and "(from step-000001)" in err, err
+    assert _steps(run) == [1] and read_jsonl(run / "eval.jsonl") == [] and ckpt.latest(run).name == "step-000001"
+    monkeypatch.undo()
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot"])
+    assert code == 0, err
+    assert _steps(run) == [1, 2, 3] and [r["step"] for r in read_jsonl(run / "eval.jsonl")] == [1, 2]  # none at the end: eval.at_end = false
+    assert _max_diff(_weights(run, 3), _weights(reference, 3)) == 0.0
+
+
 def test_a_stop_signal_before_the_first_step_stops_without_a_checkpoint(make_config, tmp_path, monkeypatch, stop_handlers, one_thread):
     cfg = make_config(**{**QUIET, "eval.at_start": True, "train.stop_signals": ["SIGUSR1"]})
     real_eval = trainer.run_eval

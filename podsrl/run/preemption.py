@@ -44,7 +44,8 @@ Limits, and choices where nothing dictates one:
   (between two of podsrl's collectives), not within seconds. vLLM's collectives (tensor-parallel
   engines) are outside this too; podsrl's colocated engines make none across ranks.
 - A signal sent to one rank only (torchrun and SLURM signal every rank) abandons the step on the
-  others at their next collective, which may be a sampling call away.
+  others at their next collective: at most the rest of their sampling batch, or of their update's
+  forward and backward passes.
 - An evaluation is abandonable; the checkpoint then holds its step, and a resumed run evaluates
   there first (an evaluation due at the checkpoint's step that eval.jsonl lacks). The final
   evaluation (``eval.at_end``), the final checkpoint and the export are not: the run has reached
