@@ -2,14 +2,18 @@
 disks and dead engines, each injected by the test (a reward function that reads environment
 variables, or a monkeypatch), never by a hook in podsrl.
 
-One process: ``--resume auto``; SIGTERM -> checkpoint, exit 75, exact resume; a reward that sleeps
-forever is timed out, counted and the run goes on; a checkpoint write that fails with ENOSPC leaves
-the previous one loadable; an engine failure names the engine and the run to resume.
-``torchrun --nproc-per-node=2`` (gloo, the tiny model): a rank killed at step 3 under
-``--max-restarts=1`` with ``--resume auto`` (the job restarts and ends with the weights of an
-uninterrupted run); SIGTERM to one rank in the middle of step 2 (every rank stops after the same step,
-exit code 75, ``--resume`` continues exactly); a rank that hangs in its reward (every process exits
-within the heartbeat's bound, naming the rank and its phase). A killed vLLM engine is slow-marked.
+One process: ``--resume auto``; SIGTERM in a step made slow, mid-generation and mid-update (issue
+68: the step is abandoned within seconds, the last completed step's checkpoint, exit 75, exact
+resume), in an evaluation (abandoned; the resume evaluates there first) and in the optimizer step
+(the step is finished and checkpointed); a reward that sleeps forever is timed out, counted and the
+run goes on; a checkpoint write that fails with ENOSPC leaves the previous one loadable; an engine
+failure names the engine and the run to resume. ``torchrun --nproc-per-node=2`` (gloo, the tiny
+model): a rank killed at step 3 under ``--max-restarts=1`` with ``--resume auto`` (the job restarts
+and ends with the weights of an uninterrupted run); SIGTERM to one rank in the middle of step 2
+(every rank abandons that step, exit code 75, ``--resume`` continues exactly); SIGTERM to every rank
+in a step made slow, in its rewards and (slow-marked) in its update (exit 75 within seconds); a
+rank that hangs in its reward (every process exits within the heartbeat's bound, naming the rank
+and its phase). A killed vLLM engine and a stop in vLLM's generation are slow-marked.
 """
 
 from __future__ import annotations
@@ -175,6 +179,28 @@ def _steps(run: Path) -> list[int]:
 def test_bad_fault_settings_name_the_field(override, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment) + ":"):
         load(None, [override])
+
+
+def test_a_stop_signal_raises_inside_a_region_and_only_there(stop_handlers):
+    from podsrl.train.distributed import Dist
+
+    alone = Dist()
+    stop = preemption.StopSignals(["SIGUSR1"]).install()
+    try:
+        with pytest.raises(preemption.StepAbandoned) as abandoned, stop.region(alone):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(5)  # cut short: the handler raises as soon as the main thread runs Python again
+        assert abandoned.value.signal == signal.SIGUSR1 and not abandoned.value.told
+        stop.received = None
+        with stop.region(alone):
+            stop.commit(alone)  # the optimizer step's place: from here on a signal is only recorded
+            os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == signal.SIGUSR1 and stop.agreed(alone) == signal.SIGUSR1
+        with pytest.raises(preemption.StepAbandoned):  # recorded outside: the next region is abandoned as it opens
+            with stop.region(alone):
+                pytest.fail("the region ran")
+    finally:
+        stop.restore(ignore_after_stop=False)
 
 
 def test_stop_signal_names():
@@ -970,3 +996,62 @@ def test_a_dead_vllm_engine_is_a_clear_error_within_a_bound(tmp_path):
     assert time.monotonic() - start < 600
     assert "podsrl: engine error: the vLLM rollout engine (vLLM" in done.stderr and "failed while generating" in done.stderr
     assert f"resume with `podsrl train --resume {run}` (from step-000001)" in done.stderr and "Traceback" not in done.stderr
+
+
+_STOP_IN_VLLM = """
+import os, signal, sys, threading, time
+from podsrl.cli import main
+from podsrl.engines.vllm import VLLMEngine
+from podsrl.train import loop
+
+real_generate, real_step, step, fired = VLLMEngine.generate, loop.train_step, [0], []
+
+
+def train_step(run, model, optimizer, scheduler, state):
+    step[0] = state.step + 1
+    return real_step(run, model, optimizer, scheduler, state)
+
+
+def generate(self, *args, **kwargs):  # step 2's sampling: vLLM's generation repeated for minutes, SIGTERM 1 s in
+    if step[0] != 2 or fired:
+        return real_generate(self, *args, **kwargs)
+    fired.append(None)
+    def signal_now():
+        with open(os.environ["MARK"], "w") as mark:
+            mark.write(str(time.time()))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Timer(1.0, signal_now).start()
+    for _ in range(1000):
+        out = real_generate(self, *args, **kwargs)
+    return out
+
+
+loop.train_step, VLLMEngine.generate = train_step, generate
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_sigterm_mid_vllm_generation_abandons_the_step(tmp_path):
+    """The embedded model with vLLM's engine: SIGTERM in step 2's generation (made minutes long)
+    abandons it, step 1's checkpoint is written, exit 75 within a minute (the checkpoint of a 135M
+    model in float32 with its optimizer state included); the resume ends the run."""
+    pytest.importorskip("vllm")
+    script, run, mark = tmp_path / "stop_in_vllm.py", tmp_path / "run", tmp_path / "signalled"
+    script.write_text(_STOP_IN_VLLM)
+    args = ["train", "--out", str(run), "--no-plot", "--rollout.engine=vllm", "--train.max_steps=3", "--train.max_seconds=none",
+            "--train.checkpoint_every=0", "--train.prompts_per_step=2", "--rollout.n=4", "--select.m=2", "--eval.at_start=false",
+            "--eval.at_end=false", "--rollout.kv_cache_gib=0.25", "--train.progress=false", "--train.export_model=false"]  # fmt: skip
+    done = subprocess.run([sys.executable, str(script), *args], env={**_env(), "MARK": str(mark)}, cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    elapsed = time.time() - float(mark.read_text())
+    assert done.returncode == EXIT_PREEMPTED, done.stderr[-3000:]
+    assert elapsed < 60, f"{elapsed:.0f} s from the signal to the exit"
+    assert "stopped by SIGTERM after step 1, abandoning step 2;" in done.stderr and "(from step-000001)" in done.stderr, done.stderr[-3000:]
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"
+    code = subprocess.run([sys.executable, "-m", "podsrl", "train", "--resume", str(run), "--no-plot"], env=_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert code.returncode == 0, code.stderr[-3000:]
+    assert _steps(run) == [1, 2, 3]

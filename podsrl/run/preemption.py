@@ -175,6 +175,11 @@ class StopSignals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
+    @property
+    def installed(self) -> bool:
+        """Whether a stop signal can come: handlers are installed (some signals, the main thread)."""
+        return bool(self._previous)
+
     def restore(self, *, ignore_after_stop: bool = True) -> None:
         """Put the handlers back as they were before :meth:`install`; after a stop signal they are
         left ignoring the stop signals instead: the process is on its way out with exit code 75,

@@ -513,7 +513,7 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
     # A signal abandons the step or evaluation in progress (or, past the step's optimizer step, ends
     # the step), the checkpoint of the last completed step is written, exit 75 (podsrl.run.preemption).
     stop = preemption.StopSignals(cfg.train.stop_signals, immediate=not dist.sharded).install()
-    dist.stop = stop
+    dist.stop = stop if stop.installed else None  # no stop checks when no signal can come
     doing, start_of_step = None, None  # what a stop signal would abandon; the state of the step's start
     try:
         if state.step == 0 and cfg.eval.at_start:
