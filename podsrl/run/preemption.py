@@ -6,7 +6,7 @@ when it is told to stop). The run then writes the checkpoint of its last complet
 :class:`Preempted`; ``podsrl train`` exits with code 75 (``podsrl.errors.EXIT_PREEMPTED``), within
 seconds of the signal plus the checkpoint's write, whatever the length of a step: a grace period is
 30 s by default (SLURM's ``KillWait``, torchrun's ``--shutdown-timeout``) while a step on long
-answers takes minutes (80-180 s on a 2-core CPU with the demo's model, issue 68).
+answers takes minutes (issue 68).
 
 *Abandon the step, do not finish it.* Until its optimizer step a training step changes nothing the
 checkpoint holds but the prompt stream's position (``TrainState.prompts``), and the global RNG
@@ -31,10 +31,14 @@ ranks' stop flags (:meth:`StopSignals.collective`), and a region ends with one (
 right before the optimizer step, the first thing the run cannot take back). A rank that abandons
 between two collectives (its own signal, in generation or a backward pass) makes that same
 all-reduce once with its flag (:meth:`StopSignals.tell`): it meets the other ranks' next stop check,
-every rank learns of the stop at the same collective, and all abandon the same step. A signal that
-arrives while a rank is inside a collective (or its check) is only recorded, and acted on when the
-collective returns. Cost: one all-reduce of one integer per collective inside a region (a handful a
-step; see docs/distributed.md for the measured figure), nothing outside them.
+every rank learns of the stop at the same collective, and all abandon the same step. A check and
+its collective are one unit: a signal that arrives while a rank is inside either is only recorded,
+and acted on when the collective returns (between them, the rank would leave a collective the
+others are already in). The region's closing check is what makes its end safe: a rank past it
+knows every other rank passed it too. Cost: one all-reduce of one integer per collective inside a
+region (a handful a step; docs/distributed.md has the measured figure), nothing outside them.
+Folding the flag into the collectives' own payloads would save the all-reduce, at the price of
+changing every collective's payload, the object collectives' too.
 
 Limits, and choices where nothing dictates one:
 
