@@ -359,7 +359,7 @@ def catchable_signal(name: str):
 class TrainConfig:
     prompts_per_step: int = 8  # B
     max_steps: int | None = None  # training-step budget; None: none (then max_seconds must be set). With max_seconds too, the first budget reached ends the run
-    max_seconds: float | None = 240.0  # training wall-clock budget (evaluation excluded); the demo's: make demo in about 5 minutes. Set, it also drives the schedules (select.m_schedule, token_schedule) when it is further along than the steps; "none" for steps alone
+    max_seconds: float | None = 240.0  # training wall-clock budget (evaluation excluded); the demo's: make demo in about 5 minutes. No step starts that is predicted not to fit: 1.25 x the longest of the last 5 steps (docs/run-directory.md, "The budget"). Set, it also drives the schedules (select.m_schedule, token_schedule) when it is further along than the steps; "none" for steps alone
     seed: int = 0  # seeds the task's split, sampling, selection and initialisation
     out_dir: str = "runs/{time}-{rule}"  # {time}, {rule} and {seed} are filled in
     checkpoint_every: int = 20  # steps; 0: only at the end
@@ -376,7 +376,7 @@ class TrainConfig:
     push_to_hub: str | None = None  # a Hub repo id ("user/name"): push RUN/model there at the end (token: HF_TOKEN or `hf auth login`)
     # Surviving the cluster (podsrl/run/preemption.py, docs/distributed.md).
     resume: str = "no"  # "auto": resume the run in the output directory when it has a checkpoint, else start it there (torchrun --max-restarts, SLURM --requeue); "no": never
-    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])  # on these, finish the step, checkpoint and exit with code 75 (SLURM's --signal); [] : none
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])  # on these, abandon the step (or finish it, past its optimizer step), checkpoint the last completed step and exit with code 75 within seconds (SLURM's --signal; docs/distributed.md); [] : none
     checkpoint_failure: str = "stop"  # a checkpoint that cannot be written (disk full, I/O error): "stop" the run, or "retry" at the next checkpoint
 
     def __post_init__(self) -> None:

@@ -26,7 +26,9 @@ version, the GRPOConfig it ran with) and TRL's checkpoints in ``trl/``.
 span holds TRL's generation, the rewards, the loss's forward and backward passes and the optimizer
 step; logging, saving and evaluation happen after ``on_step_end`` (``_maybe_log_save_evaluate``)
 and before the next ``on_step_begin``, so they are off the clock, as podsrl's evaluation is. The
-budget (``train.max_seconds``, ``train.max_steps``) is read on that clock at each ``on_step_end``.
+budget (``train.max_seconds``, ``train.max_steps``) is read on that clock at each ``on_step_end``
+by ``TrainState.done``, as podsrl's loop reads it: no step starts that the recent steps predict
+will not fit (docs/run-directory.md, "The budget").
 
 **Held-out accuracy**: whenever a podsrl run would evaluate (``eval.every_seconds`` of training
 time, or every ``eval.every_steps``, and at the budget), the callback asks TRL to save a checkpoint;
@@ -219,6 +221,7 @@ def train_trl(cfg: Config, trainer: str, *, run_dir: Path, resume: bool = False,
             clock = json.loads((checkpoint / CLOCK_FILE).read_text())
             state.step, state.train_seconds = clock["step"], clock["train_seconds"]
             state.last_eval_seconds, state.eval_seconds = clock["last_eval_seconds"], clock["eval_seconds"]
+            state.step_seconds = clock.get("step_seconds", [])  # absent: written before issue 68
             log(f"podsrl: resuming the TRL run {path} from {checkpoint.name} ({state.train_seconds:.0f} s of training)")
         device = next(run.policy.model.parameters()).device.type
         args = grpo_config(cfg, trainer, path / TRL_DIR, device=device)
@@ -361,7 +364,7 @@ class TrainingClock:
         seconds = time.perf_counter() - self.started
         self._flush()
         self.state.step = state.global_step
-        self.state.train_seconds += seconds
+        self.state.record_step(seconds)  # the clock, and the recent steps that predict whether the next one fits
         round_ = self.trainer.podsrl_round
         generate = round_.get("time/generate")
         self.pending = {"step": state.global_step, **round_, "time/step": seconds,
@@ -390,7 +393,7 @@ class TrainingClock:
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         last_eval = self.state.train_seconds if self.due else self.state.last_eval_seconds
         clock = {"step": self.state.step, "train_seconds": self.state.train_seconds, "last_eval_seconds": last_eval,
-                 "eval_seconds": self.state.eval_seconds, "evaluate": self.due}  # fmt: skip
+                 "eval_seconds": self.state.eval_seconds, "evaluate": self.due, "step_seconds": self.state.step_seconds}  # fmt: skip
         if checkpoint.is_dir():
             from podsrl.run.rundir import write_text_atomic
 

@@ -535,6 +535,7 @@ def _policy_iteration(u: _Update, micro_batches: list[_MicroBatch], totals: Batc
         u.dist.all_reduce_grads(params)  # "ddp": sum the ranks' partial gradients
     norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip if s.grad_clip > 0 else float("inf"))
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    u.dist.commit()  # a stop signal abandons the step up to here, the weights still the last step's (podsrl.run.preemption)
     u.optimizer.step()
     u.scheduler.step()
     return grad_norm
