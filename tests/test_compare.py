@@ -650,12 +650,12 @@ def fake_runs(tmp_path, monkeypatch):
     takes a second and writes a finished run (or exits 3 for a method named "fail")."""
     import sys
 
-    from podsrl.compare import runs
+    from podsrl.compare import arms
 
     script = tmp_path / "fake_run.py"
     script.write_text(_FAKE_RUN)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(runs, "train_command", lambda job, path, *, resume, **_: [sys.executable, str(script), str(job), "--out", str(path)])
+    monkeypatch.setattr(arms, "command", lambda job, path, *, resume, **_: [sys.executable, str(script), str(job), "--out", str(path)])
 
 
 def _device_of(out: Path, method: str, seed: int) -> str:

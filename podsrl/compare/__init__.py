@@ -141,10 +141,13 @@ paired AUC and final-accuracy differences against the baseline as intervals, eve
 difference a dot) and the printed tables (:mod:`podsrl.compare.table`): both axes, then the
 robust summaries and paired differences, then the training signal.
 
-The module layout: :mod:`~podsrl.compare.plan` (what to run), :mod:`~podsrl.compare.layout` (the
-run directories), :mod:`~podsrl.compare.runs` (training them; a TRL arm's run:
-:mod:`~podsrl.compare.trl_arm`), :mod:`~podsrl.compare.stats` (pure
-math), :mod:`~podsrl.compare.report`, :mod:`~podsrl.compare.table`, :mod:`~podsrl.compare.plots`.
+The module layout reads plan -> run -> report: :mod:`~podsrl.compare.plan` (what to run),
+:mod:`~podsrl.compare.layout` (the run directories), :mod:`~podsrl.compare.runs` (training them),
+:mod:`~podsrl.compare.report` (compare.json from the run directories' small files),
+:mod:`~podsrl.compare.stats` (its pure math), :mod:`~podsrl.compare.table`,
+:mod:`~podsrl.compare.plots`. They meet the trainers through one interface,
+:mod:`~podsrl.compare.arms` (names, checks, one run trained here or as a child process, checkpoints),
+never inside a training loop; a TRL arm's own code is :mod:`~podsrl.compare.trl_arm`.
 """
 
 from __future__ import annotations
