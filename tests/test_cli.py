@@ -305,6 +305,19 @@ def test_resume_of_a_run_without_checkpoint(tmp_path):
     assert_user_error(code, err, "--resume", "no checkpoint")
 
 
+@pytest.mark.parametrize("command", [["train", "--resume"], ["eval", "--run"], ["export"]])
+def test_a_trl_arms_run_directory_says_what_to_do_instead(tmp_path, command):
+    """A TRL arm of podsrl compare (trainer.json) holds TRL's checkpoints, or none once finished:
+    `train --resume`, `eval --run` and `export` said "no checkpoint ... train it again"; they name
+    the trainer, how to continue it (the compare command) and where its evaluations are."""
+    (tmp_path / "config.toml").write_text("")
+    (tmp_path / "trainer.json").write_text(json.dumps({"trainer": "trl"}))
+    extra = ["--out", str(tmp_path / "model")] if command == ["export"] else []
+    code, _, err = run_cli([*command, str(tmp_path), *extra])
+    assert_user_error(code, err, "trained by TRL", "trainer = 'trl'", "`podsrl compare` command that made it", "eval.jsonl")
+    assert "no checkpoint" not in err
+
+
 # ------------------------------------------------------------------- messages a newcomer reads
 
 
