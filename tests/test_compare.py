@@ -1324,7 +1324,18 @@ def test_one_seed_band_names_the_interval_evaluation_used(tmp_path, drawn_figure
     _write_run(out, plan, "grpo", 0, [(0, 0.2), (100, 0.5), (200, 0.6)])
     compare.write_report(compare.build_report(plan, out), out)
     title = drawn_figures[-1]._suptitle.get_text()
-    assert band in title, title
+    assert band in " ".join(title.split()), title  # wrapped over lines
+    _assert_title_inside(drawn_figures[-1])
+
+
+def _assert_title_inside(fig) -> None:
+    """The figure's title lies within the figure's width (a long band text ran off both edges)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # closing the figure took its canvas
+    canvas.draw()
+    extent = fig._suptitle.get_window_extent(canvas.get_renderer())
+    assert 0 <= extent.x0 and extent.x1 <= fig.bbox.x1 and extent.y1 <= fig.bbox.y1, (extent, fig.bbox)
 
 
 def test_difference_labels_stay_inside_their_panel(tmp_path, drawn_figures):
