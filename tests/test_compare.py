@@ -291,6 +291,32 @@ def test_every_arm_is_read_at_or_before_the_budget(tmp_path):
     assert "every number reads each run's evaluations at or before the budget (5.0 min of training)" in text
     assert "final = the last evaluation at or before the budget" in text and "[0, the budget]" in text
     assert "5.0 min (at the budget)" in text
+    # compare.read_past_budget = true: the reading before issue 68 (every evaluation; the horizon the shortest run's)
+    old = _plan(tmp_path / "old", seeds=1, table=table, extra={"read_past_budget": True})
+    report = compare.build_report(old, out)
+    assert report["methods"]["pods"]["final_accuracy"] == 0.9 and report["time_auc_horizon_seconds"] == 300
+    assert report["methods"]["pods"]["runs"][0]["evaluations_past_budget"] == [] and "(compare.read_past_budget)" in compare.format_table(report)
+
+
+@pytest.mark.parametrize("name", ["compare-vs-trl", "compare-long"])
+def test_the_committed_comparisons_report_their_committed_numbers(name):
+    """configs/<name>.toml over results/<name>'s runs gives the committed compare.json's numbers: a
+    default that changes what a committed config means is pinned there (loss.aggregation for the TRL
+    arms, compare.read_past_budget for runs that stopped past their budget)."""
+    from podsrl.compare.table import fraction_of
+
+    committed = json.loads((ROOT / "results" / name / "compare.json").read_text())
+    report = compare.build_report(compare.load_plan(ROOT / "configs" / f"{name}.toml"), ROOT / "results" / name)
+    keys = ("peak_accuracy", "final_accuracy", "auc", "time_auc", "steps_to_target", "time_to_target_seconds")
+    for method, old in committed["methods"].items():
+        new = report["methods"][method]
+        assert {k: new[k] for k in keys} == pytest.approx({k: old[k] for k in keys}), method
+        assert fraction_of(new, "time") == pytest.approx(fraction_of(old, "time")), method
+        for key, d in (old["paired_vs_baseline"] or {}).items():
+            assert new["paired_vs_baseline"][key]["mean"] == pytest.approx(d["mean"]), (method, key)
+    for old, new in zip(committed["targets"], report["targets"], strict=True):
+        for method, d in old["methods"].items():
+            assert new["methods"][method]["time_to_target_seconds"] == pytest.approx(d["time_to_target_seconds"]), (old["label"], method)
 
 
 def test_the_table_reads_a_report_made_before_the_fraction_convention():

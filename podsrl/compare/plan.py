@@ -12,6 +12,11 @@ seeds: the file's per-method counts are dropped), ``NAME=K,...`` (only those met
 over the file's plan) or both, ``--seeds 3,grpo=5``. Seed index k is the same training seed
 (base train.seed + k) in every method, which is what pairs a method's seed k with the baseline's.
 
+Every number of the report reads each run's evaluations at or before the budget
+(:func:`podsrl.compare.stats.within_budget`); ``[compare] read_past_budget = true`` reads those after
+it too, as reports did before issue 68 (runs then stopped at the first step end past the budget, so
+their last evaluation came after it): a comparison of such runs pins it to report as it did.
+
 A screening (``[compare] screening = true``): the methods are tasks, not training methods on one
 task. Each method may then set ``task.*`` (its own task, e.g. one reasoning-gym dataset each), which
 a comparison refuses; everything else shared stays shared (rewards, evaluation, budget, seed). With
@@ -70,7 +75,7 @@ DEFAULT_COMPARE: dict[str, Any] = {
 # What a method may not override: the comparison's shared ground.
 _SHARED_PREFIXES = ("task.", "reward.", "eval.", "train.seed", "train.max_seconds", "train.max_steps")
 _PER_METHOD_IN_SCREENING = ("task.",)  # what a screening's methods may set (the module docstring)
-_COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "targets", "methods", "screening"}
+_COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "targets", "methods", "screening", "read_past_budget"}
 _TARGET_KEYS = {"method", "of", "fraction"}
 _TARGET_LEVELS = ("peak", "final")
 
@@ -108,6 +113,9 @@ class Plan:
     target_fraction: float = 0.99
     seeds_per_method: dict[str, int] = field(default_factory=dict)  # method -> its own seed count
     screening: bool = False  # each method its own task, no baseline (the module docstring); baseline: the first method
+    # The report reads each run's evaluations after the budget too (compare.read_past_budget; the reading
+    # before issue 68, which committed comparisons of runs that stopped past their budget pin): podsrl.compare.stats.within_budget
+    read_past_budget: bool = False
     targets: tuple[Target, ...] = ()  # more accuracies every method is timed to (compare.targets), after the baseline's
     configs: dict[tuple[str, int], Config] = field(default_factory=dict, repr=False)
 
@@ -152,6 +160,7 @@ def load_plan(
     _check_base(data)
     plan = Plan(base=data, methods=[all_methods[m] for m in chosen], all_methods=all_methods, seeds=n_seeds,
                 baseline=baseline, target_fraction=fraction, seeds_per_method=per_method, screening=screening,
+                read_past_budget=_flag(table, "read_past_budget"),
                 targets=targets)  # fmt: skip
     for method in all_methods.values():  # every method, chosen or not: a typo fails now
         plan.config(method.name, 0)
@@ -185,6 +194,13 @@ def _check_compare_table(table: Any) -> bool:
             raise ConfigError(f"compare.{key}: a screening (compare.screening = true) trains each method on its own task, so "
                               f"no method is a baseline and there is no target; drop compare.{key}")  # fmt: skip
     return screening
+
+
+def _flag(table: dict[str, Any], key: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"compare.{key}: must be true or false, got {value!r}")
+    return value
 
 
 def _target_fraction(table: dict[str, Any]) -> float:

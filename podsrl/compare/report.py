@@ -50,7 +50,9 @@ DEFINITIONS = {
     "budget": "every number reads each run's evaluations at or before the budget (budget_seconds of training, budget_steps "
               "steps), so every arm is read at the same training time: an evaluation after it (a last step that ended past "
               "it) is left out (runs[].evaluations_past_budget: their training seconds), the final accuracy is the last "
-              "evaluation at or before the budget and time_auc covers [0, budget]",
+              "evaluation at or before the budget and time_auc covers [0, budget]; with read_past_budget "
+              "(compare.read_past_budget, the reading before issue 68) every evaluation is read and time_auc's horizon is "
+              "the shortest run's training time",
     "targets": "compare.targets: more accuracies every method is timed to, beside the baseline's target: fraction x the "
                "named method's seed-mean peak (of = peak) or seed-mean accuracy at the budget (of = final); per method the "
                "first step / training time its seed-mean curve reaches it (an evaluation point: the time is reached at most "
@@ -137,6 +139,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         if name not in names:
             names.append(name)  # its finished runs, if any, set a target
     entries, rows, curves = _method_entries(plan, out, names)
+    cfg = plan.config(plan.methods[0].name, 0)  # the budget and evaluation every method shares
 
     base = None if plan.screening else entries.get(plan.baseline)
     base_peak = base["peak_accuracy"] if base else None
@@ -158,8 +161,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
     for name, entry in entries.items():
         _add_to_target(entry, rows[name], curves[name], target, base_at)
     notes += _missing_seed_notes(plan, entries) + _reward_notes(entries) + _one_answer_notes(entries)
-    cfg = plan.config(plan.methods[0].name, 0)  # the budget and evaluation every method shares
-    horizon = _add_time_auc(entries, cfg.train.max_seconds)
+    horizon = _add_time_auc(entries, None if plan.read_past_budget else cfg.train.max_seconds)
     notes += _past_budget_notes(entries, cfg) + _loss_notes(entries)
     notes += _paired_differences(entries, None if plan.screening else plan.baseline)
     sharing = _device_sharing(entries)
@@ -172,6 +174,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         "target_accuracy": target,
         "budget_seconds": cfg.train.max_seconds,
         "budget_steps": cfg.train.max_steps,
+        "read_past_budget": plan.read_past_budget,  # compare.read_past_budget: evaluations after the budget read too
         "peak_axis": primary_axis(cfg),
         "eval_every": {"steps": cfg.eval.every_steps or None, "seconds": cfg.eval.every_seconds or None},
         "eval_problems": _eval_problems(entries),
@@ -329,7 +332,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
             continue
         check_same_config(path, cfg)
         trained.append(trained_m(path)[0])  # what an unset m meant when the run trained (its config.toml)
-        run, evals, metrics = _run_record(path, cfg, seed)
+        run, evals, metrics = _run_record(path, cfg, seed, read_past_budget=plan.read_past_budget)
         runs.append(run)
         rows_per_run.append(evals)
         all_metrics += metrics
@@ -415,12 +418,12 @@ def _one_answer_notes(entries: dict[str, dict], threshold: float = 0.25) -> list
     return notes
 
 
-def _run_record(path: Path, cfg: Config, seed: int) -> tuple[dict[str, Any], list[dict], list[dict]]:
+def _run_record(path: Path, cfg: Config, seed: int, *, read_past_budget: bool = False) -> tuple[dict[str, Any], list[dict], list[dict]]:
     """A finished run's record in its method's entry (``runs[]``), with its eval rows at or before the
-    budget (by training time: what every number reads, :func:`podsrl.compare.stats.within_budget`) and
-    its metrics rows."""
+    budget (by training time: what every number reads, :func:`podsrl.compare.stats.within_budget`; every
+    row with ``read_past_budget``) and its metrics rows."""
     evals = sorted(read_jsonl(path / "eval.jsonl"), key=lambda r: r["train_seconds"])
-    evals, past = within_budget(evals, cfg.train.max_seconds, cfg.train.max_steps)
+    evals, past = (evals, []) if read_past_budget else within_budget(evals, cfg.train.max_seconds, cfg.train.max_steps)
     metrics = _last_row_per_step(read_jsonl(path / "metrics.jsonl"))
     steps = max([r["step"] for r in metrics] + [r["step"] for r in evals] + [0])
     launches = read_launches(path)

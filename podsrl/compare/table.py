@@ -96,10 +96,18 @@ def format_table(report: dict[str, Any]) -> str:
         )
     head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
                 f"first evaluations at it]; fraction of {base}'s: the time (steps) to the target as a fraction of {base}'s "
-                f"(below 1: sooner); every number reads each run's evaluations at or before the budget ({budget})")  # fmt: skip
+                f"(below 1: sooner); {_reading(report)}")  # fmt: skip
     sections = [*_targets_table(report), *_summary_table(report), "", *_pairwise_table(report), *_curve_table(report),
                 *_signal_table(report), *_sampler_table(report)]
     return "\n".join(head + lines + [""] + sections + [f"note: {n}" for n in report["notes"]])
+
+
+def _reading(report: dict[str, Any]) -> str:
+    """Which evaluations every number reads: those at or before the budget, or (compare.read_past_budget,
+    and every report made before issue 68) all of them."""
+    if report.get("read_past_budget", True):
+        return "every number reads every evaluation, those after the budget too (compare.read_past_budget)"
+    return f"every number reads each run's evaluations at or before the budget ({_budget(report)})"
 
 
 def _targets_table(report: dict[str, Any]) -> list[str]:
@@ -200,11 +208,12 @@ def _summary_table(report: dict[str, Any]) -> list[str]:
             difference(paired.get("auc"), baseline=name == base), difference(paired.get("final_accuracy"), baseline=name == base),
             _mean_ci(e.get("time_auc"), e.get("time_auc_ci95")), difference(paired.get("time_auc"), baseline=name == base),
         ))  # fmt: skip
-    horizon = "[0, the budget]" if report.get("budget_seconds") else "(the shortest run's)"
-    head = [f"robust summaries, each run read at or before the budget ({_budget(report)}): AUC = mean accuracy over the "
-            f"evaluations after step 0; final = the last evaluation at or before the budget; AUC per training minute = mean "
-            f"accuracy over the first {minutes:.1f} minutes of training {horizon}, each run's last evaluation held to its end; "
-            f"differences: method - {base} for the same seed (* = the paired interval excludes zero)"]  # fmt: skip
+    strict = not report.get("read_past_budget", True)
+    horizon = "[0, the budget]" if strict and report.get("budget_seconds") else "(the shortest run's)"
+    final = "the last evaluation at or before the budget" if strict else "the last evaluation"
+    head = [f"robust summaries ({_reading(report)}): AUC = mean accuracy over the evaluations after step 0; final = {final}; "
+            f"AUC per training minute = mean accuracy over the first {minutes:.1f} minutes of training {horizon}, each run's "
+            f"last evaluation held to its end; differences: method - {base} for the same seed (* = the paired interval excludes zero)"]  # fmt: skip
     return head + _grid(rows)
 
 
@@ -273,9 +282,10 @@ def _minutes_table(report: dict[str, Any], curves: dict[str, dict], every: float
     (each seed's last evaluation at or before the budget, averaged: a run trains no more than the
     budget). A run evaluates at the first step end after each interval, so its points fall up to a
     step late (a TRL arm's steps of half a minute: up to half a minute), and methods' points differ;
-    read at the same minutes they compare. "-" past a method's last evaluation."""
-    budget = report.get("budget_seconds")
-    end = budget or max(c["x"][-1] for c in curves.values())
+    read at the same minutes they compare. "-" past a method's last evaluation. With compare.read_past_budget
+    the budget is read on the curve like the other minutes (the report before issue 68)."""
+    end = report.get("budget_seconds") or max(c["x"][-1] for c in curves.values())
+    budget = end if report.get("budget_seconds") and not report.get("read_past_budget", True) else None  # a column of its own
     marks = [k * every for k in range(int(end // every + 1e-9) + 1) if not budget or k * every < budget - 1e-6]
     if not budget and end - marks[-1] > 1e-6:
         marks.append(end)
@@ -286,7 +296,7 @@ def _minutes_table(report: dict[str, Any], curves: dict[str, dict], every: float
         rows.append((name, str(len(report["methods"][name]["runs"])), *("-" if v is None else f"{100 * v:.1f}" for v in values)))
     head = ["held-out accuracy % at equal training minutes: mean over seeds, each method's curve linear between its own "
             "evaluations (which come at the first step end after each interval: up to a step late; the points themselves are "
-            "compare.json's curves); at the budget: the last evaluation at or before it"]  # fmt: skip
+            "compare.json's curves)" + ("; at the budget: the last evaluation at or before it" if budget else "")]  # fmt: skip
     return head + _grid(rows) + [""]
 
 
