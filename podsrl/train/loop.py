@@ -61,7 +61,7 @@ from podsrl.tasks.build import build_task, held_out_problems
 from podsrl.run.metrics import NullLogger, RunLogger
 from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
-from podsrl.train.evaluate import EvalResult, calls, evaluate
+from podsrl.train.evaluate import EvalResult, EvalSettings, calls, evaluate
 from podsrl.train.heartbeat import Heartbeat
 from podsrl.train.prompts import PromptStream, repeats_warning
 from podsrl.train.sampling import Groups, StepSample, sample_metrics, sample_step
@@ -362,19 +362,9 @@ def run_eval(run: Setup, state: ckpt.TrainState, logger=None, log=None, label: s
     ``progress``: a progress bar over the problems (``podsrl eval``; a run has its own bar);
     ``keep_completions``: the result holds the completions and their grades (``podsrl eval --completions``)."""
     cfg = run.cfg
-    result = evaluate(
-        run.engine,
-        run.eval_prompts,
-        run.eval_examples,
-        temperature=cfg.eval.temperature,
-        samples=cfg.eval.samples,
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-        seed=cfg.train.seed,
-        dist=run.dist,
-        progress=progress,
-        min_call=_min_call(run),
-        keep_completions=keep_completions,
-    )
+    settings = EvalSettings(temperature=cfg.eval.temperature, samples=cfg.eval.samples, seed=cfg.train.seed,
+                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, min_call=_min_call(run))  # fmt: skip
+    result = evaluate(run.engine, run.eval_prompts, run.eval_examples, settings, dist=run.dist, progress=progress, keep_completions=keep_completions)
     if logger is not None:
         state.eval_seconds += result.seconds
         state.last_eval_seconds = state.train_seconds
