@@ -24,9 +24,8 @@ eval`` can show its progress over problems and an estimate of the time left (a G
 so a single call draws what the one call of before did, and the calls are the same on every rank (a
 sharded model needs every rank in every call). A call holds at least ``min_call`` completions,
 since a call has a cost of its own: on a GPU one costs nearly the same for 1 and 256 rollouts
-(results/gpu-check/README.md), on this project's CPU 0.44 s plus 13.6 ms a rollout of 16 tokens
-(docs/results.md, the cost model); :func:`podsrl.train.loop.run_eval` asks for 256 on a GPU, 64 on
-a CPU.
+(results/gpu-check/README.md), on a CPU about as much as a few dozen short rollouts (docs/results.md,
+the cost model); :func:`podsrl.train.loop.run_eval` asks for 256 on a GPU, 64 on a CPU.
 """
 
 from __future__ import annotations
