@@ -192,9 +192,9 @@ class RolloutConfig:
     # vllm_importance_sampling_* (verl: rollout_is, rollout_rs), applied where the engine returns its
     # log-probs (vLLM); the transformers engine samples with the trainer itself and needs none.
     importance_sampling_correction: bool = True  # weight each token's loss by pi_trainer / pi_sampler (at the weights that sampled), truncated or masked; false: no correction (the gap is still logged)
-    importance_sampling_mode: str = ImportanceSettings.mode  # "token_truncate" (TIS, the default: its weight does not shrink with the completion's length; docs/vllm.md, "Long completions") | "token_mask" | "sequence_truncate" | "sequence_mask" | "geometric_truncate" | "geometric_mask": a ratio per token, one per sequence (the product of its tokens'), or one per sequence as the geometric mean of its tokens', clipped into [clip_min, clip_max] or weight 0 outside (podsrl/core/importance.py)
+    importance_sampling_mode: str = ImportanceSettings.mode  # "token_truncate" (TIS, the default: its weight does not shrink with the completion's length; docs/vllm.md, "Long completions") | "token_mask" | "sequence_truncate" | "sequence_mask" | "geometric_truncate" | "geometric_mask" | "token_reject" | "sequence_reject" | "geometric_reject": a ratio per token, one per sequence (the product of its tokens'), or one per sequence as the geometric mean of its tokens'; clipped into [clip_min, clip_max] (truncate), weight 0 outside and the ratio inside (mask, TRL's), or 0 outside and 1 inside (reject: verl's rollout_rs, lower bound 1 / clip_max by default) (podsrl/core/importance.py)
     importance_sampling_clip_max: float = ImportanceSettings.clip_max  # the ratio's upper bound C_max (>= 1)
-    importance_sampling_clip_min: float | None = ImportanceSettings.clip_min  # the ratio's lower bound C_min (<= 1); none: no lower bound
+    importance_sampling_clip_min: float | None = ImportanceSettings.clip_min  # the ratio's lower bound C_min (<= 1); none: no lower bound (the reject modes: 1 / clip_max)
     # Exact early stopping (podsrl/core/early_stop.py): a group stops once more rollouts could not
     # change the law of what it trains on; rules or rewards without such a criterion are refused.
     early_stop: str = "off"  # "off": n rollouts per prompt | "exact": sample in rounds, stop each group as soon as it is exact
