@@ -51,8 +51,8 @@ podsrl's defaults: ``token_truncate``, clip_max 3, no clip_min. TRL's are the sa
 ``sequence_mask``: podsrl differs because a sequence ratio is a product over the completion's tokens,
 so its weights spread and fall with the length (effective sample size 0.66 of the sequences at 512
 tokens on GSM8K at this project's CPU's bfloat16 gap, against 1.00 for ``token_truncate``; issue 59,
-docs/vllm.md "Long completions"). TRL 1.16 has the token and sequence levels only
-(:class:`podsrl.integrations.trl.PODSConfig` refuses a geometric mode).
+docs/vllm.md "Long completions"). TRL 1.16 has the token and sequence levels and the truncate
+and mask constraints only (:class:`podsrl.integrations.trl.PODSConfig` refuses the others).
 
 What the weight multiplies, and what it does not (TRL's choices, followed here):
 
