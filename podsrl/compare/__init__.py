@@ -20,6 +20,7 @@ and two robust summaries (AUC, final accuracy) over seeds and paired against the
     baseline = "grpo"           # the method whose peak sets the target (default "grpo")
     target_fraction = 0.99      # the target is this fraction of the baseline's peak
     targets = [{ method = "pods_max_variance" }]   # optional: more targets (below)
+    read_past_budget = false    # true: read evaluations after the budget too (reports before issue 68)
     [compare.methods]
     grpo = { "select.rule" = "all", "rollout.n" = 4, "select.m" = 4 }
     pods_max_variance = { "select.rule" = "max_variance", "rollout.n" = 16, "select.m" = 4 }
