@@ -175,22 +175,22 @@ def _absolute_reward_file(name: str) -> str:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = "auto"  # "transformers" | "vllm" | "auto" (vLLM when installed, else transformers)
+    engine: str = "auto"  # "transformers" (samples with the policy itself) | "transformers-static" (a sampler of its own in rollout.sampler_dtype, static KV cache, compiled decoding on a GPU, returns log-probs: docs/engines.md) | "vllm" | "auto" (vLLM when installed; else transformers-static on a GPU, transformers on a CPU; the start-up line says which and why)
     n: int = 16  # rollouts sampled per prompt
     temperature: float = 1.0  # sampling temperature of the rollouts (> 0)
     top_p: float = 1.0  # nucleus sampling: the smallest token set with this probability; 1: off
     max_new_tokens: int = 16  # completion length limit in tokens; longer completions are cut off
-    generation_batch_size: int = 128  # sequences per transformers `generate` call
+    generation_batch_size: int = 128  # sequences per transformers `generate` call (transformers; transformers-static on a CPU: on a GPU it takes as many as fit in memory)
     # vLLM only
     gpu_memory_utilization: float = 0.3  # GPU: fraction of its memory vLLM may take
     enable_sleep_mode: bool = False  # GPU only: free vLLM's memory during the update
     kv_cache_gib: float | None = None  # vLLM KV cache; None: GPU from gpu_memory_utilization, CPU 2 GiB
     enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
-    sampler_dtype: str = "fast"  # vLLM's weights: "fast" (bfloat16 where the GPU or CPU has native bfloat16, else model.dtype; the start-up line says which) | "auto" (model.dtype) | "bfloat16" | "float16" | "float32"; bfloat16 samples faster and slightly off-policy, which the importance correction corrects (docs/vllm.md: why "fast" is the default); evaluations sample with the same engine; the transformers engine samples with the policy itself
+    sampler_dtype: str = "fast"  # the sampler's weights (vllm, transformers-static): "fast" (bfloat16 where the GPU or CPU has native bfloat16, else model.dtype; the start-up line says which) | "auto" (model.dtype) | "bfloat16" | "float16" | "float32"; bfloat16 samples faster and slightly off-policy, which the importance correction corrects (docs/vllm.md: why "fast" is the default); evaluations sample with the same engine; the transformers engine samples with the policy itself and refuses a named dtype
     max_model_len: int = 1024  # vLLM: longest prompt + completion, in tokens
     # Importance correction of the sampler's gap (podsrl/core/importance.py, docs/vllm.md): TRL's
     # vllm_importance_sampling_* (verl: rollout_is, rollout_rs), applied where the engine returns its
-    # log-probs (vLLM); the transformers engine samples with the trainer itself and needs none.
+    # log-probs (vllm, transformers-static); the transformers engine samples with the trainer itself and needs none.
     importance_sampling_correction: bool = True  # weight each token's loss by pi_trainer / pi_sampler (at the weights that sampled), truncated or masked; false: no correction (the gap is still logged)
     importance_sampling_mode: str = ImportanceSettings.mode  # "token_truncate" (TIS, the default: its weight does not shrink with the completion's length; docs/vllm.md, "Long completions") | "token_mask" | "sequence_truncate" | "sequence_mask" | "geometric_truncate" | "geometric_mask" | "token_reject" | "sequence_reject" | "geometric_reject": a ratio per token, one per sequence (the product of its tokens'), or one per sequence as the geometric mean of its tokens'; clipped into [clip_min, clip_max] (truncate), weight 0 outside and the ratio inside (mask, TRL's), or 0 outside and 1 inside (reject: verl's rollout_rs, lower bound 1 / clip_max by default) (podsrl/core/importance.py)
     importance_sampling_clip_max: float = ImportanceSettings.clip_max  # the ratio's upper bound C_max (>= 1)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -1452,14 +1453,15 @@ def test_difference_labels_stay_inside_their_panel(tmp_path, drawn_figures):
             assert box.x0 <= extent.x0 and extent.x1 <= box.x1, (text.get_text(), extent, box)
 
 
-@pytest.mark.parametrize("name", ["compare-long", "compare-vs-trl"])
+@pytest.mark.parametrize("name", ["compare-long", "compare-vs-trl", "compare-rollouts", "compare-prompts"])
 def test_the_results_tables_scripts_print_their_tables_from_the_committed_runs(name, capsys, monkeypatch):
-    """results/<name>/tables.py (the tables docs/results.md quotes) still runs against podsrl's code
-    and the comparison's committed report and runs: a change to what it imports fails here."""
+    """results/<name>/tables.py (the tables README.md and docs/results.md render from them) still runs
+    as a script against podsrl's code and the comparison's committed report and runs: a change to what
+    it imports fails here (tests/test_doc_figures.py checks that the pages hold what they render)."""
     import runpy
 
     script = Path(__file__).resolve().parent.parent / "results" / name / "tables.py"
     monkeypatch.setattr(sys, "argv", [str(script)])
     runpy.run_path(str(script), run_name="__main__")
     out = capsys.readouterr().out
-    assert out.count("|---|") >= 2 and "(baseline)" in out and "[" in out  # two tables or more, paired intervals in them
+    assert out.count("|---|") >= 1 and re.search(r"[+-]\d+\.\d \[[+-]\d+\.\d, [+-]\d+\.\d\]", out)  # a table, paired intervals in it

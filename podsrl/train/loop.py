@@ -48,7 +48,7 @@ from podsrl.core.downsample import Selection, downsample, has_signal
 from podsrl.core.seeds import Stream, step_seed
 from podsrl.core.early_stop import why_not_exact
 from podsrl.core.schedules import training_progress
-from podsrl.engines import Engine, make_engine, resolve_engine
+from podsrl.engines import Engine, choose_engine, make_engine
 from podsrl.errors import ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.grading.pool import RewardPool
 from podsrl.grading.graders import ungraded_note
@@ -572,15 +572,18 @@ def _resume(run: Setup, run_dir: Path, model, optimizer, scheduler, log) -> ckpt
 
 
 def _device_line(run: Setup, model) -> str:
-    """Where the model runs, with which rollout engine (and, for vLLM, in which dtype it samples and
-    why), on how many processes."""
+    """Where the model runs, with which rollout engine and why (for an engine with a sampler of its
+    own, vLLM or transformers-static: in which dtype it samples and why, and whether its decoding is
+    compiled), on how many processes."""
     cfg, dist = run.cfg, run.dist
     device = next(model.parameters()).device
-    sampler = getattr(run.engine, "sampler_dtype", None)  # vLLM's; the transformers engine samples with the policy
+    sampler = getattr(run.engine, "sampler_dtype", None)  # vLLM's and transformers-static's; the transformers engine samples with the policy
+    engine = choose_engine(cfg.rollout.engine, device.type == "cuda")
     return (
         f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
-        + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
+        + f", rollout engine {engine.name}" + (f" (rollout.engine='auto': {engine.reason})" if cfg.rollout.engine == "auto" else "")
         + (f", sampler {sampler.describe()}, {_correction(cfg.rollout)}" if sampler is not None else "")
+        + (", decoding compiled (torch.compile, CUDA graphs)" if getattr(run.engine, "compiled", False) else "")
         + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
     )  # fmt: skip
 
