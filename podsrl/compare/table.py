@@ -96,16 +96,18 @@ def format_table(report: dict[str, Any]) -> str:
         )
     head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
                 f"first evaluations at it]; fraction of {base}'s: the time (steps) to the target as a fraction of {base}'s "
-                f"(below 1: sooner); {_reading(report)}")  # fmt: skip
+                "(below 1: sooner)" + (f"; {_reading(report)}" if _reading(report) else ""))  # fmt: skip
     sections = [*_targets_table(report), *_summary_table(report), "", *_pairwise_table(report), *_curve_table(report),
                 *_signal_table(report), *_sampler_table(report)]
     return "\n".join(head + lines + [""] + sections + [f"note: {n}" for n in report["notes"]])
 
 
 def _reading(report: dict[str, Any]) -> str:
-    """Which evaluations every number reads: those at or before the budget, or (compare.read_past_budget,
-    and every report made before issue 68) all of them."""
-    if report.get("read_past_budget", True):
+    """Which evaluations every number reads: those at or before the budget, or (compare.read_past_budget)
+    all of them; "" for a report made before issue 68, which read all of them and did not say so."""
+    if "read_past_budget" not in report:
+        return ""
+    if report["read_past_budget"]:
         return "every number reads every evaluation, those after the budget too (compare.read_past_budget)"
     return f"every number reads each run's evaluations at or before the budget ({_budget(report)})"
 
@@ -211,7 +213,8 @@ def _summary_table(report: dict[str, Any]) -> list[str]:
     strict = not report.get("read_past_budget", True)
     horizon = "[0, the budget]" if strict and report.get("budget_seconds") else "(the shortest run's)"
     final = "the last evaluation at or before the budget" if strict else "the last evaluation"
-    head = [f"robust summaries ({_reading(report)}): AUC = mean accuracy over the evaluations after step 0; final = {final}; "
+    reading = f" ({_reading(report)})" if _reading(report) else ""
+    head = [f"robust summaries{reading}: AUC = mean accuracy over the evaluations after step 0; final = {final}; "
             f"AUC per training minute = mean accuracy over the first {minutes:.1f} minutes of training {horizon}, each run's "
             f"last evaluation held to its end; differences: method - {base} for the same seed (* = the paired interval excludes zero)"]  # fmt: skip
     return head + _grid(rows)
