@@ -34,7 +34,7 @@ from pathlib import Path
 from podsrl import errors
 from podsrl.errors import CheckpointWriteError, ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.run.preemption import Preempted
-from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_settings, restart_advice
+from podsrl.run.rundir import RunInterrupted, check_is_run, check_trained_by_podsrl, check_weight_settings, restart_advice
 
 
 def _is_override(arg: str) -> bool:
@@ -99,6 +99,7 @@ def _checkpointed_run_config(run_dir: Path, option: str, overrides: list[str], c
     from podsrl.run.checkpoint import latest
 
     check_is_run(run_dir, option)
+    check_trained_by_podsrl(run_dir, option)
     if latest(run_dir) is None:
         raise ConfigError(
             f"{option} {run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first "

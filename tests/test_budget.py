@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from podsrl.compare import trl_arm
+from podsrl.compare.trl_arm import checkpoints as trl_checkpoints
+from podsrl.compare.trl_arm import clock as trl_clock
+from podsrl.compare.trl_arm.run import train_trl
 from podsrl.config import from_dict
 from podsrl.run import checkpoint as ckpt
 from podsrl.run.metrics import read_jsonl
@@ -102,7 +104,7 @@ def test_a_resumed_run_predicts_from_its_checkpoint(make_small_vocab_config, tmp
 
 @pytest.mark.usefixtures("one_thread")
 def test_the_trl_clock_starts_no_step_predicted_not_to_fit(tmp_path, small_vocab_model_dir, reward_file, monkeypatch):
-    """The TRL arm's clock (``time.perf_counter`` in podsrl.compare.trl_arm) takes 10 s a step: under
+    """The TRL arm's clock (``time.perf_counter`` in podsrl.compare.trl_arm.clock) takes 10 s a step: under
     25 s, two steps (20 s; a third predicted to end near 32.5 s), not three; the checkpoint's clock file
     keeps the step times for a resume."""
     import json
@@ -111,18 +113,18 @@ def test_the_trl_clock_starts_no_step_predicted_not_to_fit(tmp_path, small_vocab
     from test_compare_trl import GRPO, _config
 
     offset = [0.0]
-    monkeypatch.setattr(trl_arm, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
-    real_end = trl_arm.TrainingClock.on_step_end
+    monkeypatch.setattr(trl_clock, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
+    real_end = trl_clock.TrainingClock.on_step_end
 
     def on_step_end(self, *args, **kwargs):
         offset[0] += 10.0
         return real_end(self, *args, **kwargs)
 
-    monkeypatch.setattr(trl_arm.TrainingClock, "on_step_end", on_step_end)
+    monkeypatch.setattr(trl_clock.TrainingClock, "on_step_end", on_step_end)
     path = _config(tmp_path, small_vocab_model_dir, reward_file, {"trl_grpo": {"trainer": "trl", **GRPO}}, max_steps=None, max_seconds=25.0)
     cfg = load_plan(path).config("trl_grpo", 0)
-    run = trl_arm.train_trl(cfg, "trl", run_dir=tmp_path / "run", log=lambda *_: None)
+    run = train_trl(cfg, "trl", run_dir=tmp_path / "run", log=lambda *_: None)
     steps = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in steps] == [1, 2] and steps[-1]["train_seconds"] < 25.0
-    clock = json.loads((trl_arm.latest_checkpoint(run) / trl_arm.CLOCK_FILE).read_text())
+    clock = trl_checkpoints.read_clock(trl_checkpoints.latest_checkpoint(run))
     assert len(clock["step_seconds"]) == 2 and all(s >= 10.0 for s in clock["step_seconds"])

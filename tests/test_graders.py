@@ -17,7 +17,7 @@ from podsrl.grading import graders
 from podsrl.grading.rewards import correctness, task_values
 from podsrl.integrations.rewards import as_trl_reward
 from podsrl.tasks import Example, load_task
-from podsrl.train.evaluate import evaluate
+from podsrl.train.evaluate import EvalSettings, evaluate
 
 WORDS = ["Paris", "Cat", "Blue", "Oslo", "Tiger", "Seven", "Apple", "Rome"]
 
@@ -134,7 +134,7 @@ def test_evaluation_keeps_what_the_model_answered_when_asked(tmp_path, write_mod
     prompts = [[i] for i in range(len(task.eval))]
     half = [ex.answer if i % 2 else "no idea" for i, ex in enumerate(task.eval)]
     assert evaluate(_Answering(half), prompts, task.eval).completions is None
-    result = evaluate(_Answering(half), prompts, task.eval, samples=2, keep_completions=True)
+    result = evaluate(_Answering(half), prompts, task.eval, EvalSettings(samples=2), keep_completions=True)
     assert [r["id"] for r in result.completions] == [ex.id for ex in task.eval]
     assert [r["answer"] for r in result.completions] == [ex.answer for ex in task.eval]
     assert all(r["question"] == ex.question for r, ex in zip(result.completions, task.eval))

@@ -24,9 +24,8 @@ eval`` can show its progress over problems and an estimate of the time left (a G
 so a single call draws what the one call of before did, and the calls are the same on every rank (a
 sharded model needs every rank in every call). A call holds at least ``min_call`` completions,
 since a call has a cost of its own: on a GPU one costs nearly the same for 1 and 256 rollouts
-(results/gpu-check/README.md), on this project's CPU 0.44 s plus 13.6 ms a rollout of 16 tokens
-(docs/results.md, the cost model); :func:`podsrl.train.loop.run_eval` asks for 256 on a GPU, 64 on
-a CPU.
+(results/gpu-check/README.md), on a CPU about as much as a few dozen short rollouts (docs/results.md,
+the cost model); :func:`podsrl.train.loop.run_eval` asks for 256 on a GPU, 64 on a CPU.
 """
 
 from __future__ import annotations
@@ -94,16 +93,29 @@ def calls(problems: int, samples: int = 1, min_call: int = 1) -> list[range]:
     return [range(first, min(first + size, problems)) for first in range(0, problems, size)]
 
 
-def _generate(engine: Engine, prompts: list[list[int]], samples: int, temperature: float, max_new_tokens: int, seed: int,
-              dist: Dist, min_call: int, bar) -> Rollouts:  # fmt: skip
-    """This rank's rollouts of ``prompts``, ``samples`` each, in :func:`calls`, the bar advancing by
-    the problems every rank scored in a call (the real ones, not the padding)."""
+@dataclass(frozen=True)
+class EvalSettings:
+    """How an evaluation samples: ``samples`` completions a problem at ``temperature`` (0: greedy), of
+    up to ``max_new_tokens`` tokens, seeded by ``seed`` (the module docstring: each call's seed), in
+    engine calls of at least ``min_call`` completions (:func:`calls`)."""
+
+    temperature: float = 0.0
+    samples: int = 1
+    max_new_tokens: int = 64
+    seed: int = 0
+    min_call: int = 1
+
+
+def _generate(engine: Engine, prompts: list[list[int]], settings: EvalSettings, dist: Dist, bar) -> Rollouts:
+    """This rank's rollouts of ``prompts``, ``settings.samples`` each, in :func:`calls`, the bar
+    advancing by the problems every rank scored in a call (the real ones, not the padding)."""
     parts = []
     done = 0
+    s = settings
     with bar:
-        for c, part in enumerate(calls(len(prompts), samples, min_call)):
-            sampling = Sampling(n=samples, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
-                                seed=seed + 100 * dist.rank + CALL_SEED_OFFSET * c)  # fmt: skip
+        for c, part in enumerate(calls(len(prompts), s.samples, s.min_call)):
+            sampling = Sampling(n=s.samples, temperature=s.temperature, top_p=1.0, max_new_tokens=s.max_new_tokens,
+                                seed=s.seed + 100 * dist.rank + CALL_SEED_OFFSET * c)  # fmt: skip
             parts.append(engine.generate([prompts[i] for i in part], sampling))
             scored = min(bar.total, part.stop * dist.world)
             bar.update(scored - done)
@@ -137,31 +149,27 @@ def evaluate(
     engine: Engine,
     prompt_ids: list[list[int]],
     examples: list[Example],
+    settings: EvalSettings = EvalSettings(),
     *,
-    temperature: float = 0.0,
-    samples: int = 1,
-    max_new_tokens: int = 64,
-    seed: int = 0,
     dist: Dist | None = None,
     progress: bool = False,
-    min_call: int = 1,
     keep_completions: bool = False,
 ) -> EvalResult:
-    """Generate ``samples`` completions per problem with ``engine`` and score them; ``progress``:
-    a progress bar over the problems on rank 0 (stderr), one update per engine call of at least
-    ``min_call`` completions (:func:`calls`); ``keep_completions``: the texts and their grades too
+    """Generate ``settings.samples`` completions per problem (``prompt_ids`` [P], ``examples`` [P])
+    with ``engine`` and score them; ``progress``: a progress bar over the problems on rank 0 (stderr),
+    one update per engine call (:func:`calls`); ``keep_completions``: the texts and their grades too
     (``EvalResult.completions``)."""
     start = time.perf_counter()
     dist = dist or Dist()
     order = list(range(len(examples)))
     mine, real = dist.pad_shard(order) if dist.active else (order, len(order))
     bar = tqdm(total=len(examples), desc="eval", unit="problem", disable=not (progress and dist.is_main), dynamic_ncols=True)
-    rollouts = _generate(engine, [prompt_ids[i] for i in mine], samples, temperature, max_new_tokens, seed, dist, min_call, bar)
-    scored = [_score(examples[i], rollouts, j, samples) for j, i in enumerate(mine[:real])]  # this rank's problems
+    rollouts = _generate(engine, [prompt_ids[i] for i in mine], settings, dist, bar)
+    scored = [_score(examples[i], rollouts, j, settings.samples) for j, i in enumerate(mine[:real])]  # this rank's problems
     rows = torch.tensor([counts for counts, _ in scored], dtype=torch.long).reshape(-1, len(Counts._fields))
     counts = [Counts(*row) for row in dist.gather_ragged(rows).tolist()]  # [P], every rank's
     completions = _gather_completions([record for _, record in scored], dist) if keep_completions else None
-    return _result(counts, samples, seconds=time.perf_counter() - start, completions=completions)
+    return _result(counts, settings.samples, seconds=time.perf_counter() - start, completions=completions)
 
 
 def _score(example: Example, rollouts: Rollouts, j: int, samples: int) -> tuple[Counts, dict]:

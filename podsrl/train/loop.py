@@ -56,12 +56,12 @@ from podsrl.grading.rewards import Declared, RewardSpec, resolve_specs, task_val
 from podsrl.models import Policy, check_training_dtype, load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import export, preemption, rundir
-from podsrl.tasks import Example, Task, format_user_message
+from podsrl.tasks import Example, Task, chat_messages
 from podsrl.tasks.build import build_task, held_out_problems
 from podsrl.run.metrics import NullLogger, RunLogger, read_jsonl
 from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
-from podsrl.train.evaluate import EvalResult, calls, evaluate
+from podsrl.train.evaluate import EvalResult, EvalSettings, calls, evaluate
 from podsrl.train.heartbeat import Heartbeat
 from podsrl.train.prompts import PromptStream, repeats_warning
 from podsrl.train.sampling import Groups, StepSample, sample_metrics, sample_step
@@ -95,12 +95,10 @@ class Setup:
 
 
 def prompt_ids(tokenizer, task: Task, examples: list[Example]) -> list[list[int]]:
-    """Chat-template each question (with the task's instruction and optional system prompt)."""
+    """Chat-template each question (:func:`podsrl.tasks.chat_messages`: the task's instruction and optional system prompt)."""
     out = []
     for ex in examples:
-        messages = [{"role": "user", "content": format_user_message(ex, task)}]
-        if task.system_prompt:
-            messages.insert(0, {"role": "system", "content": task.system_prompt})
+        messages = chat_messages(ex, task)
         if getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         else:  # base models without a template: plain text
@@ -203,16 +201,34 @@ def _reward_values(cfg: Config, rewards: list[RewardSpec], declared: Declared | 
     return values
 
 
+def decays(name: str, module: torch.nn.Module) -> bool:
+    """Whether weight decay applies to the parameter ``name`` (its full dotted name) of ``module``
+    (the module that holds it): transformers' convention (``Trainer.get_decay_parameter_names``,
+    which TRL uses), no decay on biases and on the weights of normalisation layers."""
+    path = name.lower().split(".")
+    return "bias" not in path[-1] and "norm" not in type(module).__name__.lower() and not any("norm" in part for part in path[:-1])
+
+
 def make_optimizer(cfg: Config, model: torch.nn.Module):
+    """AdamW (decoupled weight decay, spared on biases and norm weights: :func:`decays`) and the
+    learning-rate schedule, both per optimizer step."""
     check_training_dtype(cfg)  # no AdamW on bfloat16 weights, no float16 without loss scaling
-    params = [p for p in model.parameters() if p.requires_grad]
-    # The fused kernel (one pass over every parameter; same update rule) where torch has it: 0.39 ->
-    # 0.09 s a step for SmolLM2-135M on this project's CPU (bench/zero_signal.py). Not on FSDP's
-    # sharded DTensor parameters, which keep torch's default.
+    held, seen = [], set()  # (name, module, parameter) of each trainable parameter, once (tied weights are one)
+    for prefix, module in model.named_modules():
+        for n, p in module.named_parameters(recurse=False):
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                held.append((f"{prefix}.{n}" if prefix else n, module, p))
+    params = [p for _, _, p in held]
+    wd = cfg.optim.weight_decay
+    groups = [{"params": params}] if not wd else [  # one group without decay: the state dict of runs before the split
+        {"params": [p for name, module, p in held if decays(name, module)], "weight_decay": wd},
+        {"params": [p for name, module, p in held if not decays(name, module)], "weight_decay": 0.0},
+    ]
+    # The fused kernel (one pass over every parameter; same update rule) where torch has it
+    # (bench/zero_signal.py measures it). Not on FSDP's sharded DTensor parameters, which keep torch's default.
     fused = cfg.distributed.parallel != "fsdp" and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    opt = torch.optim.AdamW(
-        params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(cfg.optim.beta1, cfg.optim.beta2), fused=fused or None
-    )
+    opt = torch.optim.AdamW(groups, lr=cfg.optim.lr, weight_decay=wd, betas=(cfg.optim.beta1, cfg.optim.beta2), fused=fused or None)
     total = (cfg.train.max_steps or 0) * cfg.loss.policy_iterations
     warmup = cfg.optim.warmup_steps * cfg.loss.policy_iterations
 
@@ -355,20 +371,11 @@ def run_eval(run: Setup, state: ckpt.TrainState, logger=None, log=None, label: s
     ``keep_completions``: the result holds the completions and their grades (``podsrl eval --completions``);
     ``abandonable``: a stop signal abandons the evaluation (not its record), while training."""
     cfg = run.cfg
+    settings = EvalSettings(temperature=cfg.eval.temperature, samples=cfg.eval.samples, seed=cfg.train.seed,
+                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, min_call=_min_call(run))  # fmt: skip
     with _abandonable(run) if abandonable else contextlib.nullcontext():
-        result = evaluate(
-            run.engine,
-            run.eval_prompts,
-            run.eval_examples,
-            temperature=cfg.eval.temperature,
-            samples=cfg.eval.samples,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            seed=cfg.train.seed,
-            dist=run.dist,
-            progress=progress,
-            min_call=_min_call(run),
-            keep_completions=keep_completions,
-        )
+        result = evaluate(run.engine, run.eval_prompts, run.eval_examples, settings, dist=run.dist, progress=progress,
+                          keep_completions=keep_completions)  # fmt: skip
     if logger is not None:
         state.eval_seconds += result.seconds
         state.last_eval_seconds = state.train_seconds
