@@ -66,6 +66,11 @@ class EvalResult:
     # (podsrl.grading.naming.contains_reference): a hint that the grader misses right answers (issue
     # 68; podsrl.run.watch.named_but_wrong_note). A count, over every rank.
     wrong_with_reference: int = 0
+    # The mean completion tokens of the right and of the wrong completions apart (None when there is
+    # none): whether a run's answers shorten because the right ones do or because fewer are cut off
+    # (issue 67: the loss aggregation on long answers).
+    mean_length_right: float | None = None
+    mean_length_wrong: float | None = None
     # With keep_completions (`podsrl eval --completions`): one record per problem, in the held-out
     # order, on rank 0 (None on the others): {"id", "question", "answer", "completions": [{"text",
     # "grade", "truncated"}]}, grade by the problem's grader (1.0: right). Not in eval.jsonl.
@@ -143,6 +148,7 @@ class Counts(NamedTuple):
     truncated_right: int  # cut off and right anyway
     truncated_unanswered: int  # cut off with no final answer in them (podsrl.grading.answers.extract_answer)
     wrong_with_reference: int  # graded wrong, and holding the reference (words) as a word
+    tokens_right: int  # completion tokens of the right samples, summed (the wrong ones': tokens - tokens_right)
 
 
 def evaluate(
@@ -188,6 +194,7 @@ def _score(example: Example, rollouts: Rollouts, j: int, samples: int) -> tuple[
         truncated_right=sum(c and r for c, r in zip(cut, right)),
         truncated_unanswered=sum(c and not r and extract_answer(t) is None for c, r, t in zip(cut, right, texts)),
         wrong_with_reference=sum(words and not r and naming.contains_reference(t, example.answer) for r, t in zip(right, texts)),
+        tokens_right=sum(len(c) for c, r in zip(ids, right) if r),
     )
     record = {"id": example.id, "question": example.question, "answer": example.answer,
               "completions": [{"text": t, "grade": g, "truncated": bool(c)} for t, g, c in zip(texts, grades, cut)]}  # fmt: skip
@@ -209,6 +216,8 @@ def _result(counts: list[Counts], samples: int, *, seconds: float, completions: 
     correct = [c.correct for c in counts]
     low, high = accuracy_interval(correct, samples)
     total = len(counts) * samples  # completions
+    right, tokens_right = sum(correct), sum(c.tokens_right for c in counts)
+    tokens_wrong = sum(c.tokens for c in counts) - tokens_right
     return EvalResult(
         accuracy=sum(c / samples for c in correct) / len(counts),
         ci_low=low,
@@ -222,5 +231,7 @@ def _result(counts: list[Counts], samples: int, *, seconds: float, completions: 
         truncated_right=sum(c.truncated_right for c in counts) / total,
         truncated_unanswered=sum(c.truncated_unanswered for c in counts) / total,
         wrong_with_reference=sum(c.wrong_with_reference for c in counts),
+        mean_length_right=tokens_right / right if right else None,
+        mean_length_wrong=tokens_wrong / (total - right) if total > right else None,
         completions=completions,
     )
