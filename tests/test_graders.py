@@ -161,7 +161,7 @@ def test_the_first_evaluation_warns_of_wrong_completions_that_hold_their_referen
     sentences = [f"The answer is {ex.answer.lower()}." for ex in task.eval]  # right, and holding the reference
     assert evaluate(_Answering(sentences), prompts, task.eval).wrong_with_reference == 0  # right: not counted
     numeric = dataclasses.replace(task, grader="numeric")
-    unread = evaluate(_Answering(sentences), prompts, numeric.eval, samples=2)
+    unread = evaluate(_Answering(sentences), prompts, numeric.eval, EvalSettings(samples=2))
     readable = sum(ex.answer == "Seven" for ex in numeric.eval)  # a number word: numeric reads it
     assert unread.wrong_with_reference == 2 * (len(task.eval) - readable) > 0
     denied = [f"It is not {ex.answer}." for ex in task.eval]  # rightly wrong, counted all the same: the note says to look
