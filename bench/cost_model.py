@@ -104,7 +104,7 @@ from pathlib import Path
 
 import numpy as np
 
-from podsrl.compare.trl_arm import PODSRL, read_trainer  # a TRL arm of podsrl compare names its trainer in trainer.json
+from podsrl.run.rundir import PODSRL, read_trainer  # a TRL arm of podsrl compare names its trainer in trainer.json
 
 ROOT = Path(__file__).resolve().parents[1]
 H100_RHO = 68.0  # (1.5 s / 128 rollouts) / (1.4 s / (128 x 64 tokens)), docs/results.md "On a GPU"

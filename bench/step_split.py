@@ -12,7 +12,7 @@ L, and the gap between podsrl and TRL's GRPOTrainer at the same n split into its
 podsrl's GRPO(16), PODS(16, 4) (max-variance) and GRPO(4), through ``podsrl.train.loop.train`` with
 every default saving (prompts shared, zero-advantage rows skipped) and vLLM's engine; TRL 1.16's
 GRPOTrainer(16) and podsrl's PODSTrainer(16, 4), through ``podsrl compare``'s TRL arm
-(:func:`podsrl.compare.trl_arm.train_trl`: TRL's own engine, transformers ``generate``; every
+(:func:`podsrl.compare.trl_arm.run.train_trl`: TRL's own engine, transformers ``generate``; every
 shared setting mapped as in the 10-minute comparison, docs/trl.md). The embedded SmolLM2-135M,
 float32, full fine-tuning, the sampler in float32 (``rollout.sampler_dtype = "auto"``), B prompts a
 step, micro-batches of 16 rows, one optimizer step per step, evaluation off.
@@ -265,7 +265,7 @@ def worker(spec: dict) -> dict:
     else:
         from transformers import TrainerCallback
 
-        import podsrl.compare.trl_arm as trl_arm
+        import podsrl.compare.trl_arm.run as trl_arm
 
         class Phases(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):

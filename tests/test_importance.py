@@ -62,6 +62,12 @@ def _hand_case():
         ("geometric_truncate", 0.5, [[1.5, 1.5, 1.5], [0.375**0.5] * 2 + [0.0]], 3),  # clip_max 1.5
         ("geometric_mask", 0.7, [[4 ** (1 / 3)] * 3, [0.0, 0.0, 0.0]], 2),
         ("geometric_mask", None, [[0.0, 0.0, 0.0], [0.375**0.5] * 2 + [0.0]], 3),  # clip_max 1.5
+        # reject (verl's rollout_rs): 1 inside the bounds, 0 outside; the lower bound 1 / clip_max = 1/3 unless clip_min
+        ("token_reject", None, [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], 2),
+        ("token_reject", 0.6, [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], 3),
+        ("sequence_reject", None, [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]], 3),
+        ("geometric_reject", None, [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], 0),  # 1.59 and 0.61 within [1/3, 3]
+        ("geometric_reject", 0.7, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], 2),
     ],
 )
 def test_hand_numbers(mode, clip_min, expected, clipped):
@@ -107,6 +113,8 @@ def _brute_force(trainer, sampler, mask, settings: ImportanceSettings, token_mas
     weights = torch.zeros(N, T, dtype=torch.float64)
     ratios, clipped = [], 0
     low = -math.inf if settings.clip_min is None else settings.clip_min
+    if settings.constraint == "reject" and settings.clip_min is None:
+        low = 1 / settings.clip_max  # verl's rollout_rs default
     for i in range(N):
         d = [float(trainer[i, t]) - float(sampler[i, t]) for t in range(T) if mask[i, t]]
         d = [0.0 if math.isnan(x) else x for x in d]
@@ -118,7 +126,7 @@ def _brute_force(trainer, sampler, mask, settings: ImportanceSettings, token_mas
             if settings.constraint == "truncate":
                 w = min(max(r, low), settings.clip_max)
             else:
-                w = 0.0 if outside else r
+                w = 0.0 if outside else (1.0 if settings.constraint == "reject" else r)
             weights[i, t] = w
             if token_mask[i, t]:
                 ratios.append(r)
@@ -239,9 +247,9 @@ def test_trl_refuses_the_geometric_modes(tmp_path):
     pytest.importorskip("trl", reason="the TRL integration needs the trl extra (make test installs it)")
     from podsrl.integrations.trl import TRL_IMPORTANCE_MODES, PODSConfig
 
-    assert set(TRL_IMPORTANCE_MODES) == {m for m in MODES if not m.startswith("geometric")}
+    assert set(TRL_IMPORTANCE_MODES) == {m for m in MODES if not m.startswith("geometric") and not m.endswith("reject")}
     common = dict(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, report_to=[], use_cpu=True)
-    for mode in ("geometric_truncate", "geometric_mask"):
+    for mode in ("geometric_truncate", "geometric_mask", "token_reject"):
         with pytest.raises(ValueError, match=f"vllm_importance_sampling_mode = '{mode}': TRL's GRPOTrainer .* knows token_truncate"):
             PODSConfig(**common, vllm_importance_sampling_mode=mode)
     assert PODSConfig(**common, vllm_importance_sampling_mode="token_truncate").vllm_importance_sampling_mode == "token_truncate"
@@ -267,7 +275,7 @@ def test_bad_input():
 def test_config_fields_are_checked(make_config):
     from podsrl.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="rollout.importance_sampling_mode: unknown value 'sequence'; valid values: geometric_mask, geometric_truncate, "):
+    with pytest.raises(ConfigError, match="rollout.importance_sampling_mode: unknown value 'sequence'; valid values: geometric_mask, geometric_reject, geometric_truncate, "):
         make_config(**{"rollout.importance_sampling_mode": "sequence"})
     with pytest.raises(ConfigError, match="rollout.importance_sampling_clip_max: must be >= 1"):
         make_config(**{"rollout.importance_sampling_clip_max": 0.5})
@@ -403,7 +411,8 @@ def _hand_weights(own: list[torch.Tensor], sampler: list[torch.Tensor], s: Impor
     for o, q in zip(own, sampler):
         d = (o - q).double()
         r = _hand_ratio(d, s.level)
-        out.append(r.clamp(min=low, max=s.clip_max) if s.constraint == "truncate" else torch.where((r > s.clip_max) | (r < low), 0.0, r))
+        inside = r if s.constraint == "mask" else torch.ones_like(r)  # reject: 1 inside the bounds
+        out.append(r.clamp(min=low, max=s.clip_max) if s.constraint == "truncate" else torch.where((r > s.clip_max) | (r < low), 0.0, inside))
     return out
 
 
@@ -500,7 +509,7 @@ def test_update_equals_the_hand_weighted_loss(tiny_policy, token_gradient_norms,
     ran = [i for i in range(10) if i not in ZEROS]
     flat = torch.cat([weights[i] for i in ran])
     high, low = settings.clip_max, settings.clip_min
-    assert (flat == 0).any() if mode.endswith("mask") else ((flat == high).any() or (flat == low).any())  # the bounds act
+    assert (flat == 0).any() if mode.endswith(("mask", "reject")) else ((flat == high).any() or (flat == low).any())  # the bounds act
     assert ((flat > low) & (flat < high)).any()  # and some ratios pass unchanged
     _, grads, stats = _step(model, _with_sampler(batch, sampler), importance=settings, aggregation=aggregation)
     # The update's weights come from its packed forward, the hand ones from one row per forward.

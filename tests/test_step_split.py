@@ -112,7 +112,7 @@ def test_the_reward_gives_half_the_groups_a_signal(bench, monkeypatch):
 def test_every_arm_is_a_valid_run(bench, arm):
     """Each arm's config passes podsrl's checks (and a TRL arm's, podsrl compare's), with B problems to
     train on, half of them with a signal."""
-    from podsrl.compare.trl_arm import check_arm
+    from podsrl.compare.trl_arm.mapping import check_arm
     from podsrl.tasks.build import build_task
 
     cfg = bench.config(dict(arm=arm, length=128, prompts=4, steps=3, seed=0, model="smollm2-135m-instruct", engine="vllm", keep=None))

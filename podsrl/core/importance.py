@@ -14,7 +14,7 @@ over-sampled cannot blow up the variance: truncated importance sampling (TIS, Ya
 sampling (MIS, Liu, Li et al. 2025, "When speed kills stability"). The names and the formulas are
 TRL 1.16's ``GRPOTrainer`` (``vllm_importance_sampling_mode`` and its bounds; the weight is computed
 once per generation batch from TRL's ``old_per_token_logps``), which verl offers as ``rollout_is``
-(truncate) and ``rollout_rs`` (mask).
+(truncate); verl's ``rollout_rs`` (rejection sampling) is the constraint ``reject``.
 
 Modes (:data:`MODES`, ``<level>_<constraint>``; ``rollout.importance_sampling_mode``), with
 d_{i,t} = log pi_old - log pi_sampler on the completion tokens (``mask``), |o_i| of them:
@@ -33,16 +33,27 @@ d_{i,t} = log pi_old - log pi_sampler on the completion tokens (``mask``), |o_i|
   variance, as in GSPO's length-normalised ratio). It stays near 1 (exp(-KL) on average), so TRL's
   clip_max of 3 (a mean gap of 1.1 nats per token) almost never acts: bound it near 1 (verl
   suggests thresholds of about 1.0002-1.001 for it) if it is to reject anything.
-- constraint ``truncate``: w = clamp(r, clip_min, clip_max); constraint ``mask``: w = r inside
-  [clip_min, clip_max], 0 outside (the token, or the whole sequence, leaves the policy-gradient term).
+- constraint ``truncate``: w = clamp(r, clip_min, clip_max); constraint ``mask`` (TRL's): w = r inside
+  [clip_min, clip_max], 0 outside (the token, or the whole sequence, leaves the policy-gradient term),
+  no lower bound unless clip_min is set; constraint ``reject`` (verl's ``rollout_rs``, rejection
+  sampling): w = 1 inside the bounds, 0 outside, and the lower bound is 1 / clip_max unless clip_min
+  is set (verl's default, ``rollout_rs_threshold_lower``).
+
+**Two "geometric" modes users know.** verl's ``rollout_rs = "geometric"`` rejects a sequence whose
+geometric ratio leaves [1 / upper, upper] and keeps the others with weight 1: that is podsrl's
+``geometric_reject`` (``rollout_rs_threshold`` = clip_max). podsrl's ``geometric_mask`` is TRL's
+mask at the geometric level: a kept sequence is weighted by its ratio, and without clip_min nothing
+is rejected from below. ``geometric_truncate`` clips the ratio, as verl's ``rollout_is`` clips a
+token's or a sequence's. Where they differ from verl all the same: verl takes a rejected token out
+of the loss mask, so out of the normalisers; here the normalisers stay (below).
 
 podsrl's defaults: ``token_truncate``, clip_max 3, no clip_min. TRL's are the same bounds with
 ``sequence_mask``: podsrl differs because a sequence ratio is a product over the completion's tokens,
 so its weights spread and fall with the length (effective sample size 0.66 of the sequences at 512
 tokens on GSM8K at a bfloat16 sampler's gap, against 1.00 for ``token_truncate``, of its sequences'
 weights there and of its tokens' own at 64-256 tokens; issues 59 and 67, docs/vllm.md "Long
-completions"). TRL 1.16 has the token and sequence levels only
-(:class:`podsrl.integrations.trl.PODSConfig` refuses a geometric mode).
+completions"). TRL 1.16 has the token and sequence levels and the truncate and mask constraints
+only (:class:`podsrl.integrations.trl.PODSConfig` refuses the others).
 
 What the weight multiplies, and what it does not (TRL's choices, followed here):
 
@@ -115,8 +126,9 @@ from torch import Tensor
 
 __all__ = ["MODES", "ImportanceMetrics", "ImportanceSettings", "importance_weights"]
 
-# A mode is "<level>_<constraint>": level token | sequence | geometric, constraint truncate | mask.
-MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_truncate", "geometric_mask")
+# A mode is "<level>_<constraint>": level token | sequence | geometric, constraint truncate | mask | reject.
+MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_truncate", "geometric_mask",
+                          "token_reject", "sequence_reject", "geometric_reject")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,7 @@ class ImportanceSettings:
 
     mode: str = "token_truncate"  # a name in MODES
     clip_max: float = 3.0  # upper bound C_max of the ratio, >= 1
-    clip_min: float | None = None  # lower bound C_min, in [0, 1]; None: none
+    clip_min: float | None = None  # lower bound C_min, in [0, 1]; None: none (constraint reject: 1 / clip_max)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -144,6 +156,14 @@ class ImportanceSettings:
     @property
     def constraint(self) -> str:
         return self.mode.split("_")[1]
+
+    @property
+    def lower(self) -> float | None:
+        """The lower bound in force: clip_min, else 1 / clip_max for the constraint reject (verl's
+        ``rollout_rs`` default), else none."""
+        if self.clip_min is not None:
+            return self.clip_min
+        return 1.0 / self.clip_max if self.constraint == "reject" else None
 
 
 @dataclass
@@ -273,12 +293,14 @@ def importance_weights(
         length = mask.sum(dim=1, keepdim=True).clamp(min=1)  # [N, 1]
         log_ratio = (diff.sum(dim=1, keepdim=True) / length).expand_as(diff)  # [N, T]
     ratio = log_ratio.exp()  # [N, T], inf past float range: then truncated to clip_max or masked
-    lower = -math.inf if settings.clip_min is None else settings.clip_min
+    lower = -math.inf if settings.lower is None else settings.lower
     outside = (ratio > settings.clip_max) | (ratio < lower)  # [N, T]
     if settings.constraint == "truncate":
         weights = ratio.clamp(min=settings.clip_min, max=settings.clip_max)  # [N, T]
-    else:  # mask: weight 0 outside the bounds
+    elif settings.constraint == "mask":  # weight 0 outside the bounds, the ratio inside
         weights = torch.where(outside, 0.0, ratio)  # [N, T]
+    else:  # reject: weight 0 outside the bounds, 1 inside
+        weights = torch.where(outside, 0.0, torch.ones_like(ratio))  # [N, T]
     weights = torch.where(mask, weights, 0.0)  # [N, T]
 
     counted = mask if token_mask is None else mask & token_mask  # [N, T]

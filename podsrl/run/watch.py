@@ -21,6 +21,13 @@
   user to change the settings the README shows working. A training step's metrics cannot say which
   completions held an answer: its note is given unless an evaluation at the same limit found the
   cut-off ones harmless (the demo evaluates the base model before its first step).
+- **A grader that may miss right answers.** At the first evaluation whose completions include
+  some graded wrong that hold their reference answer (one of words) as a word, once per run: the
+  grader is named with that count, and where to look (issue 68: a word grader that misses natural
+  right answers understates the base model's accuracy and overstates a run's gain). The first
+  evaluation, not the first training step: it is what held-out accuracy counts, graded by the
+  task's grader whatever the rewards are, and by default it is the base model's, before any
+  training. Some such completions are rightly wrong ("It is not Paris."): the note says to look.
 - **A correction that weighs the batch down.** When a step's ``is_ess`` (the importance
   correction's effective sample size at the level its mode weights: over the completion tokens'
   own weights for the token modes, over the sequences' weights for the sequence and geometric ones;
@@ -40,7 +47,7 @@
 
 :class:`RunWatch` reads the metrics a step logs and the evaluation results (rank 0's
 :class:`podsrl.run.metrics.RunLogger` feeds it) and returns the lines to print; it prints nothing
-itself. ``podsrl eval`` uses :func:`truncation_note`.
+itself. ``podsrl eval`` uses :func:`truncation_note` and :func:`named_but_wrong_note`.
 """
 
 from __future__ import annotations
@@ -79,6 +86,21 @@ def truncation_hurts(result) -> bool:
 def eval_truncation_note(result, cfg, where: str) -> str | None:
     """The note for an evaluation's cut-off completions, when :func:`truncation_hurts`; else None."""
     return truncation_note(result.truncated, eval_token_setting(cfg), where) if truncation_hurts(result) else None
+
+
+def named_but_wrong_note(result, grader: str, where: str) -> str | None:
+    """The warning when the completions of an evaluation (``result``, of ``where``) include some graded
+    wrong by ``grader`` that hold their reference answer as a word; None when there are none."""
+    count = getattr(result, "wrong_with_reference", 0)
+    if not count:
+        return None
+    return (
+        f"podsrl: warning: {where}: task.grader = {grader!r} graded {count} completion{'s' if count != 1 else ''} of the "
+        f"{result.problems} problems wrong that hold their reference answer as a word; some may be right answers the grader "
+        "does not read (then accuracy is understated), others are rightly wrong ('It is not Paris.'): look at them with "
+        "`podsrl eval --run RUN --completions FILE` (each completion with its grade), and if they are right choose another "
+        "task.grader or task.instruction (warned once)"
+    )
 
 
 def truncation_note(fraction: float, setting: str, where: str) -> str | None:
@@ -148,13 +170,18 @@ class RunWatch:
 
     def evaluation(self, result, step: int) -> list[str]:
         """The notes for an evaluation (``result``: a :class:`podsrl.train.evaluate.EvalResult`)."""
+        notes = []
+        named = named_but_wrong_note(result, self.grader or "auto", f"the evaluation at step {step}")
+        if named is not None and "named" not in self.told:
+            self.told.add("named")
+            notes.append(named)
         note = eval_truncation_note(result, self.cfg, f"the completions of the evaluation at step {step}")
         same_limit = self.cfg.eval.max_new_tokens in (None, self.cfg.rollout.max_new_tokens)
         self.harmless_cutoff = same_limit and result.truncated >= MOST and note is None
-        if note is None or "eval" in self.told:
-            return []
-        self.told.add("eval")
-        return [note]
+        if note is not None and "eval" not in self.told:
+            self.told.add("eval")
+            notes.append(note)
+        return notes
 
     def _no_signal(self, steps: list[dict]) -> str:
         first, last = steps[0].get("step"), steps[-1].get("step")

@@ -76,13 +76,10 @@ is 0) the sampler gap and these metrics are still logged, from a sample: :data:`
 rank's kept rows, evenly spaced (:func:`measured_rows`), all their completion tokens, one forward
 without gradients before the optimizer step (:func:`_measure_pass`; ``entropy`` covers those rows
 too). A step that kept no rollout at all (the DAPO filter, dynamic sampling's cap) runs no update;
-the loop measures its sampled rollouts the same way (:func:`measure_sampler_gap`). A sample, not every kept row: the skipped update is the saving of such a step, and a forward
-of every kept row cost more than it (time/update 1.55 s against 0.23 s in GRPO(4)'s steps without a
-signal, B = 8, SmolLM2-135M on this project's CPU: the medians of
-``git show 8681803:results/compare-vs-trl/runs/grpo_n4/seed0/metrics.jsonl``, a run withdrawn for
-it, against results/compare-sampler/runs/grpo/seed0/metrics.jsonl). The sample of 4 rows: 0.48 s
-(results/compare-vs-trl/runs/grpo_n4/seed0, at f92af28, 48 of 197 steps without a signal: about 2%
-of its training time).
+the loop measures its sampled rollouts the same way (:func:`measure_sampler_gap`). A sample, not
+every kept row: the skipped update is the saving of such a step, and a forward of every kept row
+cost several times the update it skips (measured in results/compare-vs-trl/README.md, "A first
+start, withdrawn"; the sample's own cost: docs/results.md).
 ``sequences`` and ``tokens_total`` count every kept row, run or not; ``tokens_kept`` counts the
 tokens in the policy-gradient term: every completion token without token selection, the selected
 ones (of rows with A_i != 0 only) with it.
@@ -549,6 +546,7 @@ def _policy_iteration(u: _Update, micro_batches: list[_MicroBatch], totals: Batc
         u.dist.all_reduce_grads(params)  # "ddp": sum the ranks' partial gradients
     norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip if s.grad_clip > 0 else float("inf"))
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    u.dist.commit()  # a stop signal abandons the step up to here, the weights still the last step's (podsrl.run.preemption)
     u.optimizer.step()
     u.scheduler.step()
     return grad_norm
