@@ -50,9 +50,10 @@ of the loss mask, so out of the normalisers; here the normalisers stay (below).
 podsrl's defaults: ``token_truncate``, clip_max 3, no clip_min. TRL's are the same bounds with
 ``sequence_mask``: podsrl differs because a sequence ratio is a product over the completion's tokens,
 so its weights spread and fall with the length (effective sample size 0.66 of the sequences at 512
-tokens on GSM8K at this project's CPU's bfloat16 gap, against 1.00 for ``token_truncate``; issue 59,
-docs/vllm.md "Long completions"). TRL 1.16 has the token and sequence levels and the truncate
-and mask constraints only (:class:`podsrl.integrations.trl.PODSConfig` refuses the others).
+tokens on GSM8K at a bfloat16 sampler's gap, against 1.00 for ``token_truncate``, of its sequences'
+weights there and of its tokens' own at 64-256 tokens; issues 59 and 67, docs/vllm.md "Long
+completions"). TRL 1.16 has the token and sequence levels and the truncate and mask constraints
+only (:class:`podsrl.integrations.trl.PODSConfig` refuses the others).
 
 What the weight multiplies, and what it does not (TRL's choices, followed here):
 
@@ -86,15 +87,27 @@ Metrics (:class:`ImportanceMetrics`) are over the tokens of ``token_mask`` (defa
 caller passes the tokens of the policy-gradient term, those the weight acts on. They describe the
 ratio r before truncation or masking (TRL logs the weight after it: its minimum is 0 whenever a
 token is masked), and the share of tokens whose r fell outside [clip_min, clip_max], i.e. truncated
-or weighted 0; a sequence ratio counts once per token. And they describe the weight after it, per
-sequence: a sequence's weight w_i is the mean of its counted tokens' weights (for the sequence and
-geometric levels, the one weight all its tokens carry; for the token level, the average factor by
-which its policy-gradient terms were scaled), over the sequences with a counted token, n of them:
-the mean weight and the effective sample size ESS = (sum_i w_i)^2 / (n sum_i w_i^2), a share of
-the n sequences (1: all weigh alike; 1/n: one carries all the weight; 0: every weight is 0), the
-share of equally weighted sequences whose estimate would have the same variance (Kish's effective
-sample size). They are sums, minima and maxima, so calls on micro-batches and ranks combine exactly
-(:meth:`ImportanceMetrics.combine`).
+or weighted 0; a sequence ratio counts once per token. And they describe the weights after it by
+Kish's effective sample size, ESS = (sum w)^2 / (n sum w^2), a share of the n weights (1: all weigh
+alike; 1/n: one carries all the weight; 0: every weight is 0), the share of equally weighted terms
+whose estimate would have the same variance, at two levels:
+
+- **over the tokens** (``ess_tokens``): w_{i,t}, each counted token's own weight, n = the counted
+  tokens. The level of the token modes' correction: each token's policy-gradient term is scaled by
+  its own weight.
+- **over the sequences** (``ess_sequences``, with the mean weight ``weight_mean``): w_i, a
+  sequence's weight, the mean of its counted tokens' weights (for the sequence and geometric levels
+  the one weight all its tokens carry), over the n sequences with a counted token. The level of the
+  sequence and geometric modes' correction.
+
+:meth:`ImportanceMetrics.ess` gives the one that matches a mode's level (``is_ess`` in
+metrics.jsonl; both are logged). The other level can hide what the correction does: a token mode's
+sequence weight averages its tokens' weights, so its spread shrinks with the length (log-ratios
+spread 2 nats a token, truncated at 3: a token ESS of 0.28 where the sequence-mean one reads 0.98,
+over 8 completions of 64 tokens; tests/test_importance.py), and a sequence mode's token ESS counts a
+long sequence's weight once per token. Until issue 67 ``is_ess`` was the sequence-mean ESS for
+every mode, so a token mode's read 1.00 on long completions by construction. They are sums, minima
+and maxima, so calls on micro-batches and ranks combine exactly (:meth:`ImportanceMetrics.combine`).
 
 Who calls it: ``podsrl train`` (:mod:`podsrl.train.update`) with the trainer's log-probs at the
 weights that sampled (the first policy iteration's forward, or the scoring pass's pi_old with
@@ -155,8 +168,8 @@ class ImportanceSettings:
 
 @dataclass
 class ImportanceMetrics:
-    """Python-number summary of the ratio over the counted tokens of one :func:`importance_weights`
-    call (or several, :meth:`combine`)."""
+    """Python-number summary of the ratio and the weights over the counted tokens of one
+    :func:`importance_weights` call (or several, :meth:`combine`)."""
 
     tokens: int  # tokens counted (token_mask & mask)
     ratio_sum: float  # sum of the ratio r (before truncation / masking) over them
@@ -166,6 +179,8 @@ class ImportanceMetrics:
     sequences: int = 0  # sequences with a counted token
     weight_sum: float = 0.0  # sum over them of the sequence weight w_i (the mean of its counted tokens' weights)
     weight_sq_sum: float = 0.0  # sum of w_i^2
+    token_weight_sum: float = 0.0  # sum over the counted tokens of their weight w_{i,t} (after truncation / masking)
+    token_weight_sq_sum: float = 0.0  # sum of w_{i,t}^2
 
     @property
     def ratio_mean(self) -> float | None:
@@ -181,12 +196,24 @@ class ImportanceMetrics:
         return self.weight_sum / self.sequences if self.sequences else None
 
     @property
-    def ess(self) -> float | None:
-        """The effective sample size as a share of the sequences, (sum w)^2 / (n sum w^2): 1 when every
-        sequence weighs the same, 1/n when one carries all the weight, 0 when every weight is 0."""
-        if not self.sequences:
-            return None
-        return self.weight_sum**2 / (self.sequences * self.weight_sq_sum) if self.weight_sq_sum > 0 else 0.0
+    def ess_sequences(self) -> float | None:
+        """The effective sample size of the sequence weights as a share of the sequences,
+        (sum w_i)^2 / (n sum w_i^2): 1 when every sequence weighs the same, 1/n when one carries all
+        the weight, 0 when every weight is 0; None without a sequence."""
+        return _kish(self.weight_sum, self.weight_sq_sum, self.sequences)
+
+    @property
+    def ess_tokens(self) -> float | None:
+        """The effective sample size of the counted tokens' own weights as a share of the tokens,
+        (sum w_{i,t})^2 / (n sum w_{i,t}^2); None without a token."""
+        return _kish(self.token_weight_sum, self.token_weight_sq_sum, self.tokens)
+
+    def ess(self, level: str) -> float | None:
+        """The effective sample size that matches a mode's ``level`` (:attr:`ImportanceSettings.level`):
+        over the tokens for the token modes, over the sequences for the sequence and geometric ones."""
+        if level not in _LEVELS:
+            raise ValueError(f"unknown importance sampling level {level!r}; valid levels: {', '.join(_LEVELS)}")
+        return self.ess_tokens if level == "token" else self.ess_sequences
 
     @classmethod
     def combine(cls, parts: list[ImportanceMetrics]) -> ImportanceMetrics:
@@ -200,10 +227,23 @@ class ImportanceMetrics:
             sequences=sum(p.sequences for p in parts),
             weight_sum=sum(p.weight_sum for p in parts),
             weight_sq_sum=sum(p.weight_sq_sum for p in parts),
+            token_weight_sum=sum(p.token_weight_sum for p in parts),
+            token_weight_sq_sum=sum(p.token_weight_sq_sum for p in parts),
         )
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
+
+
+_LEVELS = ("token", "sequence", "geometric")
+
+
+def _kish(total: float, squares: float, n: int) -> float | None:
+    """Kish's effective sample size (sum w)^2 / (n sum w^2) as a share of the n weights, from their
+    sum and sum of squares; 0 when every weight is 0, None when n is 0."""
+    if not n:
+        return None
+    return total**2 / (n * squares) if squares > 0 else 0.0
 
 
 def _check(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, token_mask: Tensor | None) -> None:
@@ -267,6 +307,7 @@ def importance_weights(
     r = log_ratio[counted].double().exp()  # [tokens] float64: a sequence ratio may overflow float32
     per_row = counted.sum(dim=1)  # [N] counted tokens of each sequence
     has = per_row > 0  # [N]
+    token_w = weights[counted].double()  # [tokens] each counted token's weight
     w = (torch.where(counted, weights, 0.0).double().sum(dim=1)[has] / per_row[has])  # [n] each sequence's mean weight
     metrics = ImportanceMetrics(
         tokens=int(r.numel()),
@@ -277,5 +318,7 @@ def importance_weights(
         sequences=int(w.numel()),
         weight_sum=float(w.sum()),
         weight_sq_sum=float((w * w).sum()),
+        token_weight_sum=float(token_w.sum()),
+        token_weight_sq_sum=float((token_w * token_w).sum()),
     )
     return weights, metrics

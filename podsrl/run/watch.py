@@ -29,16 +29,20 @@
   task's grader whatever the rewards are, and by default it is the base model's, before any
   training. Some such completions are rightly wrong ("It is not Paris."): the note says to look.
 - **A correction that weighs the batch down.** When a step's ``is_ess`` (the importance
-  correction's effective sample size, a share of the step's sequences:
+  correction's effective sample size at the level its mode weights: over the completion tokens'
+  own weights for the token modes, over the sequences' weights for the sequence and geometric ones;
   :class:`podsrl.core.importance.ImportanceMetrics`) falls below :data:`ESS_BOUND`, once per run.
   The bound 0.5 is a heuristic: below it the weighted step's gradient has the variance of fewer
-  than half its sequences equally weighted (Kish's effective sample size; the N/2 at which
+  than half its terms equally weighted (Kish's effective sample size; the N/2 at which
   sequential Monte Carlo resamples). Whether that costs more than the cheaper sampler saves (a
   bfloat16 sampler step takes 0.58-0.70x the float32 one's time, docs/vllm.md) is not measured.
   ``sequence_mask`` (TRL's default, podsrl's before issue 59) falls with the completion's length
-  (its ratio is a product over the tokens): 0.66 at 512 tokens on GSM8K at this CPU's gap
-  (docs/vllm.md, "Long completions"), below 0.5 at larger gaps (issue 59's simulation at KL
-  0.009-0.015 a token); the default ``token_truncate`` kept 1.00 there. The message names the mode
+  (its ratio is a product over the tokens): 0.66 at 512 tokens on GSM8K at the bfloat16 gap of the
+  CPU that measured it (docs/vllm.md, "Long completions"), below 0.5 at larger gaps (issue 59's
+  simulation at KL 0.009-0.015 a token). Under the default ``token_truncate`` the warning reads the
+  tokens' ESS since issue 67: the mean over a sequence's tokens, which it read before, averages a
+  degraded correction away on long completions (tests/test_importance.py: a token ESS of 0.28
+  where the sequence-mean one reads 0.98). The message names the mode, both levels' figures
   and what keeps more of the batch under it.
 
 :class:`RunWatch` reads the metrics a step logs and the evaluation results (rank 0's
@@ -153,12 +157,15 @@ class RunWatch:
         r = self.cfg.rollout
         kl = metrics.get("sampler_kl")
         gap = f" (sampler_kl {kl:.4f} nats a token)" if isinstance(kl, (int, float)) else ""
+        per_token = r.importance_sampling_mode.startswith("token")
+        other, other_key = ("sequences", "is_ess_sequences") if per_token else ("completion tokens", "is_ess_tokens")
+        beside = f"; over the {other}, {metrics[other_key]:.2f}" if isinstance(metrics.get(other_key), (int, float)) else ""
         return (
             f"podsrl: warning: step {metrics.get('step')}: the importance correction weighs the batch down: its effective sample size "
-            f"is_ess = {metrics['is_ess']:.2f} of the step's sequences (below {ESS_BOUND}), mean sequence weight "
-            f"{metrics.get('is_weight_mean', math.nan):.2f}, from the sampler's gap{gap} under rollout.importance_sampling_mode = "
-            f"'{r.importance_sampling_mode}'; {_remedy(r.importance_sampling_mode)} "
-            "(docs/vllm.md, \"Long completions\"; warned once; metrics.jsonl has is_ess for every step)"
+            f"is_ess = {metrics['is_ess']:.2f} of the step's {'completion tokens' if per_token else 'sequences'} (below {ESS_BOUND}{beside}), "
+            f"mean sequence weight {metrics.get('is_weight_mean', math.nan):.2f}, from the sampler's gap{gap} under "
+            f"rollout.importance_sampling_mode = '{r.importance_sampling_mode}'; {_remedy(r.importance_sampling_mode)} "
+            "(docs/vllm.md, \"Long completions\"; warned once; metrics.jsonl has is_ess, is_ess_tokens and is_ess_sequences for every step)"
         )
 
     def evaluation(self, result, step: int) -> list[str]:
