@@ -54,7 +54,8 @@ bench: setup setup-vllm
 	@$(PY) bench/zero_signal.py | tail -n 1 > .bench-zero-signal.txt
 	@$(PY) bench/sampling_call.py --arms float32-eager,bfloat16-compiled | tail -n 1 > .bench-sampling-call.txt
 	@$(PY) bench/vllm_update.py | tail -n 1 > .bench-vllm-update.txt
-	@echo "== make bench: summary =="; cat .bench-selection.txt .bench-engines.txt .bench-update.txt .bench-zero-signal.txt .bench-sampling-call.txt .bench-vllm-update.txt
+	@$(PY) bench/grading.py | tail -n 1 > .bench-grading.txt
+	@echo "== make bench: summary =="; cat .bench-selection.txt .bench-engines.txt .bench-update.txt .bench-zero-signal.txt .bench-sampling-call.txt .bench-vllm-update.txt .bench-grading.txt
 
 # TRL is installed in .venv by `make setup` (the trl extra).
 bench-trl: setup setup-vllm

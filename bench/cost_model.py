@@ -5,6 +5,9 @@
     python bench/cost_model.py --rho 0.02                        # also predict at sampling/update cost ratio 0.02
     python bench/cost_model.py --compare results/compare-fair/compare.json   # costs from one comparison, step counts from another
     python bench/cost_model.py --runs results/compare-vs-trl/runs --seeds 0,1,2  # GRPO(n) and PODS(16, m) at n = 4-16
+    python bench/cost_model.py --runs results/compare-long/runs --seeds 0,1,2 --baseline grpo_bf16_seq \
+        --methods grpo_bf16_seq,grpo_bf16_tok,pods_n16_m4,d3s_intra,d3s_intra_all_tokens --per-token-sampling --gpu-tokens 64
+                                                                 # long completions (100-170 tokens), one sampler dtype
 
 The model. A training step of B prompts costs
 
@@ -15,6 +18,13 @@ The model. A training step of B prompts costs
   cost: bench/sampling_call.py);
 - R: rollouts generated (B * n, fewer with early stopping, more with dynamic sampling: metrics
   ``rollouts_generated``), at s seconds each beyond the calls' fixed cost (weight sync excluded);
+- with ``--per-token-sampling``, G in R's place: the completion tokens generated (R x
+  ``completion_len``, the mean length of the step's rollouts), at s_t each. A call's decode steps
+  follow its completions' length, which the answers of 10-15 tokens of the short comparisons barely
+  vary (R and G are then nearly proportional, and their fits keep R) and long completions do (100-170
+  tokens in results/compare-long, falling as the policy learns to answer shorter: there a fit on C
+  and G halves the root-mean-square error of one on C and R, 3.1 s against 5.9 s a step, and one on
+  all three gives a rollout a negative cost, -3.8 ms, for no better fit);
 - U: 1 when the step ran an update, 0 when it kept no row (dynamic sampling that met no signal
   within its cap of batches);
 - F: completion tokens that take the update's forward and backward (``tokens_run``; ``tokens_total``
@@ -24,8 +34,9 @@ The model. A training step of B prompts costs
 - S: completion tokens scored by D3S's entropy pass (F while ``token_fraction`` < 1, else 0), c each;
 - o: reward, selection and weight sync (the step's rest, taken as measured per method).
 
-g0, s are fitted by least squares on every step's ``time/generate`` against C and R; u0, u, c on
-``time/update`` against F and S, over the methods and seeds given: podsrl's own runs only (a TRL
+g0, s (or s_t) are fitted by least squares on every step's ``time/generate`` against C and R (or
+G); u0, u, c on ``time/update`` against F and S, over the methods and seeds given (``--methods``:
+only those, e.g. to leave out an arm whose sampler ran in another dtype, which costs another s): podsrl's own runs only (a TRL
 arm of ``podsrl compare``, one with a trainer.json naming TRL, samples and updates with TRL's code,
 and logs no token counts). The baseline is the comparison's (compare.json ``baseline``, or
 ``--baseline``): every speedup is its time over the method's. Across GRPO(n) and PODS(n, m) the
@@ -66,7 +77,11 @@ Predictions, from the same fitted costs:
   docs/results.md "On a GPU": transformers ``generate`` of 128 rollouts of 64 tokens in 1.5 s
   against 1.4 s to update those 8,192 tokens), and every other cost stays as fitted. Printed for K
   = 8, 128 and unbounded and W, W/4, W/16 (a vLLM-like engine; no vLLM GPU figure was measured
-  here). Dynamic sampling pays W for every further batch: that is what the table weighs.
+  here). Dynamic sampling pays W for every further batch: that is what the table weighs. A call's
+  decode steps follow its completions' length: with ``--gpu-tokens T``, W is the cost of a call of
+  completions of T tokens and a step's call costs W x (its mean completion length) / T (the H100's
+  8800 was measured at T = 64); without it W is the same at any length, as for the short
+  comparisons, whose commands gave W scaled by hand (2200 for answers of at most 16 tokens).
 
 ``--update-cost U0,U`` replaces the fitted update cost in the predictions (not in the check) by a
 measured one, e.g. bench/zero_signal.py's two updates of the same batch, with skipping and without
@@ -89,7 +104,7 @@ from pathlib import Path
 
 import numpy as np
 
-from podsrl.compare.trl_arm import PODSRL, read_trainer  # a TRL arm of podsrl compare names its trainer in trainer.json
+from podsrl.run.rundir import PODSRL, read_trainer  # a TRL arm of podsrl compare names its trainer in trainer.json
 
 ROOT = Path(__file__).resolve().parents[1]
 H100_RHO = 68.0  # (1.5 s / 128 rollouts) / (1.4 s / (128 x 64 tokens)), docs/results.md "On a GPU"
@@ -124,6 +139,7 @@ def load(runs: Path, seeds: list[int], baseline: str = "grpo") -> dict[str, list
             for st in steps:
                 st["C"] = st.get("sample_rounds", 1)
                 st["R"] = st.get("rollouts_generated", generated)
+                st["G"] = st["R"] * st.get("completion_len", 0.0)  # completion tokens generated
                 st["U"] = 1.0 if st.get("kept", 1) else 0.0  # a step that kept no row runs no update (dynamic sampling at its cap)
                 st["F"] = st.get("tokens_run", st.get("tokens_total", 0))
                 st["S"] = st["F"] if st.get("token_fraction", 1.0) < 1.0 else 0
@@ -151,16 +167,19 @@ def rollouts_per_signal_group(runs: list[list[dict]]) -> float:
     return sum(st["R"] for run in runs for st in run) / signal if signal else math.inf
 
 
-def fit(data: dict[str, list[list[dict]]]) -> dict[str, float]:
+def fit(data: dict[str, list[list[dict]]], *, per_token: bool = False) -> dict[str, float]:
+    """The costs by least squares (module docstring); ``per_token``: sampling per generated completion
+    token (s_t) instead of per rollout (s; the other 0)."""
     steps = [st for seeds in data.values() for run in seeds for st in run]
     C = np.array([st["C"] for st in steps], dtype=float)
-    R = np.array([st["R"] for st in steps], dtype=float)
+    count = np.array([st["G" if per_token else "R"] for st in steps], dtype=float)
     g = np.array([st["time/generate"] for st in steps])
-    (g0, s), *_ = np.linalg.lstsq(np.stack([C, R], 1), g, rcond=None)
+    (g0, each), *_ = np.linalg.lstsq(np.stack([C, count], 1), g, rcond=None)
+    s, s_t = (0.0, each) if per_token else (each, 0.0)
     X = np.stack([[st["U"] for st in steps], [st["F"] for st in steps], [st["S"] for st in steps]], 1).astype(float)
     y = np.array([st["time/update"] for st in steps])
     (u0, u, c), *_ = np.linalg.lstsq(X, y, rcond=None)
-    return dict(g0=g0, s=s, u0=u0, u=u, c=c)
+    return dict(g0=g0, s=s, s_t=s_t, u0=u0, u=u, c=c)
 
 
 def after_sampling(st: dict, k: dict, *, skip: bool) -> float:
@@ -172,27 +191,36 @@ def after_sampling(st: dict, k: dict, *, skip: bool) -> float:
 
 
 def step_time(st: dict, k: dict, *, skip: bool, rho: float | None = None) -> float:
-    s = k["s"] if rho is None else rho * k["u"]
-    return k["g0"] * st["C"] + s * st["R"] + after_sampling(st, k, skip=skip)
+    """The predicted step; ``rho``: sampling a rollout costs rho tokens of update, its tokens included
+    (the fitted per-token sampling at its mean length folded into the rollout's cost)."""
+    if rho is None:
+        sampling = k["s"] * st["R"] + k["s_t"] * st["G"]
+    else:
+        sampling = rho * k["u"] * st["R"]
+    return k["g0"] * st["C"] + sampling + after_sampling(st, k, skip=skip)
 
 
-def gpu_step_time(st: dict, k: dict, *, call: float, parallel: float) -> float:
+def gpu_step_time(st: dict, k: dict, *, call: float, parallel: float, tokens: float | None = None) -> float:
     """The step with exact skipping and a GPU-like sampler (module docstring): sampling is C calls
-    of ``call`` update-token units per wave of ``parallel`` rollouts."""
+    of ``call`` update-token units per wave of ``parallel`` rollouts; with ``tokens``, ``call`` is
+    for completions of that length and scales with the step's mean completion length."""
     waves = max(1, math.ceil(st["R"] / st["C"] / parallel))  # a call of any size takes one wave at least
+    if tokens:
+        call = call * (st["G"] / st["R"] if st["R"] else 0.0) / tokens
     return st["C"] * call * k["u"] * waves + after_sampling(st, k, skip=True)
 
 
-def time_to(runs: list[list[dict]], step: int, k: dict | None, *, gpu: tuple[float, float] | None = None, **kw) -> float:
+def time_to(runs: list[list[dict]], step: int, k: dict | None, *, gpu: tuple[float, float] | tuple[float, float, float | None] | None = None,
+            **kw) -> float:
     """Median over seeds of the training time to ``step``: measured (k None) or predicted (with
-    ``gpu`` = (call, parallel): the GPU-like sampler)."""
+    ``gpu`` = (call, parallel[, tokens]): the GPU-like sampler)."""
     per_seed = []
     for run in runs:
         upto = [st for st in run if st["step"] <= step]
         if k is None:
             per_seed.append(upto[-1]["train_seconds"])
         elif gpu is not None:
-            per_seed.append(sum(gpu_step_time(st, k, call=gpu[0], parallel=gpu[1]) for st in upto))
+            per_seed.append(sum(gpu_step_time(st, k, call=gpu[0], parallel=gpu[1], tokens=gpu[2] if len(gpu) > 2 else None) for st in upto))
         else:
             per_seed.append(sum(step_time(st, k, **kw) for st in upto))
     return statistics.median(per_seed)
@@ -207,22 +235,32 @@ def main() -> None:
     parser.add_argument("--gpu-call", type=float, default=8800.0, help="a GPU-like sampler's call, in update-token units")
     parser.add_argument("--update-cost", default=None, help="U0,U: the update's fixed seconds and seconds per token, for the predictions")
     parser.add_argument("--baseline", default=None, help="the method every speedup is over (default: compare.json's baseline)")
+    parser.add_argument("--methods", default=None, help="only these methods (comma-separated), fitted and checked")
+    parser.add_argument("--per-token-sampling", action="store_true", help="fit sampling per generated completion token too (long completions)")
+    parser.add_argument("--gpu-tokens", type=float, default=None,
+                        help="--gpu-call is a call of completions of this many tokens; a step's call scales with its mean length")  # fmt: skip
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     compare = json.loads((args.compare or args.runs.parent / "compare.json").read_text())
     base = args.baseline or compare.get("baseline") or "grpo"
     data = load(args.runs, seeds, base)
+    if args.methods:
+        wanted = {m.strip() for m in args.methods.split(",") if m.strip()}
+        data = {m: runs for m, runs in data.items() if m in wanted}
     if base not in data:
-        sys.exit(f"cost_model: no podsrl run of the baseline {base!r} under {args.runs} for seeds {seeds}")
-    k = fit(data)
+        sys.exit(f"cost_model: no podsrl run of the baseline {base!r} under {args.runs} for seeds {seeds}" + (" among --methods" if args.methods else ""))
+    k = fit(data, per_token=args.per_token_sampling)
     fitted = k  # the fitted costs check the model against the runs' clocks
-    print(f"fitted: generate {k['g0']:.2f} s a call + {k['s']:.4f} s/rollout; update {k['u0']:.2f} s + {k['u']:.4f} s/token "
+    each = f"{1000 * k['s_t']:.2f} ms/completion token" if args.per_token_sampling else f"{k['s']:.4f} s/rollout"
+    print(f"fitted: generate {k['g0']:.2f} s a call + {each}; update {k['u0']:.2f} s + {k['u']:.4f} s/token "
           f"+ {k['c']:.4f} s/scored token")  # fmt: skip
     if args.update_cost:
         u0, u = (float(x) for x in args.update_cost.split(","))
         k = dict(k, u0=u0, u=u, c=k["c"] * u / k["u"])  # the scoring pass keeps its fitted share of a token's cost
         print(f"predictions with the update cost given: {u0:.2f} s + {u:.4f} s/token")
-    rho_here = k["s"] / k["u"]  # seconds to sample one rollout / to update one completion token
+    lengths = [st["G"] / st["R"] for runs in data.values() for run in runs for st in run if st["R"]]
+    mean_length = statistics.mean(lengths) if lengths else 0.0
+    rho_here = (k["s"] + k["s_t"] * mean_length) / k["u"]  # seconds to sample one rollout (of the runs' mean length) / to update one completion token
     print(f"rho = s/u = {rho_here:.1f} (sampling one rollout / updating one completion token)")
     target = {m: compare["methods"].get(m, {}).get("steps_to_target") for m in data}  # None: not in that comparison, or never
     if target[base] is None:
@@ -263,10 +301,14 @@ def main() -> None:
     print(f"(rho {rho_here:.1f}: this CPU with vLLM; rho {H100_RHO:g}: the H100 of docs/results.md with transformers "
           f"generate, 1.5 s for 128 rollouts against 1.4 s to update 128 rows of 64 tokens)")  # fmt: skip
     print(f"\nspeedup vs {base} with skipping and a GPU-like sampler (K rollouts at once, a call of W update-token units):")
+    if args.gpu_tokens:
+        print(f"(W is a call of completions of {args.gpu_tokens:g} tokens; a step's call costs W x its mean completion length / {args.gpu_tokens:g}: "
+              f"{mean_length:.0f} tokens on average here)")  # fmt: skip
     grid = [(w, K) for w in (args.gpu_call, args.gpu_call / 4, args.gpu_call / 16) for K in (8, 128, math.inf)]
     print(f"{'method':>18} " + " ".join(f"{f'W {w:.0f} K {K:g}':>15}" for w, K in grid))
     for r in rows:
-        line = [time_to(data[base], target[base], k, gpu=(w, K)) / time_to(data[r["method"]], target[r["method"]], k, gpu=(w, K)) for w, K in grid]
+        line = [time_to(data[base], target[base], k, gpu=(w, K, args.gpu_tokens)) / time_to(data[r["method"]], target[r["method"]], k, gpu=(w, K, args.gpu_tokens))
+                for w, K in grid]  # fmt: skip
         print(f"{r['method']:>18} " + " ".join(f"{x:>14.2f}x" for x in line))
     summary = ", ".join(f"{m} {v:.2f}x" for m, v in speedups.items() if m != base)
     print(f"predicted time speedup vs {base}, every exact saving: {summary}; model check: training time to the target "

@@ -3,11 +3,12 @@
     python bench/importance_gap.py                                  # 8 GSM8K prompts x 4 samples, 64-512 tokens
     python bench/importance_gap.py --prompts 4 --samples 2 --lengths 32,64
     python bench/importance_gap.py --model DIR --engine transformers  # a bfloat16 copy as the sampler (no vLLM)
+    python bench/importance_gap.py --sampler-dtype bfloat16         # vLLM in bfloat16 where "fast" would not choose it
     python bench/importance_gap.py --trainer-mixed-precision          # the trainer's log-probs under bfloat16 autocast (issue 66)
 
 What it measures (issue 59). The policy (``--model``, the embedded SmolLM2-135M-Instruct by default,
 float32, as ``podsrl train`` holds it) and its sampler, ``rollout.sampler_dtype = "fast"`` (the
-default: bfloat16 on this project's CPU), sample ``--samples`` completions of each of the first
+default: bfloat16 on a CPU with native bfloat16; ``--sampler-dtype`` sets it), sample ``--samples`` completions of each of the first
 ``--prompts`` questions of GSM8K's test split (``--data``, read in place; chat-templated with the
 gsm8k task's instruction, as the trainer does) at temperature 1, top_p 1 (the training defaults), up
 to the longest of ``--lengths`` tokens. The sampler returns each token's log-prob; the policy's
@@ -23,9 +24,11 @@ per completion token:
   k3 estimate of KL(sampler || trainer), mean exp(d) - 1 - d (``sampler_kl`` in metrics.jsonl);
 - the sequence ratio r_i = exp(sum_t d): its 10/50/90% quantiles and the share below 0.1;
 - for each correction mode at TRL's default bounds (clip_max 3, no clip_min), through podsrl's own
-  :func:`podsrl.core.importance.importance_weights`: the mean sequence weight and the effective
-  sample size, ``is_weight_mean`` and ``is_ess`` as a run logs them (over the N completions as one
-  step), and the share of completion tokens whose weight is 0.
+  :func:`podsrl.core.importance.importance_weights`: the mean sequence weight ``is_weight_mean``,
+  the effective sample size at the mode's level ``is_ess`` (over the tokens' own weights for the
+  token modes, over the sequences' for the others) and at the other level (``is_ess_sequences`` or
+  ``is_ess_tokens``), as a run logs them (over the N completions as one step), and the share of
+  completion tokens whose weight is 0.
 
 ``--engine vllm`` (the default) samples with podsrl's vLLM engine as ``podsrl train`` does;
 ``--engine transformers`` samples with the transformers engine from a bfloat16 copy of the policy
@@ -66,7 +69,7 @@ def prompts(tokenizer, data: Path, k: int) -> list[list[int]]:
     return prompt_ids(tokenizer, task, task.eval[:k])
 
 
-def sample(policy, engine: str, prompt_ids: list[list[int]], n: int, max_new_tokens: int, seed: int) -> tuple[list[list[int]], list[list[float]], list[bool], str]:
+def sample(policy, engine: str, prompt_ids: list[list[int]], n: int, max_new_tokens: int, seed: int, sampler_dtype: str = "fast") -> tuple[list[list[int]], list[list[float]], list[bool], str]:
     """(completions [K], the sampler's log-prob of each of their tokens, whether each ended on its own
     (end-of-sequence before the limit: the engine's ``truncated``, negated), the sampler's name), K =
     prompts x n."""
@@ -78,7 +81,7 @@ def sample(policy, engine: str, prompt_ids: list[list[int]], n: int, max_new_tok
 
         longest = max(map(len, prompt_ids)) + max_new_tokens
         threads = torch.get_num_threads()
-        vllm = VLLMEngine.from_config(RolloutConfig(engine="vllm", sampler_dtype="fast", max_model_len=max(1024, longest)), policy)
+        vllm = VLLMEngine.from_config(RolloutConfig(engine="vllm", sampler_dtype=sampler_dtype, max_model_len=max(1024, longest)), policy)
         torch.set_num_threads(threads)  # vLLM may lower it for itself (as podsrl.train.loop.setup restores it)
         try:
             out = vllm.generate(prompt_ids, sampling)
@@ -148,7 +151,9 @@ def summarize(trainer: list[list[float]], sampler: list[list[float]], length: in
     }  # fmt: skip
     for mode in modes:
         weights, metrics = importance_weights(t, s, mask, ImportanceSettings(mode=mode))
-        out["modes"][mode] = {"weight_mean": metrics.weight_mean, "ess": metrics.ess, "zero_tokens": float((weights[mask] == 0).double().mean())}
+        level = ImportanceSettings(mode=mode).level
+        out["modes"][mode] = {"weight_mean": metrics.weight_mean, "ess": metrics.ess(level), "ess_tokens": metrics.ess_tokens,
+                              "ess_sequences": metrics.ess_sequences, "zero_tokens": float((weights[mask] == 0).double().mean())}  # fmt: skip
     return out
 
 
@@ -164,12 +169,14 @@ def tables(rows: list[dict]) -> str:
             f"| {x['ratio_q10']:.3g} | {x['ratio_q50']:.3g} | {x['ratio_q90']:.3g} | {100 * x['ratio_below_0.1']:.0f}% |"
         )
     modes = list(rows[0]["modes"]) if rows else []
-    lines += ["", "| mode (clip_max 3) | " + " | ".join(f"L={x['length']}: mean w, ESS, w=0" for x in rows) + " |", "|---|" + "---|" * len(rows)]
+    lines += ["", "| mode (clip_max 3) | " + " | ".join(f"L={x['length']}: mean w, ESS (other level), w=0" for x in rows) + " |",
+              "|---|" + "---|" * len(rows)]  # fmt: skip
     for mode in modes:
         cells = []
+        other = "ess_sequences" if ImportanceSettings(mode=mode).level == "token" else "ess_tokens"
         for x in rows:
             m = x["modes"][mode]
-            cells.append(f"{m['weight_mean']:.2f}, {m['ess']:.2f}, {100 * m['zero_tokens']:.0f}%")
+            cells.append(f"{m['weight_mean']:.2f}, {m['ess']:.2f} ({m[other]:.2f}), {100 * m['zero_tokens']:.0f}%")
         lines.append(f"| `{mode}`{' (default)' if mode == RolloutConfig.importance_sampling_mode else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -183,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="64,128,256,512", help="completion limits L, comma-separated")
     parser.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sampler-dtype", default="fast", choices=("fast", "auto", "bfloat16", "float16", "float32"),
+                        help="vLLM's weights (rollout.sampler_dtype); 'fast' is bfloat16 only on a CPU with native bfloat16")  # fmt: skip
     parser.add_argument("--trainer-mixed-precision", action="store_true", help="the trainer's log-probs under the update's bfloat16 autocast")
     args = parser.parse_args(argv)
     try:
@@ -201,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     policy = load_policy(ModelConfig(name=args.model, dtype="float32", device="cpu"))
     prompt_ids = prompts(policy.tokenizer, Path(args.data), args.prompts)
-    completions, sampler, ended, name = sample(policy, args.engine, prompt_ids, args.samples, max(lengths), args.seed)
+    completions, sampler, ended, name = sample(policy, args.engine, prompt_ids, args.samples, max(lengths), args.seed, args.sampler_dtype)
     rows = [p for p in prompt_ids for _ in range(args.samples)]
     trainer = logprobs(policy.model.eval(), rows, completions, policy.tokenizer.pad_token_id, mixed_precision=args.trainer_mixed_precision)
     arithmetic = "bfloat16 autocast, model.mixed_precision = 'bf16'" if args.trainer_mixed_precision else "float32 arithmetic"

@@ -34,7 +34,7 @@ from pathlib import Path
 from podsrl import errors
 from podsrl.errors import CheckpointWriteError, ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.run.preemption import Preempted
-from podsrl.run.rundir import RunInterrupted, check_is_run, check_weight_settings, restart_advice
+from podsrl.run.rundir import RunInterrupted, check_is_run, check_trained_by_podsrl, check_weight_settings, restart_advice
 
 
 def _is_override(arg: str) -> bool:
@@ -99,6 +99,7 @@ def _checkpointed_run_config(run_dir: Path, option: str, overrides: list[str], c
     from podsrl.run.checkpoint import latest
 
     check_is_run(run_dir, option)
+    check_trained_by_podsrl(run_dir, option)
     if latest(run_dir) is None:
         raise ConfigError(
             f"{option} {run_dir}: no checkpoint under {run_dir / 'checkpoints'} (the run stopped before its first "
@@ -162,8 +163,8 @@ def cmd_eval(args, overrides: list[str]) -> int:
     # Accuracy is the task's grader, whatever the run trained on: the run's own reward
     # functions are never called, so they are not imported (a reward file need not be at hand).
     cfg = dataclasses.replace(cfg, reward=config_mod.RewardConfig())
-    result = _evaluate(cfg, args)
-    _print_evaluation(result, cfg)
+    result, grader = _evaluate(cfg, args)
+    _print_evaluation(result, cfg, grader)
     _write_evaluation(result, cfg, args)
     return 0
 
@@ -193,7 +194,8 @@ def _eval_config(args, overrides: list[str]):
 
 
 def _evaluate(cfg, args):
-    """Load the model (with --run, the run's newest checkpoint), say what is evaluated, evaluate."""
+    """Load the model (with --run, the run's newest checkpoint), say what is evaluated, evaluate;
+    the result and the task's grader."""
     from podsrl.run import checkpoint as ckpt
     from podsrl.train.loop import describe_eval, run_eval, setup
 
@@ -210,22 +212,22 @@ def _evaluate(cfg, args):
         print(line, flush=True)
     result = run_eval(run, ckpt.TrainState(), progress=cfg.train.progress, keep_completions=bool(args.completions))
     run.engine.close()
-    return result
+    return result, run.task.grader
 
 
-def _print_evaluation(result, cfg) -> None:
+def _print_evaluation(result, cfg, grader: str) -> None:
     """Accuracy with its interval and what it means, pass@k, lengths, and a note when the token
-    limit cost answers."""
-    from podsrl.run.watch import eval_truncation_note
+    limit cost answers or when the task's ``grader`` graded wrong completions holding the reference."""
+    from podsrl.run.watch import eval_truncation_note, named_but_wrong_note
 
     print(f"accuracy: {result.summary()}")
     print(f"  ({ACCURACY_MEANS})")
     for k, v in result.pass_at_k.items():
         print(f"{k}: {100 * v:.1f}%")
     print(f"mean completion length {result.mean_length:.1f} tokens, truncated {100 * result.truncated:.1f}%, {result.seconds:.0f} s")
-    note = eval_truncation_note(result, cfg, "the completions")
-    if note is not None:
-        print(note)
+    for note in (eval_truncation_note(result, cfg, "the completions"), named_but_wrong_note(result, grader, "this evaluation")):
+        if note is not None:
+            print(note)
 
 
 def _write_evaluation(result, cfg, args) -> None:

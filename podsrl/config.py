@@ -178,26 +178,26 @@ def _absolute_reward_file(name: str) -> str:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = "auto"  # "transformers" | "vllm" | "auto" (vLLM when installed, else transformers)
+    engine: str = "auto"  # "transformers" (samples with the policy itself) | "transformers-static" (a sampler of its own in rollout.sampler_dtype, static KV cache, compiled decoding on a GPU, returns log-probs: docs/engines.md) | "vllm" | "auto" (vLLM when installed; else transformers-static on a GPU, transformers on a CPU; the start-up line says which and why)
     n: int = 16  # rollouts sampled per prompt
     temperature: float = 1.0  # sampling temperature of the rollouts (> 0)
     top_p: float = 1.0  # nucleus sampling: the smallest token set with this probability; 1: off
     max_new_tokens: int = 16  # completion length limit in tokens; longer completions are cut off
-    generation_batch_size: int = 128  # sequences per transformers `generate` call
+    generation_batch_size: int = 128  # sequences per transformers `generate` call (transformers; transformers-static on a CPU: on a GPU it takes as many as fit in memory)
     # vLLM only
     gpu_memory_utilization: float = 0.3  # GPU: fraction of its memory vLLM may take
     enable_sleep_mode: bool = False  # GPU only: free vLLM's memory during the update
     kv_cache_gib: float | None = None  # vLLM KV cache; None: GPU from gpu_memory_utilization, CPU 2 GiB
     enforce_eager: bool = True  # vLLM without torch.compile: starts in seconds (docs/vllm.md)
-    sampler_dtype: str = "fast"  # vLLM's weights: "fast" (bfloat16 on a GPU with bfloat16 and on a CPU with native bfloat16, avx512_bf16/amx_bf16/bf16 in /proc/cpuinfo; else model.dtype; the start-up line says which and why) | "auto" (model.dtype: float32 sampler beside a float32 policy) | "bfloat16" | "float16" | "float32"; bfloat16: 128 rollouts in 0.65x the time on a CPU with AVX512-BF16, slightly off-policy, which the importance correction corrects (docs/vllm.md: why "fast" is the default); evaluations sample with the same engine; the transformers engine samples with the policy itself: "auto" and "fast" change nothing there
+    sampler_dtype: str = "fast"  # the sampler's weights (vllm, transformers-static): "fast" (bfloat16 where the GPU or CPU has native bfloat16, else model.dtype; the start-up line says which) | "auto" (model.dtype) | "bfloat16" | "float16" | "float32"; bfloat16 samples faster and slightly off-policy, which the importance correction corrects (docs/vllm.md: why "fast" is the default); evaluations sample with the same engine; the transformers engine samples with the policy itself and refuses a named dtype
     max_model_len: int = 1024  # vLLM: longest prompt + completion, in tokens
     # Importance correction of the sampler's gap (podsrl/core/importance.py, docs/vllm.md): TRL's
     # vllm_importance_sampling_* (verl: rollout_is, rollout_rs), applied where the engine returns its
-    # log-probs (vLLM); the transformers engine samples with the trainer itself and needs none.
+    # log-probs (vllm, transformers-static); the transformers engine samples with the trainer itself and needs none.
     importance_sampling_correction: bool = True  # weight each token's loss by pi_trainer / pi_sampler (at the weights that sampled), truncated or masked; false: no correction (the gap is still logged)
-    importance_sampling_mode: str = ImportanceSettings.mode  # default token_truncate (TIS), whose weight does not shrink with the completion's length (TRL's sequence_mask has ESS 0.66 at 512 tokens: docs/vllm.md, "Long completions", issue 59) | "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask" | "geometric_truncate" | "geometric_mask": a ratio per token (TIS), one per sequence (the product of its tokens'), or one per sequence as the geometric mean of its tokens' (verl's and SkyRL's "geometric"), clipped into [clip_min, clip_max] or weight 0 outside
+    importance_sampling_mode: str = ImportanceSettings.mode  # "token_truncate" (TIS, the default: its weight does not shrink with the completion's length; docs/vllm.md, "Long completions") | "token_mask" | "sequence_truncate" | "sequence_mask" | "geometric_truncate" | "geometric_mask" | "token_reject" | "sequence_reject" | "geometric_reject": a ratio per token, one per sequence (the product of its tokens'), or one per sequence as the geometric mean of its tokens'; clipped into [clip_min, clip_max] (truncate), weight 0 outside and the ratio inside (mask, TRL's), or 0 outside and 1 inside (reject: verl's rollout_rs, lower bound 1 / clip_max by default) (podsrl/core/importance.py)
     importance_sampling_clip_max: float = ImportanceSettings.clip_max  # the ratio's upper bound C_max (>= 1)
-    importance_sampling_clip_min: float | None = ImportanceSettings.clip_min  # the ratio's lower bound C_min (<= 1); none: no lower bound
+    importance_sampling_clip_min: float | None = ImportanceSettings.clip_min  # the ratio's lower bound C_min (<= 1); none: no lower bound (the reject modes: 1 / clip_max)
     # Exact early stopping (podsrl/core/early_stop.py): a group stops once more rollouts could not
     # change the law of what it trains on; rules or rewards without such a criterion are refused.
     early_stop: str = "off"  # "off": n rollouts per prompt | "exact": sample in rounds, stop each group as soon as it is exact
@@ -362,7 +362,7 @@ def catchable_signal(name: str):
 class TrainConfig:
     prompts_per_step: int = 8  # B
     max_steps: int | None = None  # training-step budget; None: none (then max_seconds must be set). With max_seconds too, the first budget reached ends the run
-    max_seconds: float | None = 240.0  # training wall-clock budget (evaluation excluded); the demo's: make demo in about 5 minutes. Set, it also drives the schedules (select.m_schedule, token_schedule) when it is further along than the steps; "none" for steps alone
+    max_seconds: float | None = 240.0  # training wall-clock budget (evaluation excluded); the demo's: make demo in about 5 minutes. No step starts that is predicted not to fit: 1.25 x the longest of the last 5 steps (docs/run-directory.md, "The budget"). Set, it also drives the schedules (select.m_schedule, token_schedule) when it is further along than the steps; "none" for steps alone
     seed: int = 0  # seeds the task's split, sampling, selection and initialisation
     out_dir: str = "runs/{time}-{rule}"  # {time}, {rule} and {seed} are filled in
     checkpoint_every: int = 20  # steps; 0: only at the end
@@ -379,7 +379,7 @@ class TrainConfig:
     push_to_hub: str | None = None  # a Hub repo id ("user/name"): push RUN/model there at the end (token: HF_TOKEN or `hf auth login`)
     # Surviving the cluster (podsrl/run/preemption.py, docs/distributed.md).
     resume: str = "no"  # "auto": resume the run in the output directory when it has a checkpoint, else start it there (torchrun --max-restarts, SLURM --requeue); "no": never
-    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])  # on these, finish the step, checkpoint and exit with code 75 (SLURM's --signal); [] : none
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])  # on these, abandon the step (or finish it, past its optimizer step), checkpoint the last completed step and exit with code 75 within seconds (SLURM's --signal; docs/distributed.md); [] : none
     checkpoint_failure: str = "stop"  # a checkpoint that cannot be written (disk full, I/O error): "stop" the run, or "retry" at the next checkpoint
 
     def __post_init__(self) -> None:

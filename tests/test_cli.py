@@ -305,6 +305,19 @@ def test_resume_of_a_run_without_checkpoint(tmp_path):
     assert_user_error(code, err, "--resume", "no checkpoint")
 
 
+@pytest.mark.parametrize("command", [["train", "--resume"], ["eval", "--run"], ["export"]])
+def test_a_trl_arms_run_directory_says_what_to_do_instead(tmp_path, command):
+    """A TRL arm of podsrl compare (trainer.json) holds TRL's checkpoints, or none once finished:
+    `train --resume`, `eval --run` and `export` said "no checkpoint ... train it again"; they name
+    the trainer, how to continue it (the compare command) and where its evaluations are."""
+    (tmp_path / "config.toml").write_text("")
+    (tmp_path / "trainer.json").write_text(json.dumps({"trainer": "trl"}))
+    extra = ["--out", str(tmp_path / "model")] if command == ["export"] else []
+    code, _, err = run_cli([*command, str(tmp_path), *extra])
+    assert_user_error(code, err, "trained by TRL", "trainer = 'trl'", "`podsrl compare` command that made it", "eval.jsonl")
+    assert "no checkpoint" not in err
+
+
 # ------------------------------------------------------------------- messages a newcomer reads
 
 
@@ -420,7 +433,7 @@ class _Echo:
 
 def test_evaluation_calls_the_engine_in_parts_with_a_seed_each():
     from podsrl.tasks import Example
-    from podsrl.train.evaluate import CALL_SEED_OFFSET, CALLS, calls, evaluate
+    from podsrl.train.evaluate import CALL_SEED_OFFSET, CALLS, EvalSettings, calls, evaluate
 
     assert calls(5) == [range(i, i + 1) for i in range(5)]  # fewer problems than CALLS: one each
     assert [len(r) for r in calls(45)] == [3] * 15 and calls(45)[-1].stop == 45
@@ -429,7 +442,7 @@ def test_evaluation_calls_the_engine_in_parts_with_a_seed_each():
     assert [len(r) for r in calls(200, samples=4, min_call=64)] == [16] * 12 + [8]
     examples = [Example(str(i), f"q{i}", str(i)) for i in range(45)]
     engine = _Echo(examples)
-    result = evaluate(engine, [[i] for i in range(45)], examples, temperature=1.0, samples=2, seed=7)
+    result = evaluate(engine, [[i] for i in range(45)], examples, EvalSettings(temperature=1.0, samples=2, seed=7))
     assert result.accuracy == 1.0 and result.problems == 45  # the parts' completions line up with their problems
     assert engine.calls == [(3, 7 + CALL_SEED_OFFSET * c) for c in range(15)]  # the first call: the seed as before
 
@@ -450,10 +463,10 @@ class _Scripted:
 
 def _evaluate_scripted(right: list[int], samples: int):
     from podsrl.tasks import Example
-    from podsrl.train.evaluate import evaluate
+    from podsrl.train.evaluate import EvalSettings, evaluate
 
     examples = [Example(str(i), f"q{i}", str(i)) for i in range(len(right))]
-    return evaluate(_Scripted(examples, right), [[i] for i in range(len(right))], examples, temperature=1.0, samples=samples)
+    return evaluate(_Scripted(examples, right), [[i] for i in range(len(right))], examples, EvalSettings(temperature=1.0, samples=samples))
 
 
 @pytest.mark.parametrize("problems", [10, 20, 50])

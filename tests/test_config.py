@@ -352,7 +352,7 @@ def test_sampler_dtype_reaches_vllm_and_is_refused_where_it_cannot_apply(monkeyp
     with pytest.raises(ConfigError, match=r"rollout\.sampler_dtype"):
         load(overrides=["--rollout.sampler_dtype=fp8"])
     policy = type("Policy", (), {"model": torch.nn.Linear(2, 2), "tokenizer": None, "path": "/m"})()
-    with pytest.raises(ConfigError, match=r"rollout\.sampler_dtype = 'bfloat16'.*rollout\.engine = 'vllm'"):
+    with pytest.raises(ConfigError, match=r"rollout\.sampler_dtype = 'bfloat16'.*rollout\.engine = 'transformers-static' \(or 'vllm'\)"):
         make_engine(load(overrides=["--rollout.engine=transformers", "--rollout.sampler_dtype=bfloat16"]).rollout, policy)
     built = []
     monkeypatch.setattr(VLLMEngine, "__init__", lambda self, path, tokenizer, options, **kw: built.append(options.dtype))

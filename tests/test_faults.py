@@ -2,14 +2,18 @@
 disks and dead engines, each injected by the test (a reward function that reads environment
 variables, or a monkeypatch), never by a hook in podsrl.
 
-One process: ``--resume auto``; SIGTERM -> checkpoint, exit 75, exact resume; a reward that sleeps
-forever is timed out, counted and the run goes on; a checkpoint write that fails with ENOSPC leaves
-the previous one loadable; an engine failure names the engine and the run to resume.
-``torchrun --nproc-per-node=2`` (gloo, the tiny model): a rank killed at step 3 under
-``--max-restarts=1`` with ``--resume auto`` (the job restarts and ends with the weights of an
-uninterrupted run); SIGTERM to one rank in the middle of step 2 (every rank stops after the same step,
-exit code 75, ``--resume`` continues exactly); a rank that hangs in its reward (every process exits
-within the heartbeat's bound, naming the rank and its phase). A killed vLLM engine is slow-marked.
+One process: ``--resume auto``; SIGTERM in a step made slow, mid-generation and mid-update (issue
+68: the step is abandoned within seconds, the last completed step's checkpoint, exit 75, exact
+resume), in an evaluation (abandoned; the resume evaluates there first) and in the optimizer step
+(the step is finished and checkpointed); a reward that sleeps forever is timed out, counted and the
+run goes on; a checkpoint write that fails with ENOSPC leaves the previous one loadable; an engine
+failure names the engine and the run to resume. ``torchrun --nproc-per-node=2`` (gloo, the tiny
+model): a rank killed at step 3 under ``--max-restarts=1`` with ``--resume auto`` (the job restarts
+and ends with the weights of an uninterrupted run); SIGTERM to one rank in the middle of step 2
+(every rank abandons that step, exit code 75, ``--resume`` continues exactly); SIGTERM to every rank
+in a step made slow, in its rewards and (slow-marked) in its update (exit 75 within seconds); a
+rank that hangs in its reward (every process exits within the heartbeat's bound, naming the rank
+and its phase). A killed vLLM engine and a stop in vLLM's generation are slow-marked.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from safetensors.torch import load_file
 
 from podsrl import errors
 from podsrl.config import from_dict, load, to_toml
+from podsrl.engines.hf import TransformersEngine
 from podsrl.errors import EXIT_CHECKPOINT, EXIT_ENGINE, EXIT_HUNG, EXIT_PREEMPTED, CheckpointWriteError, ConfigError, EngineError, RewardError
 from podsrl.grading.pool import RewardPool
 from podsrl.grading.rewards import compute_rewards
@@ -49,10 +54,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The test's own reward, with faults chosen by environment variables: PODSRL_TEST_FAULT =
 # "kill:RANK:CALL" (SIGKILL, as the OOM killer would), "term:RANK:CALL" (SIGTERM, as a scheduler's
-# preemption would, and go on) or "hang:RANK:CALL" (sleep, after writing the time to
-# PODSRL_TEST_MARK) at that rank's CALL-th call, on the first attempt only (torchrun's
+# preemption would, and go on), "termall:RANK:CALL" (SIGTERM to every rank, as SLURM and torchrun
+# send it, after writing the time to PODSRL_TEST_MARK) or "hang:RANK:CALL" (sleep, after writing
+# the time to PODSRL_TEST_MARK) at that rank's CALL-th call, on the first attempt only (torchrun's
 # restarts count in TORCHELASTIC_RESTART_COUNT); PODSRL_TEST_PIDS: a directory where each rank
-# writes its pid; PODSRL_TEST_SLEEP_ONCE: a file created by the one call that sleeps forever.
+# writes its pid; PODSRL_TEST_SLOW = "CALL:SECONDS": every call from the CALL-th on sleeps SECONDS
+# (a slow step), on every rank, first attempt only; PODSRL_TEST_SLEEP_ONCE: a file created by the
+# one call that sleeps forever.
 FAULTY_REWARD = '''
 import os, signal, time
 from pathlib import Path
@@ -74,9 +82,16 @@ def faulty_reward(completion, example):
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "term":
             os.kill(os.getpid(), signal.SIGTERM)
+        if kind == "termall":
+            Path(os.environ["PODSRL_TEST_MARK"]).write_text(str(time.time()))
+            for pid in Path(os.environ["PODSRL_TEST_PIDS"]).glob("rank*-0"):
+                os.kill(int(pid.read_text()), signal.SIGTERM)
         if kind == "hang":
             Path(os.environ["PODSRL_TEST_MARK"]).write_text(str(time.time()))
             time.sleep(3600)
+    slow_from, _, seconds = os.environ.get("PODSRL_TEST_SLOW", "").partition(":")
+    if slow_from and _calls >= int(slow_from) and attempt == "0":
+        time.sleep(float(seconds))
     once = os.environ.get("PODSRL_TEST_SLEEP_ONCE")
     if once:
         try:
@@ -88,6 +103,7 @@ def faulty_reward(completion, example):
 '''
 
 QUIET = {"eval.at_start": False, "eval.at_end": False, "train.progress": False, "train.export_model": False}
+ABANDON = {"train.max_steps": 3, "train.checkpoint_every": 0}  # the one-process stop tests' runs
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +125,19 @@ def stop_handlers():
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="module")
+def reference(make_config, tmp_path_factory) -> Path:
+    """The uninterrupted run of :data:`ABANDON` that every stopped and resumed one must reproduce."""
+    path = tmp_path_factory.mktemp("reference")
+    config = _config(make_config, path, **{**ABANDON, "train.checkpoint_every": 1, "train.keep_checkpoints": 3})  # every step's weights
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return trainer.train(load(config), run_dir=path / "run", log=lambda *_: None)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _config(make_config, tmp_path, **overrides) -> Path:
@@ -152,6 +181,28 @@ def test_bad_fault_settings_name_the_field(override, fragment):
         load(None, [override])
 
 
+def test_a_stop_signal_raises_inside_a_region_and_only_there(stop_handlers):
+    from podsrl.train.distributed import Dist
+
+    alone = Dist()
+    stop = preemption.StopSignals(["SIGUSR1"]).install()
+    try:
+        with pytest.raises(preemption.StepAbandoned) as abandoned, stop.region(alone):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(5)  # cut short: the handler raises as soon as the main thread runs Python again
+        assert abandoned.value.signal == signal.SIGUSR1 and not abandoned.value.told
+        stop.received = None
+        with stop.region(alone):
+            stop.commit(alone)  # the optimizer step's place: from here on a signal is only recorded
+            os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == signal.SIGUSR1 and stop.agreed(alone) == signal.SIGUSR1
+        with pytest.raises(preemption.StepAbandoned):  # recorded outside: the next region is abandoned as it opens
+            with stop.region(alone):
+                pytest.fail("the region ran")
+    finally:
+        stop.restore(ignore_after_stop=False)
+
+
 def test_stop_signal_names():
     assert load(None, ["train.stop_signals=term,SIGUSR1"]).train.stop_signals == ["term", "SIGUSR1"]
     assert [s.name for s in preemption.StopSignals(["term", "usr1"]).signals] == ["SIGTERM", "SIGUSR1"]
@@ -185,29 +236,132 @@ def test_resume_auto_starts_resumes_restarts_and_refuses_another_run(make_config
 # -------------------------------------------------------------------------- preemption
 
 
-def test_sigterm_checkpoints_exits_75_and_resume_continues_exactly(make_config, tmp_path, monkeypatch, stop_handlers, one_thread):
-    overrides = {"train.max_steps": 4, "train.checkpoint_every": 0}
-    config = _config(make_config, tmp_path, **overrides)
-    reference = trainer.train(load(config), run_dir=tmp_path / "reference", log=lambda *_: None)
-    real_step = trainer.train_step
+def test_sigterm_in_the_optimizer_step_finishes_the_step_and_resume_continues_exactly(make_config, tmp_path, monkeypatch, stop_handlers,
+                                                                                         one_thread, reference):
+    """A signal in the step's optimizer step (or after it) is recorded; the step ends, is
+    checkpointed, and the run exits with 75."""
+    config = _config(make_config, tmp_path, **ABANDON)
+    real_step, calls = torch.optim.AdamW.step, []
 
-    def signalled_during_step_2(s, model, optimizer, scheduler, state):
-        if state.step == 1:
+    def signalled_in_step_2(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # delivered now; the step still finishes
-        return real_step(s, model, optimizer, scheduler, state)
+        return real_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "train_step", signalled_during_step_2)
+    monkeypatch.setattr(torch.optim.AdamW, "step", signalled_in_step_2)
     run = tmp_path / "run"
     code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
     assert code == EXIT_PREEMPTED, err
-    assert "stopped by SIGTERM after step 2" in err and f"podsrl train --resume {run}" in err and "Traceback" not in err
+    assert "stopped by SIGTERM after step 2;" in err and f"podsrl train --resume {run}" in err and "Traceback" not in err
     assert _steps(run) == [1, 2] and ckpt.latest(run).name == "step-000002"  # checkpoint_every = 0: the stop's own
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # a second SIGTERM cannot cut the exit short
     monkeypatch.undo()
     code, _, err = run_cli(["train", "--resume", str(run), "--no-plot"])
     assert code == 0, err
-    assert _steps(run) == [1, 2, 3, 4]
-    assert _max_diff(_weights(run, 4), _weights(reference, 4)) == 0.0
+    assert _steps(run) == [1, 2, 3]
+    assert _max_diff(_weights(run, 3), _weights(reference, 3)) == 0.0
+
+
+def _slow_from_the_signal(real, armed, fired, pause: float = 0.1, calls: int = 300):
+    """``real`` made slow when ``armed()``: a timer thread sends SIGTERM 0.3 s in (its time into
+    ``fired``), and the call then runs ``real`` ``calls`` times with ``pause`` s between (at least 30 s
+    of torch work and sleep) unless the signal cuts it short. Returns the wrapper."""
+
+    def slow(*args, **kwargs):
+        if not armed() or fired:
+            return real(*args, **kwargs)
+        fired.append(None)
+        threading.Timer(0.3, lambda: (fired.__setitem__(0, time.monotonic()), os.kill(os.getpid(), signal.SIGTERM))).start()
+        for _ in range(calls):
+            out = real(*args, **kwargs)
+            time.sleep(pause)
+        return out
+
+    return slow
+
+
+@pytest.mark.parametrize("where", ["generation", "update"])
+def test_sigterm_mid_step_abandons_it_within_seconds_and_resume_continues_exactly(make_config, tmp_path, monkeypatch, stop_handlers, one_thread,
+                                                                                reference, where):
+    """SIGTERM in the middle of step 2, made slow (30 s or more of generation, or of the update's
+    forward passes, when nothing cuts it short): the step is abandoned at once, step 1's checkpoint
+    is written (checkpoint_every = 0: none before), exit 75; the resume reproduces the uninterrupted run."""
+    from podsrl.train import update
+
+    config = _config(make_config, tmp_path, **ABANDON)
+    real_step, in_step_2, fired = trainer.train_step, [], []
+
+    def step(s, model, optimizer, scheduler, state):
+        in_step_2[:] = [state.step == 1]
+        return real_step(s, model, optimizer, scheduler, state)
+
+    monkeypatch.setattr(trainer, "train_step", step)
+    if where == "generation":
+        monkeypatch.setattr(TransformersEngine, "generate", _slow_from_the_signal(TransformersEngine.generate, lambda: in_step_2 == [True], fired))
+    else:  # the update's forward passes with gradients, before its optimizer step
+        armed = lambda: in_step_2 == [True] and torch.is_grad_enabled()  # noqa: E731
+        monkeypatch.setattr(update, "forward_logprobs", _slow_from_the_signal(update.forward_logprobs, armed, fired))
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
+    elapsed = time.monotonic() - fired[0]
+    assert code == EXIT_PREEMPTED, err
+    assert elapsed < 10, f"{elapsed:.1f} s from the signal to the exit"  # the step alone would take 30 s more
+    assert "stopped by SIGTERM after step 1, abandoning step 2;" in err and "(from step-000001)" in err and "Traceback" not in err, err
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"
+    assert _max_diff(_weights(run, 1), _weights(reference, 1)) == 0.0  # the weights of step 1's end
+    monkeypatch.undo()
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot"])
+    assert code == 0, err
+    assert _steps(run) == [1, 2, 3]
+    assert _max_diff(_weights(run, 3), _weights(reference, 3)) == 0.0
+
+
+def test_an_abandoned_step_keeps_the_checkpoint_its_last_step_has(make_config, tmp_path, monkeypatch, stop_handlers, one_thread, reference):
+    """With a checkpoint every step, the abandon writes none: step 1's is there already, untouched."""
+    config = _config(make_config, tmp_path, **{**ABANDON, "train.checkpoint_every": 1})
+    real_step, in_step_2, fired = trainer.train_step, [], []
+
+    def step(s, model, optimizer, scheduler, state):
+        in_step_2[:] = [state.step == 1]
+        return real_step(s, model, optimizer, scheduler, state)
+
+    monkeypatch.setattr(trainer, "train_step", step)
+    monkeypatch.setattr(TransformersEngine, "generate", _slow_from_the_signal(TransformersEngine.generate, lambda: in_step_2 == [True], fired))
+    real_save, saved = ckpt.save, []
+    monkeypatch.setattr(ckpt, "save", lambda *a, **k: saved.append(a[4].step) or real_save(*a, **k))
+    with pytest.raises(preemption.Preempted) as stopped:
+        trainer.train(load(config), run_dir=tmp_path / "run", log=lambda *_: None)
+    assert stopped.value.abandoned == "step 2" and stopped.value.checkpoint.name == "step-000001" and saved == [1]
+
+
+def test_sigterm_mid_evaluation_abandons_it_and_the_resume_evaluates_there_first(make_config, tmp_path, monkeypatch, stop_handlers, one_thread,
+                                                                                  reference):
+    """An evaluation (every step here) made slow and signalled at step 1: abandoned at once, step 1's
+    checkpoint written (its evaluation is not in eval.jsonl); the resume evaluates at step 1 first,
+    then goes on as the uninterrupted run."""
+    config = _config(make_config, tmp_path, **{**ABANDON, "eval.every_steps": 1})
+    real_eval, evaluating, fired = trainer.run_eval, [], []
+
+    def run_eval(run, state, *args, **kwargs):
+        evaluating[:] = [state.step]
+        try:
+            return real_eval(run, state, *args, **kwargs)
+        finally:
+            evaluating[:] = []
+
+    monkeypatch.setattr(trainer, "run_eval", run_eval)
+    monkeypatch.setattr(TransformersEngine, "generate", _slow_from_the_signal(TransformersEngine.generate, lambda: evaluating == [1], fired))
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", str(config), "--out", str(run), "--no-plot"])
+    assert code == EXIT_PREEMPTED and time.monotonic() - fired[0] < 10, err
+    assert "stopped by SIGTERM after step 1, abandoning the evaluation at step 1;" in err and "(from step-000001)" in err, err
+    assert _steps(run) == [1] and read_jsonl(run / "eval.jsonl") == [] and ckpt.latest(run).name == "step-000001"
+    monkeypatch.undo()
+    code, _, err = run_cli(["train", "--resume", str(run), "--no-plot"])
+    assert code == 0, err
+    assert _steps(run) == [1, 2, 3] and [r["step"] for r in read_jsonl(run / "eval.jsonl")] == [1, 2]  # none at the end: eval.at_end = false
+    assert _max_diff(_weights(run, 3), _weights(reference, 3)) == 0.0
 
 
 def test_a_stop_signal_before_the_first_step_stops_without_a_checkpoint(make_config, tmp_path, monkeypatch, stop_handlers, one_thread):
@@ -667,11 +821,12 @@ DIST = {
 }
 
 
-def _launch(args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> subprocess.Popen:
-    """``torchrun --nproc-per-node=2 -m podsrl train ARGS``; without torchrun's shared store, which
-    makes restarts fail in gloo's set-up on the last attempt's keys (pytorch/pytorch#135712)."""
+def _launch(args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0, script: list[str] | None = None) -> subprocess.Popen:
+    """``torchrun --nproc-per-node=2 -m podsrl train ARGS`` (``script``: ``SCRIPT ARGS... train ARGS``);
+    without torchrun's shared store, which makes restarts fail in gloo's set-up on the last attempt's
+    keys (pytorch/pytorch#135712)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", f"--max-restarts={restarts}",
-           "-m", "podsrl", "train", *args, "--no-plot"]  # fmt: skip
+           *(script or ["-m", "podsrl"]), "train", *args, "--no-plot"]  # fmt: skip
     env = {**_env(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -720,20 +875,60 @@ def test_torchrun_restarts_a_killed_rank_and_ends_as_if_uninterrupted(dist_confi
     assert _max_diff(_weights(run, 5), _weights(uninterrupted, 5)) == 0.0
 
 
-def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(dist_config, uninterrupted, tmp_path):
+def _abandoned(out: str) -> list[tuple[str, ...]]:
+    """Each rank's (last completed step, abandoned step, run, checkpoint) from its stop message."""
+    return re.findall(r"stopped by SIGTERM after step (\d+), abandoning step (\d+); resume with `podsrl train --resume (\S+)` \(from (\S+)\)", out)
+
+
+def test_sigterm_to_one_rank_abandons_the_step_on_every_rank(dist_config, uninterrupted, tmp_path):
     run, pids = tmp_path / "run", tmp_path / "pids"
     pids.mkdir()
     # SIGTERM reaches rank 1 alone, in the middle of step 2 (its 13th reward call of 8 a step): a
     # signal sent from here after some delay was not one test, as a fast machine could finish the
-    # five steps first.
+    # five steps first. Rank 1 abandons the step at once; rank 0 learns it at its next collective.
     fault = {"PODSRL_TEST_FAULT": "term:1:13", "PODSRL_TEST_PIDS": str(pids)}
     code, out = _finish(_launch([str(dist_config), "--out", str(run)], env=fault), pids=pids)
-    stops = re.findall(r"stopped by SIGTERM after step (\d+); resume with `podsrl train --resume (\S+)`", out)
+    stops = _abandoned(out)
     assert code != 0 and len(stops) == 2 and stops[0] == stops[1], out[-3000:]
-    step = int(stops[0][0])
-    assert step == 2, out[-3000:]  # the step it arrived in is finished and checkpointed, no further one
-    assert stops[0][1] == str(run) and out.count("exitcode  : 75") == 2, out[-3000:]  # both ranks: the documented code
-    assert _steps(run) == list(range(1, step + 1)) and ckpt.latest(run).name == f"step-{step:06d}"
+    assert stops[0] == ("1", "2", str(run), "step-000001"), out[-3000:]  # step 1's checkpoint, written by the stop (checkpoint_every = 2)
+    assert out.count("exitcode  : 75") == 2, out[-3000:]  # both ranks: the documented code
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"
+    code, out = _finish(_launch(["--resume", str(run)]))
+    assert code == 0, out[-3000:]
+    assert _steps(run) == [1, 2, 3, 4, 5]
+    assert _max_diff(_weights(run, 5), _weights(uninterrupted, 5)) == 0.0
+
+
+def test_sigterm_to_every_rank_in_a_slow_step_stops_within_seconds(dist_config, tmp_path):
+    """Step 2 made slow (every reward call sleeps 30 s: 4 minutes a step); SIGTERM to both ranks at
+    rank 1's first call of it. Both abandon the step, step 1's checkpoint is written, and both exit
+    with 75 within seconds, not minutes."""
+    run, pids, mark = tmp_path / "run", tmp_path / "pids", tmp_path / "signalled"
+    pids.mkdir()
+    fault = {"PODSRL_TEST_FAULT": "termall:1:9", "PODSRL_TEST_SLOW": "9:30", "PODSRL_TEST_PIDS": str(pids), "PODSRL_TEST_MARK": str(mark)}
+    code, out = _finish(_launch([str(dist_config), "--out", str(run)], env=fault), pids=pids)
+    elapsed = time.time() - float(mark.read_text())
+    assert code != 0 and out.count("exitcode  : 75") == 2, out[-3000:]
+    assert elapsed < 30, f"torchrun ended {elapsed:.0f} s after the signal\n{out[-3000:]}"  # a step alone would take minutes
+    stops = _abandoned(out)
+    assert len(stops) == 2 and stops[0] == stops[1] == ("1", "2", str(run), "step-000001"), out[-3000:]
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"  # its resume is the one-rank test's
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_rank_in_a_slow_update_stops_within_seconds(dist_config, uninterrupted, tmp_path):
+    """Step 2's update made slow (its forward passes repeated for 30 s or more, tests/stop_mid_update.py),
+    SIGTERM to both ranks in its first one: both abandon the step before its optimizer step, write
+    step 1's checkpoint and exit with 75 within seconds; the resume reproduces the uninterrupted run."""
+    run, where = tmp_path / "run", tmp_path / "ranks"
+    where.mkdir()
+    code, out = _finish(_launch([str(dist_config), "--out", str(run)], script=[str(ROOT / "tests" / "stop_mid_update.py"), str(where)]), pids=where)
+    elapsed = time.time() - float((where / "signalled").read_text())
+    assert code != 0 and out.count("exitcode  : 75") == 2, out[-3000:]
+    assert elapsed < 30, f"torchrun ended {elapsed:.0f} s after the signal\n{out[-3000:]}"  # the update alone would take 30 s more
+    stops = _abandoned(out)
+    assert len(stops) == 2 and stops[0] == stops[1] == ("1", "2", str(run), "step-000001"), out[-3000:]
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"
     code, out = _finish(_launch(["--resume", str(run)]))
     assert code == 0, out[-3000:]
     assert _steps(run) == [1, 2, 3, 4, 5]
@@ -801,3 +996,62 @@ def test_a_dead_vllm_engine_is_a_clear_error_within_a_bound(tmp_path):
     assert time.monotonic() - start < 600
     assert "podsrl: engine error: the vLLM rollout engine (vLLM" in done.stderr and "failed while generating" in done.stderr
     assert f"resume with `podsrl train --resume {run}` (from step-000001)" in done.stderr and "Traceback" not in done.stderr
+
+
+_STOP_IN_VLLM = """
+import os, signal, sys, threading, time
+from podsrl.cli import main
+from podsrl.engines.vllm import VLLMEngine
+from podsrl.train import loop
+
+real_generate, real_step, step, fired = VLLMEngine.generate, loop.train_step, [0], []
+
+
+def train_step(run, model, optimizer, scheduler, state):
+    step[0] = state.step + 1
+    return real_step(run, model, optimizer, scheduler, state)
+
+
+def generate(self, *args, **kwargs):  # step 2's sampling: vLLM's generation repeated for minutes, SIGTERM 1 s in
+    if step[0] != 2 or fired:
+        return real_generate(self, *args, **kwargs)
+    fired.append(None)
+    def signal_now():
+        with open(os.environ["MARK"], "w") as mark:
+            mark.write(str(time.time()))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Timer(1.0, signal_now).start()
+    for _ in range(1000):
+        out = real_generate(self, *args, **kwargs)
+    return out
+
+
+loop.train_step, VLLMEngine.generate = train_step, generate
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_sigterm_mid_vllm_generation_abandons_the_step(tmp_path):
+    """The embedded model with vLLM's engine: SIGTERM in step 2's generation (made minutes long)
+    abandons it, step 1's checkpoint is written, exit 75 within a minute (the checkpoint of a 135M
+    model in float32 with its optimizer state included); the resume ends the run."""
+    pytest.importorskip("vllm")
+    script, run, mark = tmp_path / "stop_in_vllm.py", tmp_path / "run", tmp_path / "signalled"
+    script.write_text(_STOP_IN_VLLM)
+    args = ["train", "--out", str(run), "--no-plot", "--rollout.engine=vllm", "--train.max_steps=3", "--train.max_seconds=none",
+            "--train.checkpoint_every=0", "--train.prompts_per_step=2", "--rollout.n=4", "--select.m=2", "--eval.at_start=false",
+            "--eval.at_end=false", "--rollout.kv_cache_gib=0.25", "--train.progress=false", "--train.export_model=false"]  # fmt: skip
+    done = subprocess.run([sys.executable, str(script), *args], env={**_env(), "MARK": str(mark)}, cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    elapsed = time.time() - float(mark.read_text())
+    assert done.returncode == EXIT_PREEMPTED, done.stderr[-3000:]
+    assert elapsed < 60, f"{elapsed:.0f} s from the signal to the exit"
+    assert "stopped by SIGTERM after step 1, abandoning step 2;" in done.stderr and "(from step-000001)" in done.stderr, done.stderr[-3000:]
+    assert _steps(run) == [1] and ckpt.latest(run).name == "step-000001"
+    code = subprocess.run([sys.executable, "-m", "podsrl", "train", "--resume", str(run), "--no-plot"], env=_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert code.returncode == 0, code.stderr[-3000:]
+    assert _steps(run) == [1, 2, 3]

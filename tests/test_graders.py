@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from podsrl.grading import graders
 from podsrl.grading.rewards import correctness, task_values
 from podsrl.integrations.rewards import as_trl_reward
 from podsrl.tasks import Example, load_task
-from podsrl.train.evaluate import evaluate
+from podsrl.train.evaluate import EvalSettings, evaluate
 
 WORDS = ["Paris", "Cat", "Blue", "Oslo", "Tiger", "Seven", "Apple", "Rome"]
 
@@ -45,7 +46,7 @@ def test_as_trl_reward_grades_text_answers():
         ("#### Paris", "Paris", True),
         ("\\boxed{Paris}", "Paris", True),
         ("<answer>Paris</answer>", "Paris", True),
-        ("The capital of France is Paris.", "Paris", False),  # not marked: the whole line is the answer
+        ("The capital of France is Paris.", "Paris", True),  # named as the answer (issue 68; was wrong: not marked)
         ("Pairs", "Paris", False),  # math-verify would call p*a*i*r*s = p*a*r*i*s
         ("Paris, or Lyon", "Paris", False),
         ("1,000", "1000", True),  # numbers stay numeric
@@ -53,6 +54,8 @@ def test_as_trl_reward_grades_text_answers():
         ("twelve", "12", True),  # a number word is that number (issue 57)
         ("thirteen", "12", False),
         ("x+1", "x+1", True),
+        ("red\ngreen\nblue", "red\ngreen\nblue", True),  # words of several lines: the whole completion
+        ("red\ngreen", "red\ngreen\nblue", False),
         ("(C)", "\\text{(C)}", True),
         ("C", "\\text{(C)}", False),
     ],
@@ -131,7 +134,7 @@ def test_evaluation_keeps_what_the_model_answered_when_asked(tmp_path, write_mod
     prompts = [[i] for i in range(len(task.eval))]
     half = [ex.answer if i % 2 else "no idea" for i, ex in enumerate(task.eval)]
     assert evaluate(_Answering(half), prompts, task.eval).completions is None
-    result = evaluate(_Answering(half), prompts, task.eval, samples=2, keep_completions=True)
+    result = evaluate(_Answering(half), prompts, task.eval, EvalSettings(samples=2), keep_completions=True)
     assert [r["id"] for r in result.completions] == [ex.id for ex in task.eval]
     assert [r["answer"] for r in result.completions] == [ex.answer for ex in task.eval]
     assert all(r["question"] == ex.question for r, ex in zip(result.completions, task.eval))
@@ -144,6 +147,39 @@ def test_evaluation_keeps_what_the_model_answered_when_asked(tmp_path, write_mod
     module = write_module("half_grader_kept", "def half(completion, example):\n    return 0.5 if completion else 0.0\n")
     partial = evaluate(_Answering(["x"]), [[0]], [Example("1", "q", "x", grader=f"{module}:half")], keep_completions=True)
     assert partial.accuracy == 0.0 and partial.completions[0]["completions"][0]["grade"] == 0.5
+
+
+def test_the_first_evaluation_warns_of_wrong_completions_that_hold_their_reference(tmp_path, capsys):
+    """Issue 68: a grader that misses right word answers understates the base model's accuracy. An
+    evaluation counts the completions graded wrong that hold their reference (words) as a word; the
+    run's first evaluation with any says so once, naming the grader and the count, and where to look."""
+    from podsrl.config import load
+    from podsrl.run.watch import RunWatch, named_but_wrong_note
+
+    task = _word_task(tmp_path)
+    prompts = [[i] for i in range(len(task.eval))]
+    sentences = [f"The answer is {ex.answer.lower()}." for ex in task.eval]  # right, and holding the reference
+    assert evaluate(_Answering(sentences), prompts, task.eval).wrong_with_reference == 0  # right: not counted
+    numeric = dataclasses.replace(task, grader="numeric")
+    unread = evaluate(_Answering(sentences), prompts, numeric.eval, EvalSettings(samples=2))
+    readable = sum(ex.answer == "Seven" for ex in numeric.eval)  # a number word: numeric reads it
+    assert unread.wrong_with_reference == 2 * (len(task.eval) - readable) > 0
+    denied = [f"It is not {ex.answer}." for ex in task.eval]  # rightly wrong, counted all the same: the note says to look
+    assert evaluate(_Answering(denied), prompts, task.eval).wrong_with_reference == len(task.eval)
+    assert evaluate(_Answering(["no idea"] * len(task.eval)), prompts, task.eval).wrong_with_reference == 0
+    numbers = [Example(str(i), "q", str(i)) for i in range(3)]  # references of numbers: not counted
+    assert evaluate(_Answering(["It is not 0, 1 or 2."] * 3), [[0], [1], [2]], numbers).wrong_with_reference == 0
+
+    watch = RunWatch(load(None, []), "numeric")
+    [note] = watch.evaluation(unread, 0)
+    assert note.startswith("podsrl: warning: the evaluation at step 0: task.grader = 'numeric' graded ")
+    assert f"graded {unread.wrong_with_reference} completions of the {len(task.eval)} problems wrong" in note and "--completions" in note
+    assert watch.evaluation(unread, 10) == []  # once per run
+    assert named_but_wrong_note(evaluate(_Answering(sentences), prompts, task.eval), "auto", "x") is None
+    from podsrl.cli import _print_evaluation  # `podsrl eval` says it too
+
+    _print_evaluation(unread, load(None, []), "numeric")
+    assert "podsrl: warning: this evaluation: task.grader = 'numeric' graded" in capsys.readouterr().out
 
 
 def test_partial_credit_is_not_a_right_answer_for_held_out_accuracy(write_module):
@@ -306,10 +342,9 @@ SPIDER = "How many legs does a spider have?"
         (RED, "Mars", "Venus or Mars", False),
         (RED, "Mars", "The answer is Mars, or Venus.", False),
         (RED, "Mars", "Mars and Venus", False),
-        (RED, "Mars", "Mars is bigger than Venus.", False),
+        (RED, "Mars", "Mars is bigger than Venus.", True),  # Mars offered, Venus compared (issue 68; was wrong: words the question lacks)
         ("Which is bigger, Mars or Jupiter?", "Jupiter", "Mars is bigger than Jupiter.", False),
         ("Which is bigger, Mars or Jupiter?", "Jupiter", "Mars Jupiter", False),
-        ("What is the opposite of summer?", "winter", "spring autumn winter", False),
         # not the sentence's answer: neither its first nor its last words,
         ("What is the opposite of summer?", "winter", "The opposite of winter is summer.", False),
         (RED, "Mars", "Mars is not the red planet.", False),
@@ -319,8 +354,93 @@ SPIDER = "How many legs does a spider have?"
     ],
 )
 def test_a_word_answer_in_a_sentence(question, reference, completion, right):
-    """The sentence rule (graders' docstring, docs/your-task.md): the reference as whole words in the
-    final sentence, opening or ending it, every other word the question's or a filler (issue 57)."""
+    """The word rule (graders' docstring, docs/your-task.md): the reference named as the answer, no
+    other candidate beside it (issues 57, 68)."""
     example = Example("1", question, reference)
     for name in ("text", "auto"):
         assert graders.GRADERS[name](completion, example) == (1.0 if right else 0.0), name
+
+
+SEASONS = frozenset(("spring", "summer", "autumn", "winter"))
+
+
+def test_the_task_answers_are_candidates():
+    """A listing of the task's other answers is wrong once they are known (`Example.task_answers`,
+    which a Task gives its examples); a word the grader does not know stands beside the reference as
+    a candidate only in a list ("spring, autumn, winter"), not juxtaposed: the documented limit."""
+    question = "What is the opposite of summer?"
+    known = Example("1", question, "winter", task_answers=SEASONS)
+    unknown = Example("1", question, "winter")
+    for completion in ("spring autumn winter", "Spring. Autumn. Winter.", "The opposite of summer is winter or autumn."):
+        assert graders.text(completion, known) == 0.0, completion
+    assert graders.text("spring, autumn, winter", unknown) == 0.0
+    assert graders.text("spring autumn winter", unknown) == 1.0  # the limit (graders' docstring): neither is known
+    for completion in ("Winter.", "The opposite of summer is winter, when it is cold.", "Summer's opposite is winter, not spring."):
+        assert graders.text(completion, known) == 1.0, completion
+    # "summer" is the question's own word: repeating it names no second answer.
+    assert graders.text("The opposite of summer is winter.", known) == 1.0
+
+
+def test_a_task_gives_its_examples_its_answers(tmp_path):
+    """Task gives every example one shared set of the task's answers (train and held-out), kept when
+    the task is regraded; an Example built outside a task has none."""
+    path = tmp_path / "languages.jsonl"
+    rows = [("Italy", "Italian"), ("Germany", "German"), ("France", "French"), ("Spain", "Spanish"), ("Japan", "Japanese")]
+    path.write_text("".join(json.dumps({"question": f"What language do people in {c} speak?", "answer": a}) + "\n" for c, a in rows))
+    task = load_task("jsonl", path=str(path), num_eval=2)
+    answers = {ex.task_answers for ex in task.train + task.eval}
+    assert len(answers) == 1 and next(iter(answers)) == {a for _, a in rows}
+    assert len({id(ex.task_answers) for ex in task.train + task.eval}) == 1  # one set, shared
+    regraded = dataclasses.replace(task, grader="text")
+    assert all(ex.task_answers is task.train[0].task_answers for ex in regraded.train + regraded.eval)
+    italy = next(ex for ex in task.train + task.eval if ex.answer == "Italian")
+    assert graders.auto("People in Italy speak Italian.", italy) == 1.0
+    assert graders.auto("Italian, German, French", italy) == 0.0  # the task's answers listed
+    assert graders.auto("Italian German", italy) == 0.0
+    assert graders.auto("Italian German", dataclasses.replace(italy, task_answers=None)) == 1.0  # unknown: the limit
+    assert Example("1", "q", "a").task_answers is None
+
+
+@pytest.mark.parametrize("name", ["numeric", "text", "auto"])
+def test_a_number_denied_or_hedged_is_not_the_answer(name):
+    """Issue 68's numeric fixes: "The answer is 12 or 13." names neither, "It is 12, not 13" names 12;
+    a number in an expression beside "or" is no hedge ("5A/5 or 20 = A", GSM8K's), nor one restated
+    ("0.60 or 60%")."""
+    grader = graders.GRADERS[name]
+    cases = [
+        ("The answer is 12 or 13.", (), ("12", "13")),
+        ("12 or 13", (), ("12", "13")),
+        ("It is 12, not 13", ("12",), ("13",)),
+        ("It's not 42, it's 48.", ("48",), ("42",)),
+        ("It has 8 legs, not 6 or 10.", ("8",), ("6", "10")),
+        ("6, 8, 10", (), ("6", "8", "10")),
+        ("6\n8", (), ("6", "8")),
+        ("Then 100/5 = 5A/5 or 20 = A.", ("20",), ("5",)),
+        ("She saved 210/350 = 0.60 or 60% off.", ("60",), ("0.60",)),
+        ("The answer is 12, not 13.", ("12",), ("13",)),
+    ]
+    for completion, right, wrong in cases:
+        for reference in right:
+            assert grader(completion, Example("q", "What is it?", reference)) == 1.0, (completion, reference)
+        for reference in wrong:
+            assert grader(completion, Example("q", "What is it?", reference)) == 0.0, (completion, reference)
+
+
+def test_numeric_reads_gsm8k_solutions_as_before():
+    """Where nothing is denied or hedged, the numeric grader reads what extract_answer reads: GSM8K's
+    reference solutions, without their "####" line (the last number), with "The answer is N." after
+    them, and without the calculator's <<...>> marks, grade as the extracted number says (26,376 of
+    26,376 over train and test when this was written; the test split here)."""
+    path = Path("/work/shared/data/gsm8k/test.jsonl")
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    from podsrl.grading.answers import extract_answer, number_value
+    from podsrl.tasks.jsonl import reference_answer
+
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        reference = reference_answer(row["answer"])
+        body = row["answer"].rsplit("####", 1)[0].strip()
+        for completion in (body, f"{body}\nThe answer is {reference}.", body.replace("<<", "").replace(">>", " ")):
+            before = float(number_value(extract_answer(completion) or "") == number_value(reference))
+            assert graders.numeric(completion, Example("q", row["question"], reference)) == before, completion[-200:]

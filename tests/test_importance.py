@@ -62,6 +62,12 @@ def _hand_case():
         ("geometric_truncate", 0.5, [[1.5, 1.5, 1.5], [0.375**0.5] * 2 + [0.0]], 3),  # clip_max 1.5
         ("geometric_mask", 0.7, [[4 ** (1 / 3)] * 3, [0.0, 0.0, 0.0]], 2),
         ("geometric_mask", None, [[0.0, 0.0, 0.0], [0.375**0.5] * 2 + [0.0]], 3),  # clip_max 1.5
+        # reject (verl's rollout_rs): 1 inside the bounds, 0 outside; the lower bound 1 / clip_max = 1/3 unless clip_min
+        ("token_reject", None, [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], 2),
+        ("token_reject", 0.6, [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], 3),
+        ("sequence_reject", None, [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]], 3),
+        ("geometric_reject", None, [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], 0),  # 1.59 and 0.61 within [1/3, 3]
+        ("geometric_reject", 0.7, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], 2),
     ],
 )
 def test_hand_numbers(mode, clip_min, expected, clipped):
@@ -76,7 +82,29 @@ def test_hand_numbers(mode, clip_min, expected, clipped):
     assert metrics.clip_frac == clipped / 5
     w = [sum(expected[0]) / 3, sum(expected[1]) / 2]  # each sequence's mean weight
     assert metrics.sequences == 2 and metrics.weight_mean == pytest.approx(sum(w) / 2, rel=1e-6)
-    assert metrics.ess == (pytest.approx(sum(w) ** 2 / (2 * sum(x * x for x in w)), rel=1e-6) if any(w) else 0.0)
+    assert metrics.ess_sequences == (pytest.approx(sum(w) ** 2 / (2 * sum(x * x for x in w)), rel=1e-6) if any(w) else 0.0)
+    tw = expected[0] + expected[1][:2]  # each counted token's own weight
+    assert metrics.ess_tokens == (pytest.approx(sum(tw) ** 2 / (5 * sum(x * x for x in tw)), rel=1e-6) if any(tw) else 0.0)
+    level = mode.split("_")[0]
+    assert metrics.ess(level) == (metrics.ess_tokens if level == "token" else metrics.ess_sequences)
+
+
+def test_ess_by_hand():
+    """Kish's ESS at both levels, written out for the hand case: under token_truncate the token
+    weights 2, 0.5, 3 | 1.5, 0.25 give (7.25)^2 / (5 x 15.5625) = 0.6755 over the tokens, the
+    sequence means 11/6 and 7/8 give (65/24)^2 / (2 x 4.12674) = 0.8887 over the sequences, and
+    is_ess is the token one; under sequence_truncate (weights 3 x 3 | 0.375 x 2) is_ess is the
+    sequence one, (3.375)^2 / (2 x 9.140625) = 0.6231, the tokens' (9.75)^2 / (5 x 27.28125) = 0.6969."""
+    trainer, sampler, mask = _hand_case()
+    _, token = importance_weights(trainer, sampler, mask, ImportanceSettings("token_truncate"))
+    assert token.ess_tokens == pytest.approx(7.25**2 / (5 * 15.5625), rel=1e-6) == pytest.approx(0.67550, abs=1e-5)
+    assert token.ess_sequences == pytest.approx((65 / 24) ** 2 / (2 * ((11 / 6) ** 2 + (7 / 8) ** 2)), rel=1e-6) == pytest.approx(0.88873, abs=1e-5)
+    assert token.ess("token") == token.ess_tokens
+    _, seq = importance_weights(trainer, sampler, mask, ImportanceSettings("sequence_truncate"))
+    assert seq.ess("sequence") == seq.ess_sequences == pytest.approx(3.375**2 / (2 * (9 + 0.140625)), rel=1e-6) == pytest.approx(0.62308, abs=1e-5)
+    assert seq.ess_tokens == pytest.approx(9.75**2 / (5 * 27.28125), rel=1e-6) == pytest.approx(0.69691, abs=1e-5)
+    with pytest.raises(ValueError, match="unknown importance sampling level 'tokens'"):
+        token.ess("tokens")
 
 
 def _brute_force(trainer, sampler, mask, settings: ImportanceSettings, token_mask):
@@ -85,6 +113,8 @@ def _brute_force(trainer, sampler, mask, settings: ImportanceSettings, token_mas
     weights = torch.zeros(N, T, dtype=torch.float64)
     ratios, clipped = [], 0
     low = -math.inf if settings.clip_min is None else settings.clip_min
+    if settings.constraint == "reject" and settings.clip_min is None:
+        low = 1 / settings.clip_max  # verl's rollout_rs default
     for i in range(N):
         d = [float(trainer[i, t]) - float(sampler[i, t]) for t in range(T) if mask[i, t]]
         d = [0.0 if math.isnan(x) else x for x in d]
@@ -96,7 +126,7 @@ def _brute_force(trainer, sampler, mask, settings: ImportanceSettings, token_mas
             if settings.constraint == "truncate":
                 w = min(max(r, low), settings.clip_max)
             else:
-                w = 0.0 if outside else r
+                w = 0.0 if outside else (1.0 if settings.constraint == "reject" else r)
             weights[i, t] = w
             if token_mask[i, t]:
                 ratios.append(r)
@@ -133,7 +163,10 @@ def test_brute_force(mode, seed):
     assert metrics.sequences == len(w)
     if w:
         assert metrics.weight_mean == pytest.approx(sum(w) / len(w), rel=1e-5)
-        assert metrics.ess == (pytest.approx(sum(w) ** 2 / (len(w) * sum(x * x for x in w)), rel=1e-5) if any(w) else 0.0)
+        assert metrics.ess_sequences == (pytest.approx(sum(w) ** 2 / (len(w) * sum(x * x for x in w)), rel=1e-5) if any(w) else 0.0)
+    tw = [float(x) for x in want[mask & token_mask]]  # each counted token's own weight
+    if tw:
+        assert metrics.ess_tokens == (pytest.approx(sum(tw) ** 2 / (len(tw) * sum(x * x for x in tw)), rel=1e-5) if any(tw) else 0.0)
     # Rows are independent: any split into micro-batches gives the same weights and, combined, the same metrics.
     parts = [importance_weights(trainer[s], sampler[s], mask[s], settings, token_mask=token_mask[s]) for s in (slice(0, 3), slice(3, N))]
     torch.testing.assert_close(torch.cat([w for w, _ in parts]), weights, rtol=0, atol=0)
@@ -142,6 +175,8 @@ def test_brute_force(mode, seed):
     assert combined.ratio_sum == pytest.approx(metrics.ratio_sum, rel=1e-12)
     assert combined.sequences == metrics.sequences
     assert (combined.weight_sum, combined.weight_sq_sum) == (pytest.approx(metrics.weight_sum, rel=1e-12), pytest.approx(metrics.weight_sq_sum, rel=1e-12))
+    assert (combined.token_weight_sum, combined.token_weight_sq_sum) == (pytest.approx(metrics.token_weight_sum, rel=1e-12),
+                                                                         pytest.approx(metrics.token_weight_sq_sum, rel=1e-12))  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -152,7 +187,7 @@ def test_zero_gap_is_exactly_one(mode):
     weights, metrics = importance_weights(trainer, trainer.clone(), mask, ImportanceSettings(mode=mode, clip_max=1.0, clip_min=1.0))
     assert torch.equal(weights, mask.float())  # 1 on every completion token (bounds at 1 included), 0 elsewhere
     assert metrics.clipped == 0 and metrics.ratio_min == metrics.ratio_max == 1.0
-    assert metrics.sequences == int(mask.any(dim=1).sum()) and metrics.weight_mean == 1.0 and metrics.ess == 1.0
+    assert metrics.sequences == int(mask.any(dim=1).sum()) and metrics.weight_mean == 1.0 and metrics.ess_sequences == metrics.ess_tokens == 1.0
 
 
 def test_padding_and_overflow_never_give_nan():
@@ -172,7 +207,8 @@ def test_no_token_counted():
     weights, metrics = importance_weights(trainer, trainer, torch.zeros(2, 3, dtype=torch.bool))
     assert torch.equal(weights, torch.zeros(2, 3))
     assert metrics.tokens == 0 and metrics.ratio_mean is None and metrics.clip_frac is None
-    assert metrics.sequences == 0 and metrics.weight_mean is None and metrics.ess is None
+    assert metrics.sequences == 0 and metrics.weight_mean is None and metrics.ess_sequences is None and metrics.ess_tokens is None
+    assert metrics.ess("token") is None and metrics.ess("sequence") is None
     assert ImportanceMetrics.combine([metrics, metrics]).tokens == 0
 
 
@@ -181,7 +217,7 @@ def test_ess_of_a_batch_masked_whole_is_zero():
     trainer = torch.zeros(3, 4)
     weights, metrics = importance_weights(trainer, trainer - 2.0, torch.ones(3, 4, dtype=torch.bool), ImportanceSettings("sequence_mask"))
     assert torch.equal(weights, torch.zeros(3, 4))
-    assert (metrics.sequences, metrics.weight_mean, metrics.ess) == (3, 0.0, 0.0)
+    assert (metrics.sequences, metrics.weight_mean, metrics.ess_sequences, metrics.ess_tokens) == (3, 0.0, 0.0, 0.0)
 
 
 def test_the_bounds_are_trls_the_mode_podsrls():
@@ -211,9 +247,9 @@ def test_trl_refuses_the_geometric_modes(tmp_path):
     pytest.importorskip("trl", reason="the TRL integration needs the trl extra (make test installs it)")
     from podsrl.integrations.trl import TRL_IMPORTANCE_MODES, PODSConfig
 
-    assert set(TRL_IMPORTANCE_MODES) == {m for m in MODES if not m.startswith("geometric")}
+    assert set(TRL_IMPORTANCE_MODES) == {m for m in MODES if not m.startswith("geometric") and not m.endswith("reject")}
     common = dict(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, report_to=[], use_cpu=True)
-    for mode in ("geometric_truncate", "geometric_mask"):
+    for mode in ("geometric_truncate", "geometric_mask", "token_reject"):
         with pytest.raises(ValueError, match=f"vllm_importance_sampling_mode = '{mode}': TRL's GRPOTrainer .* knows token_truncate"):
             PODSConfig(**common, vllm_importance_sampling_mode=mode)
     assert PODSConfig(**common, vllm_importance_sampling_mode="token_truncate").vllm_importance_sampling_mode == "token_truncate"
@@ -239,7 +275,7 @@ def test_bad_input():
 def test_config_fields_are_checked(make_config):
     from podsrl.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="rollout.importance_sampling_mode: unknown value 'sequence'; valid values: geometric_mask, geometric_truncate, "):
+    with pytest.raises(ConfigError, match="rollout.importance_sampling_mode: unknown value 'sequence'; valid values: geometric_mask, geometric_reject, geometric_truncate, "):
         make_config(**{"rollout.importance_sampling_mode": "sequence"})
     with pytest.raises(ConfigError, match="rollout.importance_sampling_clip_max: must be >= 1"):
         make_config(**{"rollout.importance_sampling_clip_max": 0.5})
@@ -264,13 +300,15 @@ def test_a_low_ess_is_warned_once():
     watch = RunWatch(load(None, []))
     assert watch.step({"step": 1, "is_ess": 0.9, "is_weight_mean": 0.95}) == []
     assert watch.step({"step": 2}) == []
-    notes = watch.step({"step": 3, "is_ess": ESS_BOUND - 0.01, "is_weight_mean": 0.3, "sampler_kl": 0.012})
+    notes = watch.step({"step": 3, "is_ess": ESS_BOUND - 0.01, "is_ess_sequences": 0.97, "is_weight_mean": 0.3, "sampler_kl": 0.012})
     assert len(notes) == 1
-    assert "step 3" in notes[0] and "is_ess = 0.49" in notes[0] and "sampler_kl 0.0120" in notes[0]
+    assert "step 3" in notes[0] and "is_ess = 0.49 of the step's completion tokens (below 0.5; over the sequences, 0.97)" in notes[0]
+    assert "sampler_kl 0.0120" in notes[0]
     assert "'token_truncate'; under a per-token or geometric ratio that means a large gap per token" in notes[0]
     assert watch.step({"step": 4, "is_ess": 0.1, "is_weight_mean": 0.1}) == []  # once per run
     # Under a sequence mode the warning points at the per-token one.
     notes = RunWatch(load(None, ["--rollout.importance_sampling_mode=sequence_mask"])).step({"step": 1, "is_ess": 0.2, "is_weight_mean": 0.3})
+    assert "is_ess = 0.20 of the step's sequences (below 0.5)," in notes[0]  # no is_ess_tokens logged: not named
     assert "'sequence_mask'; a sequence ratio is a product over the tokens" in notes[0] and "'token_truncate' (the default)" in notes[0]
 
 
@@ -373,7 +411,8 @@ def _hand_weights(own: list[torch.Tensor], sampler: list[torch.Tensor], s: Impor
     for o, q in zip(own, sampler):
         d = (o - q).double()
         r = _hand_ratio(d, s.level)
-        out.append(r.clamp(min=low, max=s.clip_max) if s.constraint == "truncate" else torch.where((r > s.clip_max) | (r < low), 0.0, r))
+        inside = r if s.constraint == "mask" else torch.ones_like(r)  # reject: 1 inside the bounds
+        out.append(r.clamp(min=low, max=s.clip_max) if s.constraint == "truncate" else torch.where((r > s.clip_max) | (r < low), 0.0, inside))
     return out
 
 
@@ -470,7 +509,7 @@ def test_update_equals_the_hand_weighted_loss(tiny_policy, token_gradient_norms,
     ran = [i for i in range(10) if i not in ZEROS]
     flat = torch.cat([weights[i] for i in ran])
     high, low = settings.clip_max, settings.clip_min
-    assert (flat == 0).any() if mode.endswith("mask") else ((flat == high).any() or (flat == low).any())  # the bounds act
+    assert (flat == 0).any() if mode.endswith(("mask", "reject")) else ((flat == high).any() or (flat == low).any())  # the bounds act
     assert ((flat > low) & (flat < high)).any()  # and some ratios pass unchanged
     _, grads, stats = _step(model, _with_sampler(batch, sampler), importance=settings, aggregation=aggregation)
     # The update's weights come from its packed forward, the hand ones from one row per forward.
@@ -487,10 +526,14 @@ def test_update_equals_the_hand_weighted_loss(tiny_policy, token_gradient_norms,
     assert stats.is_ratio_max == pytest.approx(float(ratios.max()), rel=rtol)
     assert stats.is_clip_frac == pytest.approx(float(((ratios > high) | (ratios < low)).double().mean()))
     w = torch.tensor([float(weights[i].mean()) for i in ran], dtype=torch.float64)  # each sequence's weight
+    tw = torch.cat([weights[i] for i in ran]).double()  # each token's own weight
     # The weights come from ratios within rtol of the hand ones (above); the ESS, a ratio of their sums, within 3 rtol.
     assert stats.is_weight_mean == pytest.approx(float(w.mean()), rel=rtol)
-    assert stats.is_ess == (pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=3 * rtol) if w.any() else 0.0)
-    assert {"is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess"} <= stats.metrics().keys()
+    assert stats.is_ess_sequences == (pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=3 * rtol) if w.any() else 0.0)
+    assert stats.is_ess_tokens == (pytest.approx(float(tw.sum() ** 2 / (len(tw) * (tw * tw).sum())), rel=3 * rtol) if tw.any() else 0.0)
+    assert stats.is_ess == (stats.is_ess_tokens if mode.startswith("token") else stats.is_ess_sequences)
+    keys = {"is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess", "is_ess_tokens", "is_ess_sequences"}
+    assert keys <= stats.metrics().keys()
 
 
 @pytest.mark.parametrize("micro_batch_size", [1, 4])
@@ -518,7 +561,42 @@ def test_a_zero_gap_is_a_no_op(tiny_policy, micro_batch_size):
         w, g, stats = _step(model, _with_sampler(batch, own), micro_batch_size=micro_batch_size, importance=ImportanceSettings(mode=mode))
         assert all(torch.equal(a, b) for a, b in zip(w, plain_w)), mode
         assert all(torch.equal(a, b) for a, b in zip(g[0], plain_g[0])), mode
-        assert stats.is_ratio_min == stats.is_ratio_max == 1.0 and stats.is_clip_frac == 0.0 and stats.is_ess == 1.0
+        assert stats.is_ratio_min == stats.is_ratio_max == 1.0 and stats.is_clip_frac == 0.0
+        assert stats.is_ess == stats.is_ess_tokens == stats.is_ess_sequences == 1.0
+
+
+def test_a_degraded_token_correction_is_warned(tiny_policy):
+    """Issue 67: under token_truncate (the default) a step whose tokens' log-ratios spread 2 nats
+    (d ~ N(-2, 2^2), so that E[exp(d)] = 1) weighs its tokens very unequally: their ESS is about
+    0.27 (a lognormal truncated at 3), and the update logs it as is_ess, so the run warns. The ESS of
+    each sequence's mean weight, what is_ess was before, averages 64 tokens' weights and stays above
+    0.9: it could not see this."""
+    from podsrl.config import load
+    from podsrl.run.watch import ESS_BOUND, RunWatch
+    from podsrl.train.update import UpdateBatch
+
+    g = torch.Generator().manual_seed(0)
+    vocab = _vocab(tiny_policy.model)
+    prompts = [tiny_policy.tokenizer(f"What is {i} + {i}?")["input_ids"] for i in range(2)]
+    batch = UpdateBatch(prompt_ids=[prompts[i // 4] for i in range(8)],
+                        completion_ids=[torch.randint(100, min(vocab, 600), (64,), generator=g).tolist() for _ in range(8)],
+                        advantages=torch.tensor([1.0, -1.0, 0.5, -0.5] * 2))  # fmt: skip
+    own = _own_logprobs(tiny_policy.model, batch)
+    d = [torch.randn(64, generator=g, dtype=torch.float64) * 2.0 - 2.0 for _ in range(8)]
+    sampler = [o - x.float() for o, x in zip(own, d)]
+    settings = ImportanceSettings()  # token_truncate, clip_max 3: the default
+    _, _, stats = _step(tiny_policy.model, _with_sampler(batch, sampler), importance=settings, micro_batch_size=4, max_completion_len=64)
+    hand = [w.double() for w in _hand_weights(own, sampler, settings)]
+    tw, w = torch.cat(hand), torch.stack([x.mean() for x in hand])
+    rtol = _ratio_rtol(tiny_policy.model, own, "token")
+    assert stats.is_ess_tokens == pytest.approx(float(tw.sum() ** 2 / (len(tw) * (tw * tw).sum())), rel=3 * rtol)
+    assert stats.is_ess_sequences == pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=3 * rtol)
+    assert stats.is_ess == stats.is_ess_tokens < 0.35 and stats.is_ess_sequences > 0.9  # 0.28 and 0.98 here
+    notes = RunWatch(load(None, [])).step({"step": 7, **stats.metrics()})
+    assert len(notes) == 1 and f"is_ess = {stats.is_ess:.2f} of the step's completion tokens (below {ESS_BOUND}; over the sequences, " in notes[0]
+    assert "'token_truncate'; under a per-token or geometric ratio that means a large gap per token" in notes[0]
+    # The same step read by its sequences' mean weights, as before issue 67: no warning.
+    assert RunWatch(load(None, [])).step({"step": 7, **stats.metrics(), "is_ess": stats.is_ess_sequences}) == []
 
 
 @pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
@@ -540,7 +618,9 @@ def test_a_step_without_signal_still_logs_the_gap(tiny_policy, mode):
     own, sampler = [own[i] for i in sample], [sampler[i] for i in sample]
     d = torch.cat([(o - q).double() for o, q in zip(own, sampler)])
     ratios = torch.cat([_hand_ratio((o - q).double(), settings.level) for o, q in zip(own, sampler)])
-    w = torch.tensor([float(x.mean()) for x in _hand_weights(own, sampler, settings)], dtype=torch.float64)
+    hand = _hand_weights(own, sampler, settings)
+    w = torch.tensor([float(x.mean()) for x in hand], dtype=torch.float64)
+    tw = torch.cat(hand).double()
     # Float noise only: the update's forward packs rows, _own_logprobs one: each log-prob within atol,
     # so |d| and d's KL term (slope |e^d - 1| < 1 here) within atol, each ratio within rtol (float_bounds.py).
     atol, rtol = _logprob_atol(model, own), _ratio_rtol(model, own, settings.level)
@@ -549,8 +629,10 @@ def test_a_step_without_signal_still_logs_the_gap(tiny_policy, mode):
     assert stats.is_ratio_mean == pytest.approx(float(ratios.mean()), rel=rtol)
     assert stats.is_clip_frac == pytest.approx(float(((ratios > 1.5) | (ratios < 0.7)).double().mean()))
     assert stats.is_weight_mean == pytest.approx(float(w.mean()), rel=rtol)
-    assert stats.is_ess == pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=3 * rtol)
-    assert {"sampler_kl", "is_ratio_mean", "is_ess", "is_weight_mean"} <= stats.metrics().keys()
+    assert stats.is_ess_sequences == pytest.approx(float(w.sum() ** 2 / (len(w) * (w * w).sum())), rel=3 * rtol)
+    assert stats.is_ess_tokens == pytest.approx(float(tw.sum() ** 2 / (len(tw) * (tw * tw).sum())), rel=3 * rtol)
+    assert stats.is_ess == (stats.is_ess_tokens if mode == "token_truncate" else stats.is_ess_sequences)
+    assert {"sampler_kl", "is_ratio_mean", "is_ess", "is_ess_tokens", "is_ess_sequences", "is_weight_mean"} <= stats.metrics().keys()
     assert stats.entropy > 0  # the rows had a forward
 
 
@@ -567,7 +649,8 @@ def test_a_step_that_kept_no_rollout_still_logs_the_gap(tiny_policy):
     before = [p.detach().clone() for p in copy_.parameters()]
     options = dict(pad_id=0, temperature=TEMPERATURE, max_completion_len=16, grad_clip=0.0, micro_batch_size=4, importance=settings)
     measured = update_module.measure_sampler_gap(copy_, _with_sampler(batch, sampler), update_settings(**options))
-    keys = ("sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess")
+    keys = ("sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess",
+            "is_ess_tokens", "is_ess_sequences")  # fmt: skip
     assert set(measured) == set(keys)
     assert all(measured[k] == getattr(silent, k) for k in keys), {k: (measured[k], getattr(silent, k)) for k in keys}
     assert all(torch.equal(a, b) for a, b in zip(before, copy_.parameters()))
@@ -696,10 +779,17 @@ def test_metrics_are_global_over_micro_batches_and_ranks(tiny_policy):
             return torch.maximum(values, torch.tensor([self.theirs.is_ratio_max, -self.theirs.is_ratio_min], dtype=torch.float64))
 
     mine, theirs, empty = _Sums(), _Sums(), _Sums()
-    mine.add_importance(ImportanceMetrics(tokens=3, ratio_sum=3.3, ratio_min=0.9, ratio_max=1.2, clipped=1))
-    theirs.add_importance(ImportanceMetrics(tokens=2, ratio_sum=1.5, ratio_min=0.5, ratio_max=1.0, clipped=0))
+    mine.add_importance(ImportanceMetrics(tokens=3, ratio_sum=3.3, ratio_min=0.9, ratio_max=1.2, clipped=1, sequences=1, weight_sum=0.8,
+                                          weight_sq_sum=0.64, token_weight_sum=2.5, token_weight_sq_sum=2.25))  # fmt: skip
+    theirs.add_importance(ImportanceMetrics(tokens=2, ratio_sum=1.5, ratio_min=0.5, ratio_max=1.0, clipped=0, sequences=1, weight_sum=0.75,
+                                            weight_sq_sum=0.5625, token_weight_sum=1.5, token_weight_sq_sum=1.25))  # fmt: skip
     out = mine.reduced(TwoRanks(theirs))
     assert (out.is_tokens, out.is_clipped, out.is_ratio, out.is_ratio_min, out.is_ratio_max) == (5, 1, pytest.approx(4.8), 0.5, 1.2)
+    # Both ESS from the summed sums: tokens 4^2 / (5 x 3.5), sequences 1.55^2 / (2 x 1.2025); is_ess the mode's level's.
+    ess = update_module._ess(out, ImportanceSettings("token_mask"))
+    assert ess == {"is_weight_mean": pytest.approx(0.775), "is_ess": pytest.approx(16 / 17.5), "is_ess_tokens": pytest.approx(16 / 17.5),
+                   "is_ess_sequences": pytest.approx(1.55**2 / 2.405)}  # fmt: skip
+    assert update_module._ess(out, ImportanceSettings("geometric_mask"))["is_ess"] == pytest.approx(1.55**2 / 2.405)
     out = empty.reduced(TwoRanks(theirs))  # a rank that ran no row joins with the identity elements
     assert (out.is_tokens, out.is_ratio_min, out.is_ratio_max) == (2, 0.5, 1.0)
 
@@ -769,7 +859,8 @@ def test_two_ranks_correct_as_one(tmp_path, tiny_model_dir, reward_file):
         assert diff <= 1e-5, f"{case}: max abs weight difference {diff:.2e}"
         m1, m2 = (json.loads((tmp_path / f"{case}-w{w}.json").read_text()) for w in (1, 2))
         assert 0 < m1["is_clip_frac"] < 1 and m1["is_ratio_min"] < m1["is_ratio_max"], case  # the correction acted, not everywhere
-        for key in ("is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess", "sampler_logp_diff"):
+        for key in ("is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess", "is_ess_tokens", "is_ess_sequences",
+                    "sampler_logp_diff"):  # fmt: skip
             assert m2[key] == pytest.approx(m1[key], rel=1e-5), f"{case}: {key}"
 
 
@@ -797,13 +888,15 @@ def test_bench_figures_are_the_formulas():
     assert x["logp_diff"] == pytest.approx(0.0, abs=1e-12) and x["abs_logp_diff"] == pytest.approx(math.log(2.0) / 2)
     assert x["kl"] == pytest.approx(sum(math.exp(v) - 1 - v for v in d) / 4)
     assert x["ratio_q50"] == pytest.approx(1.25) and x["ratio_below_0.1"] == 0.0  # sequence ratios 2 and 0.5
-    assert x["modes"]["sequence_mask"] == {"weight_mean": pytest.approx(1.25), "ess": pytest.approx(2.5**2 / (2 * 4.25)), "zero_tokens": 0.0}
+    seq_ess, token_ess = 2.5**2 / (2 * 4.25), 5.0**2 / (4 * 8.5)  # sequence weights 2, 0.5 (each over 2 tokens)
+    assert x["modes"]["sequence_mask"] == {"weight_mean": pytest.approx(1.25), "ess": pytest.approx(seq_ess), "ess_tokens": pytest.approx(token_ess),
+                                           "ess_sequences": pytest.approx(seq_ess), "zero_tokens": 0.0}  # fmt: skip
     assert x["modes"]["token_mask"]["zero_tokens"] == 0.0 and x["modes"]["geometric_truncate"]["weight_mean"] == pytest.approx((2**0.5 + 0.5**0.5) / 2)
     y = bench.summarize(trainer, sampler, 3)["modes"]["token_mask"]  # the third token's ratio e^-5 is kept (no clip_min), none above 3
     assert y["zero_tokens"] == 0.0
     assert bench.summarize(trainer, sampler, 3)["modes"]["sequence_mask"]["weight_mean"] == pytest.approx((2 * math.exp(-5) + 0.5) / 2)
     table = bench.tables([x])
-    assert "| 2 | 2 | 100% |" in table and "| `sequence_mask` | 1.25, 0.74, 0% |" in table and "| `token_truncate` (default) | " in table
+    assert "| 2 | 2 | 100% |" in table and "| `sequence_mask` | 1.25, 0.74 (0.74), 0% |" in table and "| `token_truncate` (default) | " in table
     # the second completion ended with its second token: at L = 2 it is not cut, the first (longer) is
     assert bench.summarize(trainer, sampler, 2, ended=[False, True])["cut"] == 0.5
     assert bench.summarize(trainer, sampler, 3, ended=[False, True])["cut"] == 0.5  # the first reached L = 3 without ending

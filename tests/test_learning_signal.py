@@ -123,7 +123,7 @@ def test_the_all_zero_warning_names_the_grader_in_use_or_blames_the_reward_funct
         watch = RunWatch(cfg, build_task(cfg).grader)  # as the run's logger gets it: the task's grader
         return [n for s in range(1, SILENT_STEPS + 1) for n in watch.step(_step(s))][0]
 
-    assert "task.grader = 'text'," in warn(["task.grader=text"]) and "opening or ending it" in warn(["task.grader=text"])
+    assert "task.grader = 'text'," in warn(["task.grader=text"]) and "named as the answer" in warn(["task.grader=text"])
     rg = warn(["task.name=reasoning_gym", "task.options.dataset=leg_counting", "task.options.num_train=4", "task.options.num_eval=2",
                "task.options.partial_credit=false"])
     assert "task.grader = 'reasoning_gym_binary' (the task's own)" in rg and "checker" in rg
@@ -212,6 +212,27 @@ def test_an_evaluation_counts_the_cut_off_completions_that_were_right_or_held_no
     examples = [Example(str(i), "What is 3 + 4?", "7") for i in range(4)]
     result = evaluate(Engine(), [[i] for i in range(4)], examples)
     assert (result.truncated, result.accuracy, result.truncated_right, result.truncated_unanswered) == (0.75, 0.5, 0.25, 0.25)
+
+
+def test_an_evaluation_gives_the_lengths_of_its_right_and_wrong_completions_apart():
+    """Problems 0 and 3 are right (2 and 5 tokens), 1 and 2 wrong (7 and 4 tokens): 3.5 and 5.5 tokens,
+    the mean 4.5; with no right (or no wrong) completion the length is None, not 0."""
+    from podsrl.engines import Rollouts
+    from podsrl.tasks import Example
+    from podsrl.train.evaluate import evaluate
+
+    completions = {0: ("The answer is 7", 2), 1: ("Let me think about", 7), 2: ("3 + 4 = 8", 4), 3: ("7", 5)}
+
+    class Engine:
+        def generate(self, prompt_ids, sampling):
+            texts, lengths = zip(*(completions[p[0]] for p in prompt_ids for _ in range(sampling.n)))
+            return Rollouts(prompt_ids=prompt_ids, completion_ids=[[1] * n for n in lengths], texts=list(texts), truncated=[False] * len(texts))
+
+    examples = [Example(str(i), "What is 3 + 4?", "7") for i in range(4)]
+    result = evaluate(Engine(), [[i] for i in range(4)], examples)
+    assert (result.mean_length_right, result.mean_length_wrong, result.mean_length) == (3.5, 5.5, 4.5)
+    wrong = evaluate(Engine(), [[1], [2]], examples[1:3])
+    assert (wrong.mean_length_right, wrong.mean_length_wrong) == (None, 5.5)
 
 
 def test_a_run_that_learns_nothing_says_so(tiny_model_dir, reward_file, tmp_path, capsys):

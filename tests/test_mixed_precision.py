@@ -151,7 +151,7 @@ def test_every_committed_run_config_loads_as_the_float32_update_it_trained():
 
 @pytest.mark.parametrize("setting", ["bf16", "none", "auto"])
 def test_the_trl_arms_are_told_the_update_arithmetic(make_config, tmp_path, setting):
-    from podsrl.compare.trl_arm import grpo_config
+    from podsrl.compare.trl_arm.mapping import grpo_config
 
     cfg = make_config(**{"model.mixed_precision": setting})
     args = grpo_config(cfg, "trl", tmp_path, device="cpu")

@@ -9,12 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from float_bounds import gradient_rtol, logprob_atol, rel_diff, within
+from float_bounds import entropy_atol, gradient_rtol, logprob_atol, rel_diff, within
 from podsrl.train.sequences import can_share_prompts, forward_logprobs, pack, token_logprobs
 
 
-def reference_logprobs(model, packed, temperature):
-    """Full forward over [prompt; completion], log_softmax over the vocabulary, gather."""
+def reference_logprobs(model, packed, temperature, *, magnitude: bool = False):
+    """Full forward over [prompt; completion], log_softmax over the vocabulary, gather. ``magnitude``:
+    also the largest |z / T| or |logsumexp(z / T)| over the completion tokens (what bounds the
+    rounding of an entropy, float_bounds.entropy_atol)."""
     position_ids = (packed.attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=position_ids).logits
     P, T = packed.prompt_width, packed.completion_ids.shape[1]
@@ -22,7 +24,13 @@ def reference_logprobs(model, packed, temperature):
     logp = torch.log_softmax(logits, dim=-1)
     picked = logp.gather(-1, packed.completion_ids.unsqueeze(-1)).squeeze(-1)
     entropy = torch.distributions.Categorical(logits=logits.detach()).entropy()
-    return picked * packed.completion_mask, entropy * packed.completion_mask
+    out = picked * packed.completion_mask, entropy * packed.completion_mask
+    if not magnitude:
+        return out
+    mask = packed.completion_mask.bool()
+    scaled = logits.detach()[mask]  # [tokens, V]
+    largest = torch.maximum(scaled.abs().amax(dim=-1), torch.logsumexp(scaled, dim=-1).abs())  # [tokens]
+    return (*out, float(largest.max()))
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +59,7 @@ def test_matches_plain_forward(tiny_model, one_thread, share, temperature):
     weights = torch.randn(packed.completion_ids.shape, generator=torch.Generator().manual_seed(1))
 
     tiny_model.zero_grad()
-    want, want_entropy = reference_logprobs(tiny_model, packed, temperature)
+    want, want_entropy, entropy_magnitude = reference_logprobs(tiny_model, packed, temperature, magnitude=True)
     (want * weights).sum().backward()
     want_grads = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
 
@@ -59,12 +67,12 @@ def test_matches_plain_forward(tiny_model, one_thread, share, temperature):
     got, got_entropy = forward_logprobs(tiny_model, packed, temperature=temperature, with_entropy=True, share_prompts=share)
     (got * weights).sum().backward()
 
-    # Two float32 computations of each log-prob (and of each entropy, log-sum-exp minus a mean of
-    # the scaled logits under p: the same magnitudes) and of each gradient (float_bounds.py).
+    # Two float32 computations of each log-prob, of each entropy (log-sum-exp minus a mean of the scaled
+    # logits under p: two V-term reductions of values up to entropy_magnitude) and of each gradient
+    # (float_bounds.py).
     vocab = tiny_model.config.vocab_size
-    atol = logprob_atol(vocab, float(want.detach().abs().max()))
-    torch.testing.assert_close(got, want, rtol=0, atol=atol)
-    torch.testing.assert_close(got_entropy, want_entropy, rtol=0, atol=atol)
+    torch.testing.assert_close(got, want, rtol=0, atol=logprob_atol(vocab, float(want.detach().abs().max())))
+    torch.testing.assert_close(got_entropy, want_entropy, rtol=0, atol=entropy_atol(vocab, entropy_magnitude))
     for name, param in tiny_model.named_parameters():
         # Summation order differs (one prompt pass, scattered gradients): compare relative norms.
         err = rel_diff(param.grad, want_grads[name])

@@ -20,6 +20,7 @@ and two robust summaries (AUC, final accuracy) over seeds and paired against the
     baseline = "grpo"           # the method whose peak sets the target (default "grpo")
     target_fraction = 0.99      # the target is this fraction of the baseline's peak
     targets = [{ method = "pods_max_variance" }]   # optional: more targets (below)
+    read_past_budget = false    # true: read evaluations after the budget too (reports before issue 68)
     [compare.methods]
     grpo = { "select.rule" = "all", "rollout.n" = 4, "select.m" = 4 }
     pods_max_variance = { "select.rule" = "max_variance", "rollout.n" = 16, "select.m" = 4 }
@@ -42,7 +43,7 @@ training starts, so a typo fails at once with a ConfigError naming the method an
 **A screening** (``[compare] screening = true``, configs/screen-reasoning-gym.toml): the methods
 are tasks, to find one on which a comparison has room to show something. Each method may then set
 ``task.*`` (e.g. one reasoning-gym dataset each) and nothing else shared; there is no baseline
-(``baseline`` and ``target_fraction`` are refused), so no target, speedup or paired difference, and
+(``baseline`` and ``target_fraction`` are refused), so no target, time fraction or paired difference, and
 the first table gives per method its task, the held-out accuracy before training and at the
 budget, the change, the peak, and the share of silent groups over the first steps
 (``signal.zero_variance_groups_start``) and over the run.
@@ -74,9 +75,18 @@ load is the same throughout; run comparisons on an otherwise idle machine.
 :mod:`podsrl.compare.report`): held-out accuracy against optimizer steps and against the training
 clock (evaluation time excluded). The target is 0.99 x the baseline's (GRPO's) peak; on each axis
 a method's value is the first step / training time at which its accuracy reaches the target, and
-its speedup is the baseline's value to the same target divided by the method's. The step axis
-shows what a method's choice of rollouts buys per update; the time axis adds what its extra
-sampling costs.
+its ratio is that **as a fraction of the baseline's** (``time_fraction``, ``step_fraction``: 0.61
+reaches the target in 61% of the baseline's time; reports before issue 68 held the inverse,
+``speedup``, which the table still reads). The step axis shows what a method's choice of rollouts
+buys per update; the time axis adds what its extra sampling costs.
+
+**Every arm at the same training time.** A run stops at the end of a step, which may end after
+``train.max_seconds`` (by up to a step: half a minute and more for a TRL arm); an evaluation after
+the budget comes from training no other arm had. So every number of the report reads a run's
+evaluations at or before the budget only (:func:`podsrl.compare.stats.within_budget`): its accuracy
+at the budget is its last evaluation at or before it, its AUC per training minute covers [0,
+budget], its peak and its times to a target are among those evaluations; the ones left out are
+listed (compare.json ``runs[].evaluations_past_budget``) and a note names them.
 
 Choices made where the paper is silent (it reports one run per method):
 
@@ -94,8 +104,8 @@ Choices made where the paper is silent (it reports one run per method):
   all seeds cover (no extrapolation).
 - **Step and time to target** are the x of the first point of the mean curve at or above the
   target, not interpolated between evaluations (the paper reads evaluation points). None if never
-  reached. When the untrained model (step 0) already meets the target, no speed-up is measurable:
-  the speedup is None with a note.
+  reached. When the untrained model (step 0) already meets the target, no ratio is measurable:
+  the fraction is None with a note.
 - **More targets** (``targets``, optional): a list of tables ``{ method = NAME, of = "peak" |
   "final", fraction = F }``, each another accuracy every method is timed to the same way: F (default
   ``target_fraction`` for a peak, 1 for ``"final"``) x NAME's seed-mean peak or its seed-mean
@@ -108,7 +118,7 @@ Choices made where the paper is silent (it reports one run per method):
   the run's evaluations after step 0 (equal weight per evaluation; with evaluations every k steps
   it is the right-endpoint Riemann sum of the curve divided by the budget; step 0 is left out
   because it is the untrained model, the same for every method), and the **final accuracy** is
-  the accuracy at its last evaluation (at the budget). Each is reported as the mean over the
+  the accuracy at its last evaluation at or before the budget. Each is reported as the mean over the
   method's seeds with a Student-t 95% interval.
 - **Paired differences.** Seed index k is the same training seed in every method (same prompt
   order, same evaluation problems), so method minus baseline is taken seed by seed, over the k
@@ -128,7 +138,7 @@ Choices made where the paper is silent (it reports one run per method):
   completions, and Wilson's on the problems when every problem's samples agree: podsrl.intervals).
 
 **Output** in OUT: ``compare.json`` (per method: settings, peak and interval, steps and time to
-target with intervals and per seed, speedups on both axes, AUC and final accuracy with intervals
+target with intervals and per seed, their fractions of the baseline's on both axes, AUC and final accuracy with intervals
 and per seed, the paired differences against the baseline, steps, median seconds per step and of
 its generate and update phases from each run's metrics.jsonl, the training signal from the same
 file (``signal``: training reward, share of zero-variance groups, variance of the advantages the
@@ -141,10 +151,13 @@ paired AUC and final-accuracy differences against the baseline as intervals, eve
 difference a dot) and the printed tables (:mod:`podsrl.compare.table`): both axes, then the
 robust summaries and paired differences, then the training signal.
 
-The module layout: :mod:`~podsrl.compare.plan` (what to run), :mod:`~podsrl.compare.layout` (the
-run directories), :mod:`~podsrl.compare.runs` (training them; a TRL arm's run:
-:mod:`~podsrl.compare.trl_arm`), :mod:`~podsrl.compare.stats` (pure
-math), :mod:`~podsrl.compare.report`, :mod:`~podsrl.compare.table`, :mod:`~podsrl.compare.plots`.
+The module layout reads plan -> run -> report: :mod:`~podsrl.compare.plan` (what to run),
+:mod:`~podsrl.compare.layout` (the run directories), :mod:`~podsrl.compare.runs` (training them),
+:mod:`~podsrl.compare.report` (compare.json from the run directories' small files),
+:mod:`~podsrl.compare.stats` (its pure math), :mod:`~podsrl.compare.table`,
+:mod:`~podsrl.compare.plots`. They meet the trainers through one interface,
+:mod:`~podsrl.compare.arms` (names, checks, one run trained here or as a child process, checkpoints),
+never inside a training loop; a TRL arm's own code is :mod:`~podsrl.compare.trl_arm`.
 """
 
 from __future__ import annotations
@@ -158,8 +171,8 @@ from podsrl.compare.plots import plot_report
 from podsrl.compare.report import PHASES, build_report, primary_axis, write_report
 from podsrl.compare.runs import RunFailed, run_all
 from podsrl.compare.stats import (
-    AXES, Curve, Summary, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup,
-    time_auc,
+    AXES, Curve, Summary, auc, final_accuracy, first_reach, fraction, mean_curve, paired_difference, peak, seed_first_reach,
+    time_auc, within_budget,
 )  # fmt: skip
 from podsrl.compare.table import format_table
 from podsrl.errors import ConfigError
@@ -167,10 +180,10 @@ from podsrl.intervals import paired_t_interval, t_interval
 
 __all__ = [
     "AXES", "DEFAULT_COMPARE", "DEFAULT_METHODS", "DONE_FILE", "LAUNCH_FILE", "PHASES", "Curve", "Method", "Plan",
-    "RunFailed", "Summary", "auc", "budget", "build_report", "final_accuracy", "first_reach", "format_table",
+    "RunFailed", "Summary", "auc", "budget", "build_report", "final_accuracy", "first_reach", "format_table", "fraction",
     "is_finished", "load_plan", "main", "mark_done", "mean_curve", "paired_difference", "paired_t_interval", "peak",
     "parse_devices", "plot_report", "primary_axis", "read_launches", "resolve", "run_all", "run_dir", "run_status",
-    "seed_first_reach", "speedup", "t_interval", "time_auc", "write_report",
+    "seed_first_reach", "t_interval", "time_auc", "within_budget", "write_report",
 ]  # fmt: skip
 
 

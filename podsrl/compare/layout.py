@@ -7,7 +7,7 @@ and whether it may be reused. Read by the runner (:mod:`podsrl.compare.runs`) an
         done.json                  {"max_seconds": ..., "max_steps": ...}: trained to this budget
         launch.jsonl               one line per launch: device, parallel, runs_on_device, exit_code, commit
         trainer.json, trl/         a TRL arm's (podsrl.compare.trl_arm): its trainer and TRL's
-                                   checkpoints (no checkpoints/)
+                                   checkpoints (no checkpoints/; removed once the run has finished)
         train.log                  the run's output when runs go in parallel
 
 A run is finished when its ``done.json`` names the plan's budget, or when its last evaluation is at
@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from podsrl import config as config_mod
-from podsrl.compare.trl_arm import PODSRL, latest_checkpoint, read_trainer
+from podsrl.compare.arms import PODSRL, latest_checkpoint, read_trainer
 from podsrl.config import Config
 from podsrl.envinfo import source_commit
 from podsrl.errors import ConfigError
-from podsrl.run import checkpoint as ckpt
 from podsrl.run.metrics import read_jsonl
 from podsrl.run.rundir import BUDGET, config_differences, write_text_atomic
 
@@ -55,8 +54,7 @@ def run_status(path: Path, cfg: Config, trainer: str = PODSRL) -> str:
     check_same_trainer(path, trainer)
     if is_finished(path, cfg):
         return "done"
-    checkpoint = ckpt.latest(path) if trainer == PODSRL else latest_checkpoint(path)
-    return "resume" if checkpoint is not None else "restart"
+    return "resume" if latest_checkpoint(path, trainer) is not None else "restart"
 
 
 def check_same_trainer(path: Path, trainer: str) -> None:

@@ -12,6 +12,11 @@ seeds: the file's per-method counts are dropped), ``NAME=K,...`` (only those met
 over the file's plan) or both, ``--seeds 3,grpo=5``. Seed index k is the same training seed
 (base train.seed + k) in every method, which is what pairs a method's seed k with the baseline's.
 
+Every number of the report reads each run's evaluations at or before the budget
+(:func:`podsrl.compare.stats.within_budget`); ``[compare] read_past_budget = true`` reads those after
+it too, as reports did before issue 68 (runs then stopped at the first step end past the budget, so
+their last evaluation came after it): a comparison of such runs pins it to report as it did.
+
 A screening (``[compare] screening = true``): the methods are tasks, not training methods on one
 task. Each method may then set ``task.*`` (its own task, e.g. one reasoning-gym dataset each), which
 a comparison refuses; everything else shared stays shared (rewards, evaluation, budget, seed). With
@@ -22,8 +27,12 @@ something, before the comparison.
 
 A method's table may name its trainer (``trainer = "trl"``: TRL's GRPOTrainer, ``"trl-pods"``:
 podsrl's PODSTrainer in TRL; default ``"podsrl"``), which is not a config setting: it is taken out
-of the overrides into ``Method.trainer``, and a TRL arm's config is checked for settings TRL has no
-equivalent for when it is built (:func:`podsrl.compare.trl_arm.check_arm`)."""
+of the overrides into ``Method.trainer``. Where the comparison's config leaves a setting unset, a
+method trains with its trainer's own default (:func:`podsrl.compare.arms.defaults`: a TRL arm's
+loss is TRL's default, ``loss_type = "dapo"``, podsrl's ``loss.aggregation = "token"``; a podsrl
+arm's is podsrl's): each tool as its users run it. Set ``loss.aggregation`` in the base config to
+compare the arms on one loss. A TRL arm's config is checked for settings TRL has no equivalent for
+when it is built (:func:`podsrl.compare.arms.check_config`)."""
 
 from __future__ import annotations
 
@@ -34,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from podsrl import config as config_mod
-from podsrl.compare.trl_arm import PODSRL, TRAINERS, check_arm
+import podsrl.compare.arms as arms
+from podsrl.compare.arms import PODSRL
 from podsrl.config import Config
 from podsrl.errors import ConfigError
 
@@ -65,7 +75,7 @@ DEFAULT_COMPARE: dict[str, Any] = {
 # What a method may not override: the comparison's shared ground.
 _SHARED_PREFIXES = ("task.", "reward.", "eval.", "train.seed", "train.max_seconds", "train.max_steps")
 _PER_METHOD_IN_SCREENING = ("task.",)  # what a screening's methods may set (the module docstring)
-_COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "targets", "methods", "screening"}
+_COMPARE_KEYS = {"seeds", "seeds_per_method", "baseline", "target_fraction", "targets", "methods", "screening", "read_past_budget"}
 _TARGET_KEYS = {"method", "of", "fraction"}
 _TARGET_LEVELS = ("peak", "final")
 
@@ -74,7 +84,7 @@ _TARGET_LEVELS = ("peak", "final")
 class Method:
     name: str
     overrides: dict[str, Any]  # dotted setting -> value, applied over the base
-    trainer: str = PODSRL  # "podsrl", or a TRL arm: "trl" (GRPOTrainer), "trl-pods" (PODSTrainer): podsrl.compare.trl_arm
+    trainer: str = PODSRL  # "podsrl", or a TRL arm: "trl" (GRPOTrainer), "trl-pods" (PODSTrainer): podsrl.compare.arms
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,9 @@ class Plan:
     target_fraction: float = 0.99
     seeds_per_method: dict[str, int] = field(default_factory=dict)  # method -> its own seed count
     screening: bool = False  # each method its own task, no baseline (the module docstring); baseline: the first method
+    # The report reads each run's evaluations after the budget too (compare.read_past_budget; the reading
+    # before issue 68, which committed comparisons of runs that stopped past their budget pin): podsrl.compare.stats.within_budget
+    read_past_budget: bool = False
     targets: tuple[Target, ...] = ()  # more accuracies every method is timed to (compare.targets), after the baseline's
     configs: dict[tuple[str, int], Config] = field(default_factory=dict, repr=False)
 
@@ -116,7 +129,7 @@ class Plan:
         return self.configs[(method, seed)]
 
     def trainer(self, method: str) -> str:
-        """What trains ``method``: "podsrl", "trl" or "trl-pods" (:mod:`podsrl.compare.trl_arm`)."""
+        """What trains ``method``: "podsrl", "trl" or "trl-pods" (:mod:`podsrl.compare.arms`)."""
         return self.all_methods[method].trainer
 
 
@@ -147,6 +160,7 @@ def load_plan(
     _check_base(data)
     plan = Plan(base=data, methods=[all_methods[m] for m in chosen], all_methods=all_methods, seeds=n_seeds,
                 baseline=baseline, target_fraction=fraction, seeds_per_method=per_method, screening=screening,
+                read_past_budget=_flag(table, "read_past_budget"),
                 targets=targets)  # fmt: skip
     for method in all_methods.values():  # every method, chosen or not: a typo fails now
         plan.config(method.name, 0)
@@ -180,6 +194,13 @@ def _check_compare_table(table: Any) -> bool:
             raise ConfigError(f"compare.{key}: a screening (compare.screening = true) trains each method on its own task, so "
                               f"no method is a baseline and there is no target; drop compare.{key}")  # fmt: skip
     return screening
+
+
+def _flag(table: dict[str, Any], key: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"compare.{key}: must be true or false, got {value!r}")
+    return value
 
 
 def _target_fraction(table: dict[str, Any]) -> float:
@@ -226,10 +247,7 @@ def _methods(table: dict[str, Any]) -> dict[str, Method]:
         if not isinstance(over, dict):
             raise ConfigError(f"compare.methods.{name}: must be a table of dotted settings, got {over!r}")
         over = dict(over)
-        trainer = over.pop("trainer", PODSRL)
-        if trainer not in TRAINERS:
-            raise ConfigError(f"compare.methods.{name}.trainer: {trainer!r} is not a trainer; valid: "
-                              f"{', '.join(repr(t) for t in TRAINERS)} (podsrl's, TRL's GRPOTrainer, podsrl's PODSTrainer in TRL)")  # fmt: skip
+        trainer = arms.check_trainer_name(over.pop("trainer", PODSRL), f"compare.methods.{name}.trainer")
         all_methods[name] = Method(name, over, trainer)
     return all_methods
 
@@ -253,20 +271,16 @@ def _check_base(data: dict[str, Any]) -> None:
 
 
 def check_setup(plan: Plan) -> None:
-    """Every method to run, set up as far as it goes without a model
-    (:func:`podsrl.train.loop.check_trainable`: the training dtype, settings under which nothing
-    could be learned; :func:`podsrl.train.loop.preflight`: the reward functions loaded, early
-    stopping against their declared values), so that one refused method stops the comparison before
-    the first run trains rather than after the others. ``load_plan`` checked the configs already;
-    this needs the reward functions (user code), which ``--report-only`` does not."""
-    from podsrl.train.loop import check_trainable, preflight
-
+    """Every method to run, set up as far as it goes without a model (:func:`podsrl.compare.arms.check_setup`:
+    the training dtype, settings under which nothing could be learned, the reward functions loaded,
+    early stopping against their declared values; its trainer installed), so that one refused method
+    stops the comparison before the first run trains rather than after the others. ``load_plan``
+    checked the configs already; this needs the reward functions (user code), which
+    ``--report-only`` does not."""
     for method in plan.methods:
         try:
-            check_trainable(plan.config(method.name, 0))
-            preflight(plan.config(method.name, 0))
-            if method.trainer != PODSRL:
-                import podsrl.integrations.trl  # noqa: F401  (TRL installed, in the supported range)
+            arms.check_setup(plan.config(method.name, 0))
+            arms.check_trainer(method.trainer)
         except (ConfigError, ImportError) as err:
             raise ConfigError(f"compare.methods.{method.name}: {err}") from None
 
@@ -329,6 +343,10 @@ def resolve(base: dict[str, Any], method: Method, seed: int, *, screening: bool 
                 "set it in the base config instead"
             )
         config_mod.set_dotted(data, dotted, value, from_text=False, where=where)
+    for dotted, value in arms.defaults(method.trainer).items():  # the trainer's own, where the comparison sets none
+        section, _, key = dotted.partition(".")
+        if key not in data.get(section, {}):
+            config_mod.set_dotted(data, dotted, value, from_text=False, where=where)
     base_cfg = _from_dict(base, "the base config")
     data.setdefault("train", {})["seed"] = base_cfg.train.seed + seed
     # A comparison measures; it does not ship models: no RUN/model (about 0.5 GB for the embedded
@@ -343,7 +361,7 @@ def resolve(base: dict[str, Any], method: Method, seed: int, *, screening: bool 
         data.setdefault("task", {})["options"] = {"seed": base_cfg.train.seed, **task.options}
     cfg = _from_dict(data, where)
     try:
-        check_arm(cfg, method.trainer)
+        arms.check_config(cfg, method.trainer)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
     return cfg

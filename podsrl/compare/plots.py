@@ -57,7 +57,7 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     axes[0].set_ylabel("held-out accuracy %")
     below = ("a screening: each method its own task" if report.get("screening")
              else f"below: method - {report['baseline']} paired by seed (*: the 95% interval excludes 0)")  # fmt: skip
-    fig.suptitle(f"held-out accuracy, seed mean ({band}); {below}")
+    fig.suptitle(_wrapped(f"held-out accuracy, seed mean ({band})", below))
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=8)
     colors = {name: f"C{i % 10}" for i, name in enumerate(report["methods"])}
@@ -69,6 +69,17 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+TITLE_CHARACTERS = 110  # a title line's characters at the figure's width (13 in) and the title's font, with room
+
+
+def _wrapped(*parts: str) -> str:
+    """The title's parts, each from a new line and over as many lines as it needs to stay inside the
+    figure (a one-seed band's text is long)."""
+    import textwrap
+
+    return "\n".join(line for part in parts for line in textwrap.wrap(part, TITLE_CHARACTERS))
 
 
 def one_run_interval(samples: int | None) -> str:

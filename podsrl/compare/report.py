@@ -2,7 +2,7 @@
 and training wall-clock), with the robust summaries (AUC and final accuracy, each over seeds and
 paired against the baseline by seed). It reads only the small run files (config.toml, eval.jsonl,
 metrics.jsonl, launch.jsonl, done.json), never checkpoints. A screening (``compare.screening``: each
-method its own task) has no baseline: no target, speedups or paired differences, and per method its
+method its own task) has no baseline: no target, time fractions or paired differences, and per method its
 task and its accuracy before training (``start_accuracy``) beside the summaries."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from podsrl.compare.plan import Plan
 from podsrl.compare.plots import plot_report
 from podsrl.compare.layout import check_same_config, is_finished, read_launches, run_dir
 from podsrl.compare.stats import (
-    AXES, SIGNAL_START_STEPS, Curve, auc, final_accuracy, first_reach, mean_curve, paired_difference, peak, seed_first_reach, speedup, time_auc,
-    summarize,
+    AXES, SIGNAL_START_STEPS, Curve, auc, final_accuracy, first_reach, fraction, mean_curve, paired_difference, peak, seed_first_reach,
+    summarize, time_auc, within_budget,
 )  # fmt: skip
 from podsrl.config import Config
 from podsrl.intervals import t_interval
@@ -27,13 +27,13 @@ from podsrl.run.rundir import trained_m, write_text_atomic
 
 # Per axis, the report's key prefix: steps_to_target, time_to_target_seconds, ...
 _TO_TARGET = {"step": "steps_to_target", "train_seconds": "time_to_target_seconds"}
-_SPEEDUP = {"step": "step_speedup", "train_seconds": "speedup"}
+_FRACTION = {"step": "step_fraction", "train_seconds": "time_fraction"}  # of the baseline's steps / time to the target
 # The robust summaries: report key -> per-run function of its eval rows.
 SUMMARIES = {"auc": auc, "final_accuracy": final_accuracy}
 # ... and the one summary over a horizon the whole comparison shares (set in build_report).
 SUMMARY_KEYS = (*SUMMARIES, "time_auc")
 SCREENING_NOTE = ("a screening (compare.screening = true): every method trained on its own task, so there is no baseline, "
-                  "target, speedup or paired difference; compare each method's accuracy before and after training")  # fmt: skip
+                  "target, time fraction or paired difference; compare each method's accuracy before and after training")  # fmt: skip
 
 DEFINITIONS = {
     "peak": "max over evaluation points of the seed-mean accuracy curve (read on the axis evaluation is scheduled on: "
@@ -43,20 +43,30 @@ DEFINITIONS = {
                               "training seconds) reaches target_accuracy",
     "*_to_target_ci95": "Student-t 95% interval over the seeds' own first evaluations at or above the target "
                         "(*_to_target_per_seed); null unless every seed (at least two) reaches it",
-    "speedup": "baseline time_to_target_seconds / method time_to_target_seconds",
-    "step_speedup": "baseline steps_to_target / method steps_to_target",
+    "time_fraction": "method time_to_target_seconds / baseline time_to_target_seconds: the time to the target as a fraction "
+                     "of the baseline's (0.61: in 61% of its time); reports before issue 68 held its inverse, speedup",
+    "step_fraction": "method steps_to_target / baseline steps_to_target: the steps to the target as a fraction of the "
+                     "baseline's",
+    "budget": "every number reads each run's evaluations at or before the budget (budget_seconds of training, budget_steps "
+              "steps), so every arm is read at the same training time: an evaluation after it (a last step that ended past "
+              "it) is left out (runs[].evaluations_past_budget: their training seconds), the final accuracy is the last "
+              "evaluation at or before the budget and time_auc covers [0, budget]; with read_past_budget "
+              "(compare.read_past_budget, the reading before issue 68) every evaluation is read and time_auc's horizon is "
+              "the shortest run's training time",
     "targets": "compare.targets: more accuracies every method is timed to, beside the baseline's target: fraction x the "
                "named method's seed-mean peak (of = peak) or seed-mean accuracy at the budget (of = final); per method the "
                "first step / training time its seed-mean curve reaches it (an evaluation point: the time is reached at most "
-               "then), speedup = the target method's time / the method's, time_ratio = its inverse",
+               "then) and time_fraction / step_fraction = that as a fraction of the target method's own (reports before "
+               "issue 68: speedup, its inverse, and time_ratio, the same)",
     "auc": "area under the accuracy-vs-step curve, as each seed's mean held-out accuracy over its evaluations after step 0 "
            "(with evaluations every k steps: the right-endpoint Riemann sum divided by the budget), averaged over seeds; "
            "auc_ci95: Student-t 95% interval over the seeds (mean +- t_{0.975,k-1} s / sqrt(k))",
-    "final_accuracy": "each seed's held-out accuracy at its last evaluation (at the budget), averaged over seeds; "
+    "final_accuracy": "each seed's held-out accuracy at its last evaluation at or before the budget, averaged over seeds; "
                       "final_accuracy_ci95: Student-t 95% interval over the seeds",
     "time_auc": "AUC per training minute: each seed's mean held-out accuracy over the first time_auc_horizon_seconds of "
                 "training (evaluation excluded; linear between evaluations, the last one held), averaged over seeds, with "
-                "its Student-t interval; the horizon is the shortest finished run's training time, so every run covers it",
+                "its Student-t interval; the horizon is the budget (budget_seconds) when there is a time budget, else the "
+                "shortest finished run's training time, so every run is read over the same minutes",
     "paired_vs_baseline": "per summary, method minus baseline for the same seed index (same training seed: same prompt order, "
                           "same evaluation problems), over the seeds both finished: mean difference, paired t 95% interval "
                           "(mean +- t_{0.975,k-1} s_d / sqrt(k)), and whether that interval excludes zero (null below 2 pairs)",
@@ -106,7 +116,7 @@ DEFINITIONS = {
                "run's steps, then over seeds; is_ratio_min / is_ratio_max: the smallest / largest over every step and seed. "
                "Null where no step logged it (the transformers engine samples with the trainer's own weights: no gap)",
     "screening": "true: a screening (compare.screening), each method trained on its own task (task: its name and "
-                 "options; dataset: a reasoning-gym task's dataset); no baseline, target, speedup or paired difference. "
+                 "options; dataset: a reasoning-gym task's dataset); no baseline, target, time fraction or paired difference. "
                  "start_accuracy: held-out accuracy at the evaluation before training (step 0), averaged over seeds; "
                  "final_accuracy (at the budget) is the accuracy after",
     "trainer": "what trained the method: podsrl (podsrl train), trl (TRL's GRPOTrainer) or trl-pods (podsrl's PODSTrainer "
@@ -129,6 +139,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         if name not in names:
             names.append(name)  # its finished runs, if any, set a target
     entries, rows, curves = _method_entries(plan, out, names)
+    cfg = plan.config(plan.methods[0].name, 0)  # the budget and evaluation every method shares
 
     base = None if plan.screening else entries.get(plan.baseline)
     base_peak = base["peak_accuracy"] if base else None
@@ -138,23 +149,23 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
     if plan.screening:
         notes.append(SCREENING_NOTE)
     elif base_peak is None:
-        notes.append(f"no finished run of the baseline {plan.baseline!r}: no target, no steps, times or speedups")
+        notes.append(f"no finished run of the baseline {plan.baseline!r}: no target, no steps, times or their fractions")
     elif base_peak == 0:  # every evaluation 0%: a target of 0 is "met" at step 0, which says nothing
         notes.append(
             f"the baseline {plan.baseline!r} never answered a held-out problem right (peak accuracy 0%): no target, no "
-            "speedup is measurable; if its completions look right, the task's grader may not read its answers "
+            "time fraction is measurable; if its completions look right, the task's grader may not read its answers "
             "(task.grader: 'text' for words; the run's start-up lines warn when it cannot)"
         )
     elif base_at["step"] == 0 or base_at["train_seconds"] == 0:
-        notes.append("the untrained model already meets the target (step 0, time 0): no speedup is measurable")
+        notes.append("the untrained model already meets the target (step 0, time 0): no time fraction is measurable")
     for name, entry in entries.items():
         _add_to_target(entry, rows[name], curves[name], target, base_at)
     notes += _missing_seed_notes(plan, entries) + _reward_notes(entries) + _one_answer_notes(entries)
-    horizon = _add_time_auc(entries)
+    horizon = _add_time_auc(entries, None if plan.read_past_budget else cfg.train.max_seconds)
+    notes += _past_budget_notes(entries, cfg) + _loss_notes(entries)
     notes += _paired_differences(entries, None if plan.screening else plan.baseline)
     sharing = _device_sharing(entries)
     notes += _sharing_notes(sharing)
-    cfg = plan.config(plan.methods[0].name, 0)
     return {
         "baseline": None if plan.screening else plan.baseline,
         "screening": plan.screening,
@@ -163,6 +174,7 @@ def build_report(plan: Plan, out: Path) -> dict[str, Any]:
         "target_accuracy": target,
         "budget_seconds": cfg.train.max_seconds,
         "budget_steps": cfg.train.max_steps,
+        "read_past_budget": plan.read_past_budget,  # compare.read_past_budget: evaluations after the budget read too
         "peak_axis": primary_axis(cfg),
         "eval_every": {"steps": cfg.eval.every_steps or None, "seconds": cfg.eval.every_seconds or None},
         "eval_problems": _eval_problems(entries),
@@ -209,7 +221,7 @@ def _add_to_target(entry: dict[str, Any], rows: list[list[dict]], curves: dict[s
                    base_at: dict[str, float | None]) -> None:  # fmt: skip
     """A method's numbers at the target, on both axes: where its seed-mean curve first reaches it, each
     seed's first evaluation at or above it (with their interval when every seed, at least two, reached
-    it) and the speedup over the baseline."""
+    it) and that as a fraction of the baseline's."""
     for axis in AXES:
         key = _TO_TARGET[axis]
         at, per_seed = _reach(curves, rows, target, axis)
@@ -217,17 +229,17 @@ def _add_to_target(entry: dict[str, Any], rows: list[list[dict]], curves: dict[s
         entry[key] = at
         entry[f"{key}_per_seed"] = per_seed
         entry[f"{key}_ci95"] = list(t_interval(reached)) if per_seed and len(reached) == len(per_seed) and len(reached) >= 2 else None
-        entry[_SPEEDUP[axis]] = speedup(base_at[axis], at)
+        entry[_FRACTION[axis]] = fraction(at, base_at[axis])
     if entry["steps_to_target"] == 0:
-        entry["note"] = "the target is met at step 0 (before training): no speedup"
+        entry["note"] = "the target is met at step 0 (before training): no time fraction"
 
 
 def _more_targets(plan: Plan, entries: dict[str, dict], rows: dict[str, list[list[dict]]],
                   curves: dict[str, dict[str, Curve]]) -> list[dict[str, Any]]:  # fmt: skip
     """compare.targets: per target, its accuracy (``fraction`` x the method's seed-mean peak or final
     accuracy) and per method the step and training time at which its seed mean first reaches it (each
-    seed's too), the target method's own time over it (``speedup``) and its inverse (``time_ratio``:
-    the method's time as a fraction of the target method's). None where a method never reaches it."""
+    seed's too), and that as a fraction of the target method's own (``time_fraction``, ``step_fraction``).
+    None where a method never reaches it."""
     out = []
     for t in plan.targets:
         e = entries.get(t.method)
@@ -237,14 +249,12 @@ def _more_targets(plan: Plan, entries: dict[str, dict], rows: dict[str, list[lis
         per_method = {}
         for name in entries:
             at = {axis: _reach(curves[name], rows[name], accuracy, axis) for axis in AXES}
-            fast = speedup(ref["train_seconds"], at["train_seconds"][0])
             per_method[name] = {
                 "steps_to_target": at["step"][0],
                 "time_to_target_seconds": at["train_seconds"][0],
                 "time_to_target_seconds_per_seed": at["train_seconds"][1],
-                "speedup": fast,
-                "step_speedup": speedup(ref["step"], at["step"][0]),
-                "time_ratio": 1 / fast if fast else None,
+                "time_fraction": fraction(at["train_seconds"][0], ref["train_seconds"]),
+                "step_fraction": fraction(at["step"][0], ref["step"]),
             }  # fmt: skip
         out.append({"method": t.method, "of": t.of, "fraction": t.fraction, "label": t.label, "level": level,
                     "target_accuracy": accuracy, "methods": per_method})  # fmt: skip
@@ -272,6 +282,34 @@ def _reward_notes(entries: dict[str, dict]) -> list[str]:
     return notes
 
 
+def _past_budget_notes(entries: dict[str, dict], cfg: Config) -> list[str]:
+    """A note per method with evaluations after the budget: left out, so every arm is read at the same time."""
+    notes = []
+    for name, entry in entries.items():
+        past = [(run["seed"], t) for run in entry["runs"] for t in run["evaluations_past_budget"]]
+        if past:
+            shown = ", ".join(f"seed {seed} at {t / 60:.2f} min" for seed, t in past)
+            notes.append(f"{name}: {len(past)} evaluation{'s' * (len(past) != 1)} after the budget ({_budget_text(cfg)}) left out, "
+                         f"every number reads each run at or before it ({shown}: a last step that ended past the budget)")  # fmt: skip
+    return notes
+
+
+def _loss_notes(entries: dict[str, dict]) -> list[str]:
+    """A note when the methods train with different losses (loss.aggregation): a comparison that does
+    not set it trains a TRL arm with TRL's default loss and a podsrl arm with podsrl's."""
+    kinds = {e["aggregation"] for e in entries.values()}
+    if len(kinds) < 2:
+        return []
+    shown = ", ".join(f"{name} {e['aggregation']!r}" for name, e in entries.items())
+    return [f"the methods train with different losses (loss.aggregation: {shown}; a TRL arm takes TRL's default where the "
+            "comparison sets none): set loss.aggregation in the base config to compare them on one loss"]  # fmt: skip
+
+
+def _budget_text(cfg: Config) -> str:
+    t = cfg.train
+    return " or ".join(([f"{t.max_steps} steps"] if t.max_steps else []) + ([f"{t.max_seconds / 60:g} min of training"] if t.max_seconds else []))
+
+
 def _sharing_notes(sharing: dict[str, Any]) -> list[str]:
     """A note when runs shared a device: their wall-clocks are inflated."""
     if sharing["runs_per_device"] > 1:
@@ -294,7 +332,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
             continue
         check_same_config(path, cfg)
         trained.append(trained_m(path)[0])  # what an unset m meant when the run trained (its config.toml)
-        run, evals, metrics = _run_record(path, cfg, seed)
+        run, evals, metrics = _run_record(path, cfg, seed, read_past_budget=plan.read_past_budget)
         runs.append(run)
         rows_per_run.append(evals)
         all_metrics += metrics
@@ -308,6 +346,7 @@ def _method_entry(plan: Plan, out: Path, name: str) -> tuple[dict[str, Any], lis
         "overrides": plan.all_methods[name].overrides,
         "trainer": plan.trainer(name),  # podsrl, trl (GRPOTrainer) or trl-pods (PODSTrainer)
         "rule": sel.rule,
+        "aggregation": cfg0.loss.aggregation,  # a TRL arm's default is TRL's (podsrl.compare.arms.defaults)
         "n": cfg0.rollout.n,
         "m": m,
         "m_final": sel.m_final if sel.m_final not in (None, m) else None,
@@ -379,10 +418,12 @@ def _one_answer_notes(entries: dict[str, dict], threshold: float = 0.25) -> list
     return notes
 
 
-def _run_record(path: Path, cfg: Config, seed: int) -> tuple[dict[str, Any], list[dict], list[dict]]:
-    """A finished run's record in its method's entry (``runs[]``), with its eval rows (by training
-    time) and its metrics rows."""
+def _run_record(path: Path, cfg: Config, seed: int, *, read_past_budget: bool = False) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """A finished run's record in its method's entry (``runs[]``), with its eval rows at or before the
+    budget (by training time: what every number reads, :func:`podsrl.compare.stats.within_budget`; every
+    row with ``read_past_budget``) and its metrics rows."""
     evals = sorted(read_jsonl(path / "eval.jsonl"), key=lambda r: r["train_seconds"])
+    evals, past = (evals, []) if read_past_budget else within_budget(evals, cfg.train.max_seconds, cfg.train.max_steps)
     metrics = _last_row_per_step(read_jsonl(path / "metrics.jsonl"))
     steps = max([r["step"] for r in metrics] + [r["step"] for r in evals] + [0])
     launches = read_launches(path)
@@ -394,6 +435,7 @@ def _run_record(path: Path, cfg: Config, seed: int) -> tuple[dict[str, Any], lis
         "train_seconds": [r["train_seconds"] for r in evals],
         "step": [r["step"] for r in evals],
         "accuracy": [r["accuracy"] for r in evals],
+        "evaluations_past_budget": [r["train_seconds"] for r in past],  # left out of every number
         "problems": evals[-1]["problems"] if evals else None,
         "peak_accuracy": max((r["accuracy"] for r in evals), default=None),
         **{key: f(evals) for key, f in SUMMARIES.items()},
@@ -452,11 +494,11 @@ def _summaries(runs: list[dict]) -> dict[str, Any]:
     return out
 
 
-def _add_time_auc(entries: dict[str, dict]) -> float | None:
-    """Every run's and method's ``time_auc`` over the comparison's horizon (the shortest finished run's
-    training time); returns the horizon (None without runs)."""
+def _add_time_auc(entries: dict[str, dict], budget_seconds: float | None) -> float | None:
+    """Every run's and method's ``time_auc`` over the comparison's horizon (the budget; without a time
+    budget the shortest finished run's training time); returns the horizon (None without runs)."""
     ends = [run["train_seconds"][-1] for e in entries.values() for run in e["runs"] if run["train_seconds"]]
-    horizon = min(ends) if ends else None
+    horizon = (budget_seconds or min(ends)) if ends else None
     for entry in entries.values():
         for run in entry["runs"]:
             run["time_auc"] = time_auc(run["train_seconds"], run["accuracy"], horizon) if horizon else None

@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
@@ -24,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from podsrl import config as config_mod
+import podsrl.compare.arms as arms
+from podsrl.compare.arms import PODSRL, TRAINERS
 from podsrl.compare.layout import LOG_FILE, mark_done, run_dir, run_status, write_launch
 from podsrl.compare.plan import Plan, check_setup
 from podsrl.compare.report import build_report, write_report
-from podsrl.compare.trl_arm import PODSRL, TRAINERS
 from podsrl.config import Config
 from podsrl.errors import EXIT_PREEMPTED, ConfigError
 from podsrl.run.preemption import StopSignals
@@ -85,18 +85,13 @@ def run_all(
 
     def finished(job: _Job) -> None:
         mark_done(job.path, job.cfg)
+        arms.finish(job.path, job.trainer)  # a TRL arm's scored checkpoints go
         write_report(build_report(plan, out), out)
 
     if not isolate:
-        from podsrl.compare.trl_arm import train_trl
-        from podsrl.train.loop import train
-
         for job in todo:
             log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}{_with(job)}, budget {budget_text(job.cfg)} -> {job.path}")
-            if job.trainer == PODSRL:
-                train(job.cfg, run_dir=job.path, resume=job.resume, log=log)
-            else:
-                train_trl(job.cfg, job.trainer, run_dir=job.path, resume=job.resume, log=log)
+            arms.train(job.cfg, job.trainer, run_dir=job.path, resume=job.resume, log=log)
             write_launch(job.path, device=None, parallel=1, runs_on_device=1, exit_code=0)
             finished(job)
         return
@@ -110,7 +105,7 @@ class _Job:
     cfg: Config
     path: Path
     resume: bool
-    trainer: str = PODSRL  # or a TRL arm's (podsrl.compare.trl_arm)
+    trainer: str = PODSRL  # or a TRL arm's (podsrl.compare.arms)
     device: str | None = None
     runs_on_device: int = 1  # the most runs on its device while it ran, itself included
     proc: subprocess.Popen | None = None
@@ -125,35 +120,19 @@ class _Job:
 
 def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log, on_success) -> None:
     """Keep up to ``parallel`` child processes going until ``todo`` is done. After a failure no
-    new run starts; the running ones finish (they are kept), then RunFailed is raised."""
+    new run starts; the running ones finish (they are kept), then RunFailed is raised. While the
+    children run, the first of their train.stop_signals is recorded, passed on to them
+    (:func:`_pass_on`), and no new run starts."""
     slots: list[str | None] = list(devices) if devices else [None]
-    per_device = -(-min(parallel, len(todo)) // len(slots))  # ceil: the most runs one device gets at once
-    if per_device > 1:
-        where = f"each of the devices {','.join(slots)}" if devices else "one device (the machine's CPU or its one GPU)"
-        log(f"podsrl compare: up to {per_device} runs train at once on {where} and share its time: wall-clock times "
-            "are inflated by the sharing, so the step axis is the fair comparison")  # fmt: skip
-    env = dict(os.environ)
-    if parallel > 1 and "OMP_NUM_THREADS" not in env and todo:
-        # Each child would otherwise start a thread per core: K children oversubscribe the CPU.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // min(parallel, len(todo))))
+    _say_sharing(slots, parallel, len(todo), devices, log)
+    env = _child_env(parallel, len(todo))
     queue, running, failed = deque(todo), [], []
-    # While the children run, the first of their train.stop_signals is recorded, passed on to them
-    # (_pass_on), and no new run starts.
     stop = StopSignals(sorted({name for job in todo for name in job.cfg.train.stop_signals})).install()
     passed_on = False
     try:
         while queue or running:
             while queue and len(running) < parallel and not failed and stop.received is None:
-                job = queue.popleft()
-                job.device = min(slots, key=lambda d: sum(j.device == d for j in running))
-                _start(job, env, quiet=parallel > 1)
-                running.append(job)
-                on_device = [j for j in running if j.device == job.device]
-                for j in on_device:
-                    j.runs_on_device = max(j.runs_on_device, len(on_device))
-                pin = "" if job.device is None else f" on device {job.device}"
-                out = f" (output in {job.path / LOG_FILE})" if parallel > 1 else ""
-                log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}{_with(job)}{pin}, budget {budget_text(job.cfg)} -> {job.path}{out}")
+                _launch(queue.popleft(), running, slots, env, parallel, log)
             if not running:
                 break  # a run failed and the others have finished
             time.sleep(_POLL_SECONDS)
@@ -162,28 +141,66 @@ def _run_pool(todo: list[_Job], *, parallel: int, devices: list[str] | None, log
                 _pass_on(stop.received, running, log)
             for job in [j for j in running if j.proc.poll() is not None]:
                 running.remove(job)
-                rc = _end(job, parallel)
-                minutes = (time.monotonic() - job.started) / 60
-                if rc == 0:
-                    log(f"podsrl compare: {job.head}: finished ({minutes:.1f} min of wall-clock)")
-                    on_success(job)
-                elif rc == EXIT_PREEMPTED and stop.received is not None:
-                    failed.append((job, rc))
-                    kept = "saved a checkpoint and stopped" if run_status(job.path, job.cfg, job.trainer) == "resume" else \
-                        "stopped before its first checkpoint: the same command trains it again from the start"
-                    log(f"podsrl compare: {job.head}: {kept} ({minutes:.1f} min of wall-clock)")
-                else:
-                    failed.append((job, rc))
-                    if parallel > 1:
-                        log(f"podsrl compare: {job.head}: failed with exit code {rc}; the end of {job.path / LOG_FILE}:\n{_tail(job.path / LOG_FILE)}")
-                    if running:
-                        log(f"podsrl compare: no new runs start; waiting for the {len(running)} running to finish")
+                if not _reap(job, parallel, stop.received, log, on_success, running=len(running)):
+                    failed.append((job, job.proc.returncode))
     except KeyboardInterrupt:
         _stop(running, parallel)
         raise
     finally:
         stop.restore(ignore_after_stop=False)  # the runs checkpoint; this process only reports
     _raise_failure(stop.received, failed, len(queue), parallel)
+
+
+def _say_sharing(slots: list[str | None], parallel: int, jobs: int, devices: list[str] | None, log) -> None:
+    """A line when runs will share a device: their wall-clocks are then inflated."""
+    per_device = -(-min(parallel, jobs) // len(slots))  # ceil: the most runs one device gets at once
+    if per_device > 1:
+        where = f"each of the devices {','.join(slots)}" if devices else "one device (the machine's CPU or its one GPU)"
+        log(f"podsrl compare: up to {per_device} runs train at once on {where} and share its time: wall-clock times "
+            "are inflated by the sharing, so the step axis is the fair comparison")  # fmt: skip
+
+
+def _child_env(parallel: int, jobs: int) -> dict[str, str]:
+    """The children's environment: each would otherwise start a thread per core, and K children
+    oversubscribe the CPU."""
+    env = dict(os.environ)
+    if parallel > 1 and "OMP_NUM_THREADS" not in env and jobs:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // min(parallel, jobs)))
+    return env
+
+
+def _launch(job: _Job, running: list[_Job], slots: list[str | None], env: dict[str, str], parallel: int, log) -> None:
+    """Start ``job`` on the least loaded device and record how many runs share it."""
+    job.device = min(slots, key=lambda d: sum(j.device == d for j in running))
+    _start(job, env, quiet=parallel > 1)
+    running.append(job)
+    on_device = [j for j in running if j.device == job.device]
+    for j in on_device:
+        j.runs_on_device = max(j.runs_on_device, len(on_device))
+    pin = "" if job.device is None else f" on device {job.device}"
+    out = f" (output in {job.path / LOG_FILE})" if parallel > 1 else ""
+    log(f"podsrl compare: {job.head} (train.seed={job.cfg.train.seed}): {job.verb}{_with(job)}{pin}, budget {budget_text(job.cfg)} -> {job.path}{out}")
+
+
+def _reap(job: _Job, parallel: int, received: signal.Signals | None, log, on_success, *, running: int) -> bool:
+    """A child that has exited: cleaned up, its outcome said (``running``: how many still run); True
+    when it finished its run."""
+    rc = _end(job, parallel)
+    minutes = (time.monotonic() - job.started) / 60
+    if rc == 0:
+        log(f"podsrl compare: {job.head}: finished ({minutes:.1f} min of wall-clock)")
+        on_success(job)
+        return True
+    if rc == EXIT_PREEMPTED and received is not None:
+        kept = "saved a checkpoint and stopped" if run_status(job.path, job.cfg, job.trainer) == "resume" else \
+            "stopped before its first checkpoint: the same command trains it again from the start"
+        log(f"podsrl compare: {job.head}: {kept} ({minutes:.1f} min of wall-clock)")
+        return False
+    if parallel > 1:
+        log(f"podsrl compare: {job.head}: failed with exit code {rc}; the end of {job.path / LOG_FILE}:\n{_tail(job.path / LOG_FILE)}")
+    if running:
+        log(f"podsrl compare: no new runs start; waiting for the {running} running to finish")
+    return False
 
 
 def _raise_failure(received: signal.Signals | None, failed: list[tuple[_Job, int]], not_started: int, parallel: int) -> None:
@@ -211,16 +228,6 @@ def _raise_failure(received: signal.Signals | None, failed: list[tuple[_Job, int
         )
 
 
-def train_command(job_config: Path, path: Path, *, resume: bool, trainer: str = PODSRL) -> list[str]:
-    """The child process of one run: ``podsrl train`` with this interpreter, or for a TRL arm
-    :mod:`podsrl.compare.trl_arm`'s."""
-    where = ["--resume", str(path)] if resume else ["--out", str(path)]
-    if trainer != PODSRL:
-        main = "import sys; from podsrl.compare.trl_arm import main; sys.exit(main(sys.argv[1:]))"
-        return [sys.executable, "-c", main, str(job_config), "--trainer", trainer, *where]
-    return [sys.executable, "-m", "podsrl.cli", "train", str(job_config), *where, "--no-plot"]
-
-
 def _with(job: _Job) -> str:
     """" with TRL GRPOTrainer" for a TRL arm; "" for podsrl's."""
     return "" if job.trainer == PODSRL else f" with {TRAINERS[job.trainer]}"
@@ -240,7 +247,7 @@ def _start(job: _Job, env: dict[str, str], *, quiet: bool) -> None:
         job.path.mkdir(parents=True, exist_ok=True)
         job.output = open(job.path / LOG_FILE, "a")
     job.started = time.monotonic()
-    job.proc = subprocess.Popen(train_command(config, job.path, resume=job.resume, trainer=job.trainer), env=child_env,
+    job.proc = subprocess.Popen(arms.command(config, job.path, resume=job.resume, trainer=job.trainer), env=child_env,
                                 stdout=job.output, stderr=subprocess.STDOUT if quiet else None)  # fmt: skip
 
 

@@ -5,6 +5,15 @@ The intervals themselves are :mod:`podsrl.intervals`'.
 An eval row is one line of a run's eval.jsonl: ``step``, ``train_seconds``, ``accuracy`` (and
 ``ci_low``/``ci_high``, its Wilson interval). A curve is read on one of two axes (:data:`AXES`):
 optimizer steps or training wall-clock seconds (evaluation excluded).
+
+**At the budget.** Every arm is read at the same training time: a run's evaluations after the budget
+(a last step that ended past ``train.max_seconds``, as runs did before they stopped within it) are
+left out of everything (:func:`within_budget`), so a run's accuracy "at the budget" is its last
+evaluation at or before it, and the AUC per training minute covers [0, budget].
+
+**Ratios.** One convention: a method's steps or time to a target as a fraction of the reference's
+(:func:`fraction`; 0.61: in 61% of the baseline's time). Reports before issue 68 kept the inverse,
+``speedup`` (the baseline's over the method's).
 """
 
 from __future__ import annotations
@@ -100,11 +109,23 @@ def seed_first_reach(rows: list[dict], target: float, axis: str) -> float | None
     return None
 
 
-def speedup(baseline_x: float | None, method_x: float | None) -> float | None:
-    """Baseline's steps or time to the target over the method's; None when either is missing or zero."""
-    if baseline_x is None or method_x is None or baseline_x <= 0 or method_x <= 0:
+def fraction(method_x: float | None, reference_x: float | None) -> float | None:
+    """The method's steps or time to a target as a fraction of the reference's (the baseline's):
+    0.5 reaches it in half the reference's time. None when either is missing or zero (a target met
+    before training says nothing)."""
+    if reference_x is None or method_x is None or reference_x <= 0 or method_x <= 0:
         return None
-    return baseline_x / method_x
+    return method_x / reference_x
+
+
+def within_budget(rows: list[dict], max_seconds: float | None, max_steps: int | None) -> tuple[list[dict], list[dict]]:
+    """(the run's evaluations at or before the budget, those after it), each in the order given: an
+    evaluation after ``max_seconds`` of training or ``max_steps`` steps came from training no other
+    run had."""
+    def inside(row: dict) -> bool:
+        return (not max_seconds or row["train_seconds"] <= max_seconds) and (not max_steps or row["step"] <= max_steps)
+
+    return [r for r in rows if inside(r)], [r for r in rows if not inside(r)]
 
 
 # ----------------------------------------------------------------------------------- robust summaries
@@ -152,7 +173,8 @@ def time_auc(train_seconds: list[float], accuracy: list[float], horizon: float) 
 
 
 def final_accuracy(rows: list[dict]) -> float | None:
-    """Held-out accuracy at the run's last evaluation (for a finished run: at the budget)."""
+    """Held-out accuracy at the run's last evaluation of ``rows`` (the report passes those at or
+    before the budget, :func:`within_budget`: the accuracy at the budget)."""
     if not rows:
         return None
     return max(rows, key=lambda row: (row["step"], row["train_seconds"]))["accuracy"]

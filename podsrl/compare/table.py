@@ -1,6 +1,8 @@
 """The printed tables. First, per method: the peak with its interval, the step and the training time
 at which the seed mean first reaches the target (95% intervals over the seeds' own first points),
-the speedups on both axes, and the cost of a step. Second, the robust summaries: AUC and final
+each as a fraction of the baseline's (the one ratio convention: "time to the target as a fraction of
+the baseline's"; a compare.json made before issue 68 holds ``speedup``, its inverse, and is read so
+too), and the cost of a step. Every number reads each run at or before the budget (the heads say so). Second, the robust summaries: AUC and final
 accuracy with their intervals over seeds, and each method minus the baseline paired by seed with
 the paired t-interval, starred where it excludes zero; then every other pair of methods the same
 way. Third, the seed-mean held-out accuracy at each evaluation step, or at equal training minutes when
@@ -41,13 +43,29 @@ def _reach(value: float | None, ci: list[float] | None, per_seed: list, has_targ
     return f"{text} ({reached}/{len(per_seed)} seeds)" if reached < len(per_seed) else text
 
 
+def fraction_of(d: dict[str, Any], axis: str) -> float | None:
+    """A method's steps (``axis`` "step") or time ("time") to a target as a fraction of the reference's,
+    from a compare.json entry of any age: ``time_fraction`` / ``step_fraction``, or before issue 68
+    the inverse of ``speedup`` / ``step_speedup`` (``time_ratio`` in a target's)."""
+    if f"{axis}_fraction" in d:
+        return d[f"{axis}_fraction"]
+    if axis == "time" and d.get("time_ratio") is not None:
+        return d["time_ratio"]
+    old = d.get("speedup" if axis == "time" else "step_speedup")
+    return 1 / old if old else None
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def format_table(report: dict[str, Any]) -> str:
     if report.get("screening"):
         sections = [*_screening_table(report), "", *_curve_table(report), *_signal_table(report)]
         return "\n".join(sections + [f"note: {n}" for n in report["notes"]])
-    pct = f"{100 * report['target_fraction']:.0f}%"
-    rows = [("method", "rule", "n", "m", "peak acc (95% CI)", f"step to {pct} {report['baseline']} peak", "step speedup",
-             f"min to {pct} {report['baseline']} peak", "time speedup", "steps", "s/step (generate, update)")]  # fmt: skip
+    pct, base = f"{100 * report['target_fraction']:.0f}%", report["baseline"]
+    rows = [("method", "rule", "n", "m", "peak acc (95% CI)", f"step to {pct} {base} peak", f"steps, fraction of {base}'s",
+             f"min to {pct} {base} peak", f"time, fraction of {base}'s", "steps", "s/step (generate, update)")]  # fmt: skip
     has_target = report["target_accuracy"] is not None
     for name, e in report["methods"].items():
         m = f"{e['m']}->{e['m_final']}" if e["m_final"] else str(e["m"])
@@ -63,8 +81,8 @@ def format_table(report: dict[str, Any]) -> str:
                          has_target, lambda v: f"{v / 60:.1f}")  # fmt: skip
         rows.append((
             name, _rule(e), str(e["n"]), m, acc,
-            steps, "-" if e["step_speedup"] is None else f"{e['step_speedup']:.2f}x",
-            minutes, "-" if e["speedup"] is None else f"{e['speedup']:.2f}x",
+            steps, _times(fraction_of(e, "step")),
+            minutes, _times(fraction_of(e, "time")),
             ", ".join(map(str, e["steps"])) or "-",
             _format_phases(e.get("median_seconds") or {}),
         ))  # fmt: skip
@@ -77,10 +95,21 @@ def format_table(report: dict[str, Any]) -> str:
             f"{100 * report['target_accuracy']:.1f}% held-out accuracy; budget {budget} per run"
         )
     head.append("step/min to target: first evaluation of the seed mean at the target [95% t-interval over the seeds' own "
-                "first evaluations at it]; speedup: the baseline's over the method's")  # fmt: skip
+                f"first evaluations at it]; fraction of {base}'s: the time (steps) to the target as a fraction of {base}'s "
+                "(below 1: sooner)" + (f"; {_reading(report)}" if _reading(report) else ""))  # fmt: skip
     sections = [*_targets_table(report), *_summary_table(report), "", *_pairwise_table(report), *_curve_table(report),
                 *_signal_table(report), *_sampler_table(report)]
     return "\n".join(head + lines + [""] + sections + [f"note: {n}" for n in report["notes"]])
+
+
+def _reading(report: dict[str, Any]) -> str:
+    """Which evaluations every number reads: those at or before the budget, or (compare.read_past_budget)
+    all of them; "" for a report made before issue 68, which read all of them and did not say so."""
+    if "read_past_budget" not in report:
+        return ""
+    if report["read_past_budget"]:
+        return "every number reads every evaluation, those after the budget too (compare.read_past_budget)"
+    return f"every number reads each run's evaluations at or before the budget ({_budget(report)})"
 
 
 def _targets_table(report: dict[str, Any]) -> list[str]:
@@ -101,7 +130,7 @@ def _targets_table(report: dict[str, Any]) -> list[str]:
             elif d.get("time_to_target_seconds") is None:
                 cells.append("never")
             else:
-                ratio = "" if d.get("time_ratio") is None else f" ({d['time_ratio']:.2f}x its time)"
+                ratio = "" if fraction_of(d, "time") is None else f" ({fraction_of(d, 'time'):.2f}x its time)"
                 cells.append(f"{d['time_to_target_seconds'] / 60:.1f}{ratio}")
         rows.append((name, *cells))
     every = (report.get("eval_every") or {}).get("seconds")
@@ -181,9 +210,13 @@ def _summary_table(report: dict[str, Any]) -> list[str]:
             difference(paired.get("auc"), baseline=name == base), difference(paired.get("final_accuracy"), baseline=name == base),
             _mean_ci(e.get("time_auc"), e.get("time_auc_ci95")), difference(paired.get("time_auc"), baseline=name == base),
         ))  # fmt: skip
-    head = [f"robust summaries: AUC = mean accuracy over the evaluations after step 0; final = at the budget; "
-            f"AUC per training minute = mean accuracy over the first {minutes:.1f} minutes of training (the shortest run's); "
-            f"differences: method - {base} for the same seed (* = the paired interval excludes zero)"]  # fmt: skip
+    strict = not report.get("read_past_budget", True)
+    horizon = "[0, the budget]" if strict and report.get("budget_seconds") else "(the shortest run's)"
+    final = "the last evaluation at or before the budget" if strict else "the last evaluation"
+    reading = f" ({_reading(report)})" if _reading(report) else ""
+    head = [f"robust summaries{reading}: AUC = mean accuracy over the evaluations after step 0; final = {final}; "
+            f"AUC per training minute = mean accuracy over the first {minutes:.1f} minutes of training {horizon}, each run's "
+            f"last evaluation held to its end; differences: method - {base} for the same seed (* = the paired interval excludes zero)"]  # fmt: skip
     return head + _grid(rows)
 
 
@@ -247,22 +280,26 @@ def _curve_table(report: dict[str, Any]) -> list[str]:
 
 
 def _minutes_table(report: dict[str, Any], curves: dict[str, dict], every: float) -> list[str]:
-    """Seed-mean held-out accuracy at equal training minutes: at every ``eval.every_seconds`` and at the
-    budget, each method's mean curve read linearly between its own evaluations. A run evaluates at the
-    first step end after each interval, so its points fall up to a step late (a TRL arm's steps of
-    half a minute: up to half a minute), and methods' points differ; read at the same minutes they
-    compare. "-" past a method's last evaluation."""
+    """Seed-mean held-out accuracy at equal training minutes: at every ``eval.every_seconds``, each
+    method's mean curve read linearly between its own evaluations, and at the budget its final accuracy
+    (each seed's last evaluation at or before the budget, averaged: a run trains no more than the
+    budget). A run evaluates at the first step end after each interval, so its points fall up to a
+    step late (a TRL arm's steps of half a minute: up to half a minute), and methods' points differ;
+    read at the same minutes they compare. "-" past a method's last evaluation. With compare.read_past_budget
+    the budget is read on the curve like the other minutes (the report before issue 68)."""
     end = report.get("budget_seconds") or max(c["x"][-1] for c in curves.values())
-    marks = [k * every for k in range(int(end // every + 1e-9) + 1)]
-    if end - marks[-1] > 1e-6:
+    budget = end if report.get("budget_seconds") and not report.get("read_past_budget", True) else None  # a column of its own
+    marks = [k * every for k in range(int(end // every + 1e-9) + 1) if not budget or k * every < budget - 1e-6]
+    if not budget and end - marks[-1] > 1e-6:
         marks.append(end)
-    rows = [("method", "seeds", *(f"{m / 60:.1f} min" for m in marks))]
+    head_cells = [f"{m / 60:.1f} min" for m in marks] + ([f"{budget / 60:.1f} min (at the budget)"] if budget else [])
+    rows = [("method", "seeds", *head_cells)]
     for name, c in curves.items():
-        values = [value_at(c["x"], c["accuracy"], m) for m in marks]
+        values = [value_at(c["x"], c["accuracy"], m) for m in marks] + ([report["methods"][name]["final_accuracy"]] if budget else [])
         rows.append((name, str(len(report["methods"][name]["runs"])), *("-" if v is None else f"{100 * v:.1f}" for v in values)))
     head = ["held-out accuracy % at equal training minutes: mean over seeds, each method's curve linear between its own "
             "evaluations (which come at the first step end after each interval: up to a step late; the points themselves are "
-            "compare.json's curves)"]  # fmt: skip
+            "compare.json's curves)" + ("; at the budget: the last evaluation at or before it" if budget else "")]  # fmt: skip
     return head + _grid(rows) + [""]
 
 

@@ -14,7 +14,7 @@ over-sampled cannot blow up the variance: truncated importance sampling (TIS, Ya
 sampling (MIS, Liu, Li et al. 2025, "When speed kills stability"). The names and the formulas are
 TRL 1.16's ``GRPOTrainer`` (``vllm_importance_sampling_mode`` and its bounds; the weight is computed
 once per generation batch from TRL's ``old_per_token_logps``), which verl offers as ``rollout_is``
-(truncate) and ``rollout_rs`` (mask).
+(truncate); verl's ``rollout_rs`` (rejection sampling) is the constraint ``reject``.
 
 Modes (:data:`MODES`, ``<level>_<constraint>``; ``rollout.importance_sampling_mode``), with
 d_{i,t} = log pi_old - log pi_sampler on the completion tokens (``mask``), |o_i| of them:
@@ -33,15 +33,27 @@ d_{i,t} = log pi_old - log pi_sampler on the completion tokens (``mask``), |o_i|
   variance, as in GSPO's length-normalised ratio). It stays near 1 (exp(-KL) on average), so TRL's
   clip_max of 3 (a mean gap of 1.1 nats per token) almost never acts: bound it near 1 (verl
   suggests thresholds of about 1.0002-1.001 for it) if it is to reject anything.
-- constraint ``truncate``: w = clamp(r, clip_min, clip_max); constraint ``mask``: w = r inside
-  [clip_min, clip_max], 0 outside (the token, or the whole sequence, leaves the policy-gradient term).
+- constraint ``truncate``: w = clamp(r, clip_min, clip_max); constraint ``mask`` (TRL's): w = r inside
+  [clip_min, clip_max], 0 outside (the token, or the whole sequence, leaves the policy-gradient term),
+  no lower bound unless clip_min is set; constraint ``reject`` (verl's ``rollout_rs``, rejection
+  sampling): w = 1 inside the bounds, 0 outside, and the lower bound is 1 / clip_max unless clip_min
+  is set (verl's default, ``rollout_rs_threshold_lower``).
+
+**Two "geometric" modes users know.** verl's ``rollout_rs = "geometric"`` rejects a sequence whose
+geometric ratio leaves [1 / upper, upper] and keeps the others with weight 1: that is podsrl's
+``geometric_reject`` (``rollout_rs_threshold`` = clip_max). podsrl's ``geometric_mask`` is TRL's
+mask at the geometric level: a kept sequence is weighted by its ratio, and without clip_min nothing
+is rejected from below. ``geometric_truncate`` clips the ratio, as verl's ``rollout_is`` clips a
+token's or a sequence's. Where they differ from verl all the same: verl takes a rejected token out
+of the loss mask, so out of the normalisers; here the normalisers stay (below).
 
 podsrl's defaults: ``token_truncate``, clip_max 3, no clip_min. TRL's are the same bounds with
 ``sequence_mask``: podsrl differs because a sequence ratio is a product over the completion's tokens,
 so its weights spread and fall with the length (effective sample size 0.66 of the sequences at 512
-tokens on GSM8K at this project's CPU's bfloat16 gap, against 1.00 for ``token_truncate``; issue 59,
-docs/vllm.md "Long completions"). TRL 1.16 has the token and sequence levels only
-(:class:`podsrl.integrations.trl.PODSConfig` refuses a geometric mode).
+tokens on GSM8K at a bfloat16 sampler's gap, against 1.00 for ``token_truncate``, of its sequences'
+weights there and of its tokens' own at 64-256 tokens; issues 59 and 67, docs/vllm.md "Long
+completions"). TRL 1.16 has the token and sequence levels and the truncate and mask constraints
+only (:class:`podsrl.integrations.trl.PODSConfig` refuses the others).
 
 What the weight multiplies, and what it does not (TRL's choices, followed here):
 
@@ -75,15 +87,27 @@ Metrics (:class:`ImportanceMetrics`) are over the tokens of ``token_mask`` (defa
 caller passes the tokens of the policy-gradient term, those the weight acts on. They describe the
 ratio r before truncation or masking (TRL logs the weight after it: its minimum is 0 whenever a
 token is masked), and the share of tokens whose r fell outside [clip_min, clip_max], i.e. truncated
-or weighted 0; a sequence ratio counts once per token. And they describe the weight after it, per
-sequence: a sequence's weight w_i is the mean of its counted tokens' weights (for the sequence and
-geometric levels, the one weight all its tokens carry; for the token level, the average factor by
-which its policy-gradient terms were scaled), over the sequences with a counted token, n of them:
-the mean weight and the effective sample size ESS = (sum_i w_i)^2 / (n sum_i w_i^2), a share of
-the n sequences (1: all weigh alike; 1/n: one carries all the weight; 0: every weight is 0), the
-share of equally weighted sequences whose estimate would have the same variance (Kish's effective
-sample size). They are sums, minima and maxima, so calls on micro-batches and ranks combine exactly
-(:meth:`ImportanceMetrics.combine`).
+or weighted 0; a sequence ratio counts once per token. And they describe the weights after it by
+Kish's effective sample size, ESS = (sum w)^2 / (n sum w^2), a share of the n weights (1: all weigh
+alike; 1/n: one carries all the weight; 0: every weight is 0), the share of equally weighted terms
+whose estimate would have the same variance, at two levels:
+
+- **over the tokens** (``ess_tokens``): w_{i,t}, each counted token's own weight, n = the counted
+  tokens. The level of the token modes' correction: each token's policy-gradient term is scaled by
+  its own weight.
+- **over the sequences** (``ess_sequences``, with the mean weight ``weight_mean``): w_i, a
+  sequence's weight, the mean of its counted tokens' weights (for the sequence and geometric levels
+  the one weight all its tokens carry), over the n sequences with a counted token. The level of the
+  sequence and geometric modes' correction.
+
+:meth:`ImportanceMetrics.ess` gives the one that matches a mode's level (``is_ess`` in
+metrics.jsonl; both are logged). The other level can hide what the correction does: a token mode's
+sequence weight averages its tokens' weights, so its spread shrinks with the length (log-ratios
+spread 2 nats a token, truncated at 3: a token ESS of 0.28 where the sequence-mean one reads 0.98,
+over 8 completions of 64 tokens; tests/test_importance.py), and a sequence mode's token ESS counts a
+long sequence's weight once per token. Until issue 67 ``is_ess`` was the sequence-mean ESS for
+every mode, so a token mode's read 1.00 on long completions by construction. They are sums, minima
+and maxima, so calls on micro-batches and ranks combine exactly (:meth:`ImportanceMetrics.combine`).
 
 Who calls it: ``podsrl train`` (:mod:`podsrl.train.update`) with the trainer's log-probs at the
 weights that sampled (the first policy iteration's forward, or the scoring pass's pi_old with
@@ -102,8 +126,9 @@ from torch import Tensor
 
 __all__ = ["MODES", "ImportanceMetrics", "ImportanceSettings", "importance_weights"]
 
-# A mode is "<level>_<constraint>": level token | sequence | geometric, constraint truncate | mask.
-MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_truncate", "geometric_mask")
+# A mode is "<level>_<constraint>": level token | sequence | geometric, constraint truncate | mask | reject.
+MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_truncate", "geometric_mask",
+                          "token_reject", "sequence_reject", "geometric_reject")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -114,7 +139,7 @@ class ImportanceSettings:
 
     mode: str = "token_truncate"  # a name in MODES
     clip_max: float = 3.0  # upper bound C_max of the ratio, >= 1
-    clip_min: float | None = None  # lower bound C_min, in [0, 1]; None: none
+    clip_min: float | None = None  # lower bound C_min, in [0, 1]; None: none (constraint reject: 1 / clip_max)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -132,11 +157,19 @@ class ImportanceSettings:
     def constraint(self) -> str:
         return self.mode.split("_")[1]
 
+    @property
+    def lower(self) -> float | None:
+        """The lower bound in force: clip_min, else 1 / clip_max for the constraint reject (verl's
+        ``rollout_rs`` default), else none."""
+        if self.clip_min is not None:
+            return self.clip_min
+        return 1.0 / self.clip_max if self.constraint == "reject" else None
+
 
 @dataclass
 class ImportanceMetrics:
-    """Python-number summary of the ratio over the counted tokens of one :func:`importance_weights`
-    call (or several, :meth:`combine`)."""
+    """Python-number summary of the ratio and the weights over the counted tokens of one
+    :func:`importance_weights` call (or several, :meth:`combine`)."""
 
     tokens: int  # tokens counted (token_mask & mask)
     ratio_sum: float  # sum of the ratio r (before truncation / masking) over them
@@ -146,6 +179,8 @@ class ImportanceMetrics:
     sequences: int = 0  # sequences with a counted token
     weight_sum: float = 0.0  # sum over them of the sequence weight w_i (the mean of its counted tokens' weights)
     weight_sq_sum: float = 0.0  # sum of w_i^2
+    token_weight_sum: float = 0.0  # sum over the counted tokens of their weight w_{i,t} (after truncation / masking)
+    token_weight_sq_sum: float = 0.0  # sum of w_{i,t}^2
 
     @property
     def ratio_mean(self) -> float | None:
@@ -161,12 +196,24 @@ class ImportanceMetrics:
         return self.weight_sum / self.sequences if self.sequences else None
 
     @property
-    def ess(self) -> float | None:
-        """The effective sample size as a share of the sequences, (sum w)^2 / (n sum w^2): 1 when every
-        sequence weighs the same, 1/n when one carries all the weight, 0 when every weight is 0."""
-        if not self.sequences:
-            return None
-        return self.weight_sum**2 / (self.sequences * self.weight_sq_sum) if self.weight_sq_sum > 0 else 0.0
+    def ess_sequences(self) -> float | None:
+        """The effective sample size of the sequence weights as a share of the sequences,
+        (sum w_i)^2 / (n sum w_i^2): 1 when every sequence weighs the same, 1/n when one carries all
+        the weight, 0 when every weight is 0; None without a sequence."""
+        return _kish(self.weight_sum, self.weight_sq_sum, self.sequences)
+
+    @property
+    def ess_tokens(self) -> float | None:
+        """The effective sample size of the counted tokens' own weights as a share of the tokens,
+        (sum w_{i,t})^2 / (n sum w_{i,t}^2); None without a token."""
+        return _kish(self.token_weight_sum, self.token_weight_sq_sum, self.tokens)
+
+    def ess(self, level: str) -> float | None:
+        """The effective sample size that matches a mode's ``level`` (:attr:`ImportanceSettings.level`):
+        over the tokens for the token modes, over the sequences for the sequence and geometric ones."""
+        if level not in _LEVELS:
+            raise ValueError(f"unknown importance sampling level {level!r}; valid levels: {', '.join(_LEVELS)}")
+        return self.ess_tokens if level == "token" else self.ess_sequences
 
     @classmethod
     def combine(cls, parts: list[ImportanceMetrics]) -> ImportanceMetrics:
@@ -180,10 +227,23 @@ class ImportanceMetrics:
             sequences=sum(p.sequences for p in parts),
             weight_sum=sum(p.weight_sum for p in parts),
             weight_sq_sum=sum(p.weight_sq_sum for p in parts),
+            token_weight_sum=sum(p.token_weight_sum for p in parts),
+            token_weight_sq_sum=sum(p.token_weight_sq_sum for p in parts),
         )
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
+
+
+_LEVELS = ("token", "sequence", "geometric")
+
+
+def _kish(total: float, squares: float, n: int) -> float | None:
+    """Kish's effective sample size (sum w)^2 / (n sum w^2) as a share of the n weights, from their
+    sum and sum of squares; 0 when every weight is 0, None when n is 0."""
+    if not n:
+        return None
+    return total**2 / (n * squares) if squares > 0 else 0.0
 
 
 def _check(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, token_mask: Tensor | None) -> None:
@@ -233,18 +293,21 @@ def importance_weights(
         length = mask.sum(dim=1, keepdim=True).clamp(min=1)  # [N, 1]
         log_ratio = (diff.sum(dim=1, keepdim=True) / length).expand_as(diff)  # [N, T]
     ratio = log_ratio.exp()  # [N, T], inf past float range: then truncated to clip_max or masked
-    lower = -math.inf if settings.clip_min is None else settings.clip_min
+    lower = -math.inf if settings.lower is None else settings.lower
     outside = (ratio > settings.clip_max) | (ratio < lower)  # [N, T]
     if settings.constraint == "truncate":
         weights = ratio.clamp(min=settings.clip_min, max=settings.clip_max)  # [N, T]
-    else:  # mask: weight 0 outside the bounds
+    elif settings.constraint == "mask":  # weight 0 outside the bounds, the ratio inside
         weights = torch.where(outside, 0.0, ratio)  # [N, T]
+    else:  # reject: weight 0 outside the bounds, 1 inside
+        weights = torch.where(outside, 0.0, torch.ones_like(ratio))  # [N, T]
     weights = torch.where(mask, weights, 0.0)  # [N, T]
 
     counted = mask if token_mask is None else mask & token_mask  # [N, T]
     r = log_ratio[counted].double().exp()  # [tokens] float64: a sequence ratio may overflow float32
     per_row = counted.sum(dim=1)  # [N] counted tokens of each sequence
     has = per_row > 0  # [N]
+    token_w = weights[counted].double()  # [tokens] each counted token's weight
     w = (torch.where(counted, weights, 0.0).double().sum(dim=1)[has] / per_row[has])  # [n] each sequence's mean weight
     metrics = ImportanceMetrics(
         tokens=int(r.numel()),
@@ -255,5 +318,7 @@ def importance_weights(
         sequences=int(w.numel()),
         weight_sum=float(w.sum()),
         weight_sq_sum=float((w * w).sum()),
+        token_weight_sum=float(token_w.sum()),
+        token_weight_sq_sum=float((token_w * token_w).sum()),
     )
     return weights, metrics

@@ -51,7 +51,7 @@ class TransformersEngine:
                     **kwargs,
                 )
                 for row in out[:, width:].tolist():
-                    completions.append(_cut_at_eos(row, eos))
+                    completions.append(cut_at_eos(row, eos))
         finally:
             self.model.train(was_training)
         truncated = [not (ids and ids[-1] in eos) for ids in completions]
@@ -65,16 +65,21 @@ class TransformersEngine:
         pass
 
     def _eos_ids(self) -> set[int]:
-        ids = {self.tokenizer.eos_token_id}
-        extra = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if isinstance(extra, int):
-            ids.add(extra)
-        elif extra:
-            ids.update(extra)
-        return {i for i in ids if i is not None}
+        return eos_ids(self.tokenizer, self.model)
 
 
-def _cut_at_eos(row: list[int], eos: set[int]) -> list[int]:
+def eos_ids(tokenizer, model: torch.nn.Module) -> set[int]:
+    """The ids that end a completion: the tokenizer's EOS and the model's generation_config's."""
+    ids = {tokenizer.eos_token_id}
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra:
+        ids.update(extra)
+    return {i for i in ids if i is not None}
+
+
+def cut_at_eos(row: list[int], eos: set[int]) -> list[int]:
     """Keep tokens up to and including the first EOS (the rest is padding)."""
     for i, token in enumerate(row):
         if token in eos:

@@ -19,38 +19,98 @@ The built-in graders (`GRADERS`), each 0.0 or 1.0:
 - ``numeric``: the completion's answer (:func:`podsrl.grading.answers.extract_answer`: after
   "####", in the last `\\boxed{}` or `<answer>` tag, else the answer its final sentence marks, "The
   answer is 12, not 13." -> 12, else the last number) equals the reference exactly, as fractions
-  ("0.5" == "1/2", "1,000" == "1000"). A reference that is not a number is never matched.
-- ``text``: exact match after the normalisation users expect: case, runs of whitespace, surrounding
-  whitespace, quotes and punctuation (a trailing period, "**bold**", backticks), LaTeX `\\text{}`
-  (`\\textbf`, `\\mathrm`) and `$`. What is compared is the completion's answer (:func:`answer_text`:
-  after "####", in the last `\\boxed{}` or `<answer>...</answer>`, else its last non-empty line,
-  from after "answer is" / "answer:" when the line says so), or else the whole completion
-  (a multi-line answer). Or else the sentence rule (:func:`names_answer`), for a reference of words
-  or a number: the completion's final sentence (of its last non-empty line, or of what follows
-  "####" or is in the box or tag) holds the reference as whole words, case and punctuation and
-  markdown aside, a number also in digits or in words ("8" and "eight", zero to one hundred), and
-  it is the sentence's answer: it opens or ends the sentence (a number may be followed by the
-  question's words, its unit) and every other word is a word of the question or a filler
-  (:data:`FILLERS`: articles, "it", "is", "the answer", "I think", "so", "called", ...). Right: "The
-  capital of Germany is Berlin.", "bees make honey", "It is Mars", "Mars is the red planet.", "A
-  spider has eight legs." (for "8"). Wrong, on purpose: a negation right before it ("not Mars",
-  "It isn't Mars"), the reference inside another word ("Marsh") or number ("8.5" for "8"), several
-  candidates ("Mars or Venus", "Mars and Venus", a word the question does not hold, either of the
-  question's own "A or B" alternatives: "Mars is bigger than Jupiter" for "Which is bigger, Mars or
-  Jupiter?"), the reference in the middle ("The opposite of winter is summer." for "winter"), or
-  only in an earlier sentence. After a marker a clause may follow ("The answer is Mars, not
-  Venus.", "... Mars because it is red."; not ", or Venus"). The rule reads no grammar: it errs
-  towards wrong ("Berlin, a large city." is wrong), never towards a second candidate. A reference
-  that is a number is compared as a number (``numeric``, which also reads a number word).
+  ("0.5" == "1/2", "1,000" == "1000"), read in its sentence with the word rule's corrections
+  (:func:`podsrl.grading.naming.named_number`; issue 68): a number denied right before it is not
+  the answer, the last one not denied is ("It is 12, not 13" -> 12, "It has 8, not 6 or 10." ->
+  8), and a number hedged with another number standing free ("The answer is 12 or 13.", "12/13"
+  spaced as a list; not "5A/5 or 20 = A", nor "0.60 or 60%"), one of a bare list ("6, 8",
+  "6\\n8") or beside an option's letter ("(A), 6") names none. Elsewhere the reading is
+  extract_answer's: the same grade as before on all 26,376 GSM8K solutions tried (tests/test_graders.py).
+  A number word is a number: with no digit in the final sentence, the word rule reads it ("A
+  spider has eight legs." for "8"). A reference that is not a number is never matched.
+- ``text``: for a reference of words ("Paris", "New York", "Washington, D.C.") or the letter of one
+  of the question's lettered choices ("B" for "(A) dog (B) snake"), the word rule below (or the
+  whole completion is the reference, normalised: a reference of several lines); a number
+  is compared as a number (``numeric``); anything else exactly after the normalisation users
+  expect: case, runs of whitespace, surrounding whitespace, quotes and punctuation (a trailing
+  period, "**bold**", backticks), LaTeX `\\text{}` (`\\textbf`, `\\mathrm`) and `$`, comparing the
+  completion's answer (:func:`answer_text`: after "####", in the last `\\boxed{}` or
+  `<answer>...</answer>`, else its last non-empty line, from after "answer is" / "answer:" when the
+  line says so), or else the whole completion (a multi-line answer).
 - ``math``: math-verify (:mod:`podsrl.grading.equivalence`: LaTeX, intervals, sets, expressions
   by value); a reference it cannot parse, or a missing math-verify, falls back to ``text``.
 - ``auto`` (every built-in task's default but reasoning_gym): by what the reference is. A plain
   number: ``numeric`` (but a completion that boxes LaTeX, "\\boxed{\\frac12}", goes to math-verify);
-  words ("Paris", "New York"): ``text`` (math-verify would read "Paris" as p*a*r*i*s, which "Pairs"
+  words, or a choice's letter: ``text`` (math-verify would read "Paris" as p*a*r*i*s, which "Pairs"
   equals); anything else ("x+1", "\\sqrt{2}", "(-\\infty, 3]"): the answer written exactly as the
   reference (case kept) is right, else math-verify decides, else ``text``.
 - ``reasoning_gym``, ``reasoning_gym_binary``: the reasoning-gym dataset's own `score_answer` on the extracted answer
   (:mod:`podsrl.grading.reasoning_gym`), with its partial credit, or 1.0 only for full credit.
+
+The word rule (:func:`names_answer`, computed by :mod:`podsrl.grading.naming`; issue 68) decides
+whether a completion names the reference as its answer, as a person reads it, and so that listing
+candidates earns nothing. The rule of before (the final sentence holds the reference, every other
+word the question's or a filler) erred both ways: "dog snake lizard" scored for "dog" and for
+"lizard", and "The language spoken in Italy is Italian." scored 0 unless the question held "spoken".
+
+1. Where the answer is. After "####" (its line), in the last `\\boxed{}`, in the last `<answer>`
+   tag (read as a completion), else anywhere in the completion, read sentence by sentence (". ",
+   "! ", "? " and line breaks; not after "D.C." or "St."). The answer part is the last sentence
+   that offers a mention (2, 3), from after its last marker ("the answer is", "answer:"); a
+   question offers nothing ("Is it Paris?" is no answer, "Paris? No, Lyon." answers Lyon). A
+   sentence that adds to an answer given before ("also", "however", or opening with "It", "They",
+   "This": "Paris. It is known for the Eiffel Tower.") or says something of its own (none of the
+   question's words, more than a bare answer: "The dog is a mammal. Snakes and lizards are
+   reptiles.") gives way to an earlier one that answers with the question's words or bare.
+2. What is named, as whole words, case, accents and markdown aside:
+   - the reference: its words (a leading article dropped; "Washington, D.C." with its comma), its
+     last word in the regular plural or singular ("bees" for "bee", "berries", "leaves"), letters
+     together or apart ("Washington DC", "U.S.A."); as the end of a longer name too ("William
+     Shakespeare" for "Shakespeare", "the Pacific Ocean"); a number in digits or in words from zero
+     to one hundred ("8", "eight", "twenty-one");
+   - the candidates: every option the question lists (its lists, "dog, snake, lizard", "London,
+     Berlin and Paris", "Mars or Jupiter", "between 5 and 7"; its lettered choices "(A) dog (B)
+     snake", by text or letter; its bullet lines), every other answer of the task
+     (`Example.task_answers`: words only, not those made of the question's own words), a full name
+     the grader does not know (two capitalised words or more: "Artemisia Gentileschi"), and for a
+     number reference every other number. The longest match wins ("New York" over "York").
+3. Where each mention stands (clauses end at , ; : brackets, dashes, "but", "while"):
+   - set against the answer: a negation before it in its clause ("It's not London, it's Paris.",
+     "No, it's Paris." names Paris), or after it ("Mars is not the red planet.") unless the question
+     is negative and the answer repeats it ("The penguin cannot fly."); after "than", "unlike",
+     "except", "instead" ("Jupiter is bigger than Mars."); in a first clause restating the options
+     ("Between Mars and Jupiter, Jupiter is bigger."); the reference standing where the question
+     has another of its words, named elsewhere in the sentence ("The opposite of winter is summer."
+     for "What is the opposite of summer?"; "The capital of Paris is France.");
+   - said beside it: after "because", "since", "although", "like", "such as", "including"; in
+     brackets; in a clause opened after a comma by "which", "who", "where", "as"; and, where clauses
+     offer different things, those repeating fewer of the question's words ("A dog is a mammal;
+     snakes and lizards are reptiles.");
+   - offered: the rest. The answer is what the main part offers, or (none there) the asides.
+4. Right when the answer part offers the reference and no other candidate (for a number reference:
+   the last number offered is it, with no option's letter beside it), and
+   - nothing stands beside it as a second item of a list: joined by "or" or "/" to anything ("Mars,
+     or Venus.", "The answer is 12 or 13."), by "," or "and" to an item of one to three words that
+     are no function words, "-ly" adverbs, numbers or only the question's words ("Answer: Paris,
+     Lyon, Marseille"; not "Paris, of course!", "Paris, the capital", "Paris, France" for a
+     question about France, "Carbon dioxide (CO2)"); for numbers, a bare list ("six eight", "6, 8");
+   - a bare answer is not one line of a list: a neighbouring sentence holding nothing but another
+     candidate ("London. Berlin. Paris.", "dog\\nsnake\\nlizard"), or one to three unknown words
+     ("Paris. Lyon."; not "Paris. Good luck!");
+   - no later sentence opening with "or", "but", "actually" or "wait" names something new ("The red
+     planet is Mars. Or Venus.", "Mars is red.\\nBut the red planet is Venus.").
+So a listing of two or more of the question's options, in any order, joined by commas, "and",
+"or", slashes, spaces, line breaks or periods, scores 0 for each of them (tests/test_word_answers.py
+tries thousands), and listing earns no more than guessing one (1/k in expectation).
+
+Limits, chosen and measured (docs/your-task.md: 368 labelled completions, tests/data/word_answers.jsonl):
+a word that is neither an option, an answer of the task nor a full name is a candidate only where it
+stands in a list beside the reference ("spring autumn winter" names "winter" when "spring" and
+"autumn" are not known; "Paris, Lyon" does not); compound words are not split ("honeybee" is not
+"bee": "ant" would be found in "elephant"), synonyms and irregular plurals are not known ("Farsi"
+for "Persian", "mice"), a contradiction that names no candidate is not seen ("... by William
+Shakespeare is attributed to the French playwright"), and a reference that ends a longer name
+counts ("New York" names "York" unless "New York" is a candidate too).
 
 A user grader is ``"module:function"`` or ``"path/to/file.py:function"``, loaded as a user reward is
 (:mod:`podsrl.grading.user`). A grader may declare the grades it gives as ``fn.reward_values = (0.0,
@@ -67,11 +127,11 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 
 from podsrl.errors import ConfigError
-from podsrl.grading import equivalence
+from podsrl.grading import equivalence, naming
 from podsrl.grading.answers import (
     NUMBER_WORDS, SURROUNDING, after_hashes, answer_region, answer_text, extract_answer, final_sentence, last_boxed, number_value,
     parse_number,
@@ -84,25 +144,7 @@ Grader = Callable[[str, Example], float]
 
 BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1.0: where a grade just under 1.0 is kept (grade)
 
-# A reference of words, compared as text.
-_WORDS = re.compile(r"[^\W\d_]{2,}(?:[\s'-]+[^\W\d_]+)*\.?")
 _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}")
-# The sentence rule (`names_answer`, module docstring).
-_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+")  # a word, or a number with its decimals ("8.5" is not "8")
-_CONTRACTED_NOT = re.compile(r"n[\'\u2019]t\b", re.IGNORECASE)  # "isn't" reads as "is not"
-# Words a sentence may add around its answer without naming another one.
-FILLERS = frozenset(
-    "a an the it its s this that is are was were be has have had do does did i think believe guess would say my our final "
-    "answer correct right so thus therefore hence then well called named known as".split()
-)
-NEGATIONS = frozenset("not no never neither nor none cannot".split())
-_ARTICLES = frozenset(("a", "an", "the"))
-# A marker right before the answer ("The answer is Mars, not Venus."): what follows may then be a clause of its own.
-_MARKED_BEFORE = re.compile(r"\banswer\s*(?:is\b|:)[\s:*_\"'`]*(?:(?:the|a|an)\s+)?$", re.IGNORECASE)
-_CLAUSE_AFTER = re.compile(
-    r"[\s*_\"'`]*(?:$|[.!?]|[,;]\s*(?!(?:or|and)\b)|[(\u2014]|\s(?:because|since|as|not|but|which|while|given|instead)\b)",
-    re.IGNORECASE,
-)
 
 
 def numeric(completion: str, example: Example) -> float:
@@ -111,21 +153,23 @@ def numeric(completion: str, example: Example) -> float:
     value = number_value(example.answer)
     if value is None:
         return 0.0
-    if number_value(extract_answer(completion) or "") == value:
+    if naming.named_number(completion, extract_answer(completion), example.question) == value:
         return 1.0
     # No number in digits in the final sentence: its answer may be a number word ("A spider has eight legs.").
     if value in NUMBER_WORDS and not re.search(r"\d", final_sentence(answer_region(completion).text)):
-        return 1.0 if names_answer(completion, example.answer, example.question) else 0.0
+        return 1.0 if names_answer(completion, example.answer, example.question, example.task_answers) else 0.0
     return 0.0
 
 
 def text(completion: str, example: Example) -> float:
-    """1.0 if the completion's answer is the reference's text, normalised, or its final sentence
-    names the reference as its answer (module docstring); a reference that is a number is compared
-    as a number."""
+    """1.0 if the completion names the reference as its answer (the word rule, module docstring); a
+    reference that is not words is compared as text, normalised; one that is a number as a number."""
     if parse_number(example.answer) is not None:
         return numeric(completion, example)
-    return 1.0 if _same_text(completion, example.answer) or names_answer(completion, example.answer, example.question) else 0.0
+    if _reads_words(example):  # the word rule; or the whole completion is the reference (one of several lines)
+        named = names_answer(completion, example.answer, example.question, example.task_answers)
+        return 1.0 if named or text_key(completion) == text_key(example.answer) else 0.0
+    return 1.0 if _same_text(completion, example.answer) else 0.0
 
 
 def math_(completion: str, example: Example) -> float:
@@ -141,7 +185,7 @@ def auto(completion: str, example: Example) -> float:
     reference = example.answer
     if _numeric_decides(completion, reference):
         return numeric(completion, example)
-    if _WORDS.fullmatch(reference.strip()):
+    if _reads_words(example):
         return text(completion, example)
     if _same_text(completion, reference, casefold=False):  # "x+1" for "x+1": no parser needed
         return 1.0
@@ -183,13 +227,13 @@ GRADERS: dict[str, Grader] = {
 
 # What each built-in grader counts as right, in a line (the zero-signal warning names it: podsrl.run.watch).
 RULES: dict[str, str] = {
-    "auto": "a number as a number, the marked or last one; words as the reference alone or marked ('The answer is Mars.', "
-    "'**Mars.**') or named by the final sentence, opening or ending it ('The red planet is Mars.', 'Mars is the red planet.'); "
-    "LaTeX by math-verify",
+    "auto": "a number as a number, the marked or last one; words named as the answer ('The red planet is Mars.', 'Mars is the "
+    "red planet.', 'It is not Venus, it is Mars.') with no other option or answer of the task beside them (not 'Mars or "
+    "Venus', 'Mars, Venus'); LaTeX by math-verify",
     "numeric": "the answer's number equals the reference: after '####', in a box or <answer> tag, marked by 'the answer is', "
-    "else the last number; a number word ('eight') is a number",
-    "text": "the answer is the reference's text ('The answer is Mars.', '**Mars.**'), or the final sentence names it, opening or "
-    "ending it, every other word the question's or a filler ('The red planet is Mars.', 'Mars is the red planet.')",
+    "else the last number, not one denied ('12, not 13') nor hedged ('12 or 13'); a number word ('eight') is a number",
+    "text": "the reference named as the answer ('The answer is Mars.', 'Mars is the red planet.', 'It is not Venus, it is "
+    "Mars.') with no other option or answer of the task beside it (not 'Mars or Venus', 'Mars, Venus', 'Is it Mars?')",
     "math": "math-verify finds the answer equal to the reference",
     "reasoning_gym": "the reasoning-gym dataset's own checker on the extracted answer",
     "reasoning_gym_binary": "the reasoning-gym dataset's own checker on the extracted answer, full credit only",
@@ -301,61 +345,15 @@ def _same_text(completion: str, reference: str, *, casefold: bool = True) -> boo
     return text_key(answer_text(completion), casefold=casefold) == key or text_key(completion, casefold=casefold) == key
 
 
-def names_answer(completion: str, reference: str, question: str = "") -> bool:
-    """Whether the completion's final sentence names ``reference`` as its answer (the sentence rule,
-    module docstring): the reference as whole words (a number also in digits or words), opening or
-    ending the sentence (a number may be followed by the question's words), every other word of the
-    sentence a word of the ``question`` or a filler (:data:`FILLERS`), no negation right before it,
-    no "or", none of the question's "A or B" alternatives; after a marker ("The answer is Mars, not
-    Venus.") a clause of its own may follow it. For references of words or numbers only."""
-    forms = _forms(reference)
-    if not forms:
-        return False
-    sentence = _CONTRACTED_NOT.sub(" not", _unmacro(final_sentence(answer_region(completion).text)))
-    spans = [(m.group().casefold(), m.start(), m.end()) for m in _TOKEN.finditer(sentence)]
-    words = [w for w, _, _ in spans]
-    asked, alternatives = _question_words(question)
-    is_number = number_value(reference) is not None
-    for form in forms:
-        k = len(form)
-        allowed = lambda w: w not in ("or", "nor") and (w in FILLERS or w in asked) and (w in form or w not in alternatives)  # noqa: E731
-        for i in range(len(words) - k + 1):
-            if tuple(words[i : i + k]) != form:
-                continue
-            before, after = words[:i], words[i + k :]
-            unarticled = [w for w in before if w not in _ARTICLES]
-            if unarticled and unarticled[-1] in NEGATIONS or not all(map(allowed, before)):
-                continue  # "not Mars", "It isn't Mars"; another word before it
-            # It opens or ends the sentence ("Mars is the red planet.", "It is Mars."); a number may be
-            # followed by the question's words, its unit ("A spider has eight legs.").
-            opens, ends = set(before) <= FILLERS, set(after) <= FILLERS or is_number
-            if (opens or ends) and all(map(allowed, after)):
-                return True
-            start, end = spans[i][1], spans[i + k - 1][2]
-            if _MARKED_BEFORE.search(sentence[:start]) and _CLAUSE_AFTER.match(sentence[end:]) and not {"or", "nor"} & set(after):
-                return True
-    return False
+def names_answer(completion: str, reference: str, question: str = "", answers: Iterable[str] | None = None) -> bool:
+    """Whether the completion names ``reference`` as its answer, by the word rule (module docstring):
+    ``question`` gives the options it lists, ``answers`` the task's other answers (`Example.task_answers`)."""
+    return naming.names_reference(completion, reference, question, answers)
 
 
-def _forms(reference: str) -> tuple[tuple[str, ...], ...]:
-    """The ways a sentence may write ``reference``, as words: its own, and for a number from zero to
-    one hundred its digits and its words; () for a reference the sentence rule does not read."""
-    reference = reference.strip()
-    value = number_value(reference)
-    if value is None and not _WORDS.fullmatch(reference):
-        return ()
-    forms = {tuple(w.casefold() for w in _TOKEN.findall(reference))}
-    if value is not None and value in NUMBER_WORDS:
-        forms |= {(str(int(value)),), NUMBER_WORDS[int(value)]}
-    return tuple(sorted(f for f in forms if f))
-
-
-@lru_cache(maxsize=4096)  # a prompt's n rollouts share its question
-def _question_words(question: str) -> tuple[frozenset[str], frozenset[str]]:
-    """The question's words, and its alternatives: the words either side of each "or" ("Mars or Venus")."""
-    words = [w.casefold() for w in _TOKEN.findall(_CONTRACTED_NOT.sub(" not", question))]
-    alternatives = {words[j] for i, w in enumerate(words) if w == "or" for j in (i - 1, i + 1) if 0 <= j < len(words)}
-    return frozenset(words), frozenset(alternatives)
+def _reads_words(example: Example) -> bool:
+    """Whether the word rule reads the example's reference: words, or the letter of a lettered choice."""
+    return naming.is_words(example.answer) or naming.is_letter_choice(example.answer, example.question)
 
 
 def _unmacro(text_: str) -> str:

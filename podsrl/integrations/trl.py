@@ -223,7 +223,7 @@ _IMAGE_KEYS = ("pixel_values", "num_images", "image_grid_thw", "image_sizes")  #
 _ROUND_ROWS = "pods_rows_per_micro_batch"
 _NO_SCORE = -1e9  # pads a process's token scores before the gather; scores (entropies, |A| x H) are >= 0
 PODS_RULES = tuple(name for name in RULES if name not in D3S_RULES)
-# The vllm_importance_sampling_mode values TRL's GRPOTrainer computes (it has no geometric level).
+# The vllm_importance_sampling_mode values TRL's GRPOTrainer computes (it has no geometric level, nor verl's rejection).
 TRL_IMPORTANCE_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 # The spec's settings a TRL user sets as pods_<name>; scale_std and std_over follow TRL's own scale_rewards.
 _FROM_TRL = ("scale_std", "std_over")  # set by TRL's own scale_rewards and aggregation, see pods_spec
@@ -294,7 +294,7 @@ class PODSConfig(GRPOConfig):
         if self.vllm_importance_sampling_mode not in TRL_IMPORTANCE_MODES:
             raise ValueError(
                 f"vllm_importance_sampling_mode = {self.vllm_importance_sampling_mode!r}: TRL's GRPOTrainer computes this correction "
-                f"itself and knows {', '.join(TRL_IMPORTANCE_MODES)}; podsrl's geometric modes are podsrl train's only "
+                f"itself and knows {', '.join(TRL_IMPORTANCE_MODES)}; podsrl's geometric and reject modes are podsrl train's only "
                 "(rollout.importance_sampling_mode). Choose one of TRL's."
             )
         if spec.uses_token_selection and self.top_entropy_quantile < 1.0:

@@ -65,6 +65,14 @@ from podsrl.errors import CheckpointWriteError, ConfigError
 from podsrl.run.rundir import write_text_atomic
 
 
+# The budget's prediction of the next step (TrainState.next_step_seconds): the longest of the last
+# RECENT_STEPS steps, times STEP_MARGIN. Chosen on the committed runs' metrics (python bench/budget_stop.py;
+# docs/run-directory.md, "The budget"): none of the 135 runs a time budget ended would have overrun it (every
+# one did before), leaving 2.7% of the budget unused on average (1.3% for a rule that knew the next step).
+RECENT_STEPS = 5
+STEP_MARGIN = 1.25
+
+
 class DamagedCheckpoint(ConfigError):
     """A checkpoint file that cannot be read: the message names it."""
 
@@ -82,9 +90,38 @@ class TrainState:
     last_eval_seconds: float = 0.0  # train clock at the last evaluation
     world_size: int = 1  # processes the run was trained on (a resume may use another number)
     prompts: dict = dataclasses.field(default_factory=dict)  # the prompt stream (podsrl.train.prompts.PromptStream.state_dict); {}: before issue 44
+    step_seconds: list = dataclasses.field(default_factory=list)  # the last RECENT_STEPS steps' training seconds, oldest first; []: before issue 68
+
+    def record_step(self, seconds: float) -> None:
+        """One more step of ``seconds`` on the training clock (and in the recent steps the budget's
+        prediction reads); ``step`` is counted by the caller."""
+        self.train_seconds += seconds
+        self.step_seconds = [*self.step_seconds, float(seconds)][-RECENT_STEPS:]
+
+    def next_step_seconds(self) -> float | None:
+        """The predicted length of the next step: :data:`STEP_MARGIN` x the longest of the recent
+        steps; None before any step (nothing to predict from: the first step always runs)."""
+        return STEP_MARGIN * max(self.step_seconds) if self.step_seconds else None
 
     def done(self, cfg) -> bool:
-        """The budget is spent: ``train.max_steps`` steps or ``train.max_seconds`` of training, whichever comes first."""
+        """The budget is spent: ``train.max_steps`` steps or ``train.max_seconds`` of training, whichever
+        comes first, or too little of ``train.max_seconds`` is left for the next step (:meth:`overrun_note`)."""
+        return self._spent(cfg) or self.overrun_note(cfg) is not None
+
+    def overrun_note(self, cfg) -> str | None:
+        """A line for the log when the budget is not spent but the next step is predicted not to fit
+        in what is left of ``train.max_seconds`` (:meth:`next_step_seconds`; docs/run-directory.md,
+        "The budget"); None otherwise."""
+        t, predicted = cfg.train, self.next_step_seconds()
+        if self._spent(cfg) or not t.max_seconds or predicted is None or self.train_seconds + predicted <= t.max_seconds:
+            return None
+        return (
+            f"the next step would not fit in train.max_seconds = {t.max_seconds:g}: {self.train_seconds:.1f} s trained, "
+            f"{t.max_seconds - self.train_seconds:.1f} s left, and the next step is predicted at {predicted:.1f} s "
+            f"({STEP_MARGIN:g} x the longest of the last {len(self.step_seconds)})"
+        )
+
+    def _spent(self, cfg) -> bool:
         t = cfg.train
         return bool((t.max_steps and self.step >= t.max_steps) or (t.max_seconds and self.train_seconds >= t.max_seconds))
 

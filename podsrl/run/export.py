@@ -250,9 +250,10 @@ def _name(location: str, run_dir: Path) -> str:
 
 def run_config(run_dir: Path):
     """The run's resolved config, from its config.toml."""
-    from podsrl.run.rundir import check_is_run, run_config as read_config
+    from podsrl.run.rundir import check_is_run, check_trained_by_podsrl, run_config as read_config
 
     check_is_run(run_dir, "podsrl export")
+    check_trained_by_podsrl(run_dir, "podsrl export")
     return read_config(Path(run_dir))
 
 

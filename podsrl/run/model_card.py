@@ -122,9 +122,9 @@ def _intro(facts: CardFacts, base: str | None) -> str:
 
 def example_messages(cfg) -> list[dict[str, str]]:
     """The chat a user would send: a held-out question of the task (the first of the loader's
-    default split) with the run's system prompt and instruction, as podsrl.tasks.build.build_task
-    and podsrl.train.loop.prompt_ids make them (not imported from there: the trainer imports this package)."""
-    from podsrl.tasks import format_user_message, load_task
+    default split) with the run's system prompt and instruction, as every trainer makes them
+    (:func:`podsrl.tasks.chat_messages`)."""
+    from podsrl.tasks import chat_messages, load_task
 
     try:
         task = load_task(cfg.task.name, **cfg.task.options)
@@ -134,10 +134,7 @@ def example_messages(cfg) -> list[dict[str, str]]:
         task = dataclasses.replace(task, instruction=cfg.task.instruction)
     if cfg.task.system_prompt is not None:
         task = dataclasses.replace(task, system_prompt=cfg.task.system_prompt)
-    messages = [{"role": "user", "content": format_user_message(task.eval[0], task)}]
-    if task.system_prompt:
-        messages.insert(0, {"role": "system", "content": task.system_prompt})
-    return messages
+    return chat_messages(task.eval[0], task)
 
 
 def _py(text: str) -> str:

@@ -60,9 +60,14 @@ LOCK_FILE = ".lock"
 CHANGES_FILE = "config_changes.jsonl"
 # Files that mark a directory as holding a run ...
 MARKERS = ("config.toml", "metrics.jsonl", "eval.jsonl", "checkpoints")
+# A run that another trainer than `podsrl train` trained (a TRL arm of podsrl compare,
+# podsrl.compare.trl_arm) says which in this file, and keeps that trainer's checkpoints in TRL_DIR.
+TRAINER_FILE = "trainer.json"
+TRL_DIR = "trl"
+PODSRL = "podsrl"  # the trainer of a run without TRAINER_FILE
 # ... and everything a run writes, which `overwrite` deletes (done.json: podsrl compare's marker;
 # model: the exported policy, podsrl.run.export). docs/run-directory.md describes each.
-RUN_FILES = (*MARKERS, "curves.png", CHANGES_FILE, "tensorboard", "wandb", "done.json", "model")
+RUN_FILES = (*MARKERS, "curves.png", CHANGES_FILE, "tensorboard", "wandb", "done.json", "model", TRAINER_FILE, TRL_DIR)
 
 # May be raised on resume (None, no limit, is the highest); lowering one would change the
 # schedules the run has followed so far (learning rate, m, token fraction: all follow progress).
@@ -226,6 +231,28 @@ def check_is_run(path: Path, option: str) -> None:
     """ConfigError naming ``option`` unless ``path`` holds a run (its config.toml)."""
     if not (Path(path) / "config.toml").is_file():
         raise ConfigError(f"{option} {path}: not a run directory (no config.toml); give the directory a `podsrl train` made")
+
+
+def read_trainer(path: Path) -> str:
+    """Which trainer made the run in ``path``: its TRAINER_FILE's ("trl", "trl-pods"), "podsrl" without one."""
+    file = Path(path) / TRAINER_FILE
+    return json.loads(file.read_text())["trainer"] if file.is_file() else PODSRL
+
+
+def check_trained_by_podsrl(path: Path, option: str) -> None:
+    """ConfigError naming ``option`` and what to do instead when another trainer than ``podsrl train``
+    made the run in ``path`` (a TRL arm of podsrl compare): its checkpoints are that trainer's, which
+    ``--resume``, ``--run`` and ``podsrl export`` do not read."""
+    trainer = read_trainer(path)
+    if trainer == PODSRL:
+        return
+    raise ConfigError(
+        f"{option} {path}: this run was trained by TRL (trainer = {trainer!r}, a TRL arm of `podsrl compare`; "
+        f"{TRAINER_FILE}), and its checkpoints, if any are left in {Path(path) / TRL_DIR}, are TRL's, not podsrl's. "
+        "To continue it, run the `podsrl compare` command that made it again (it resumes its runs); its held-out "
+        f"evaluations are in {Path(path) / 'eval.jsonl'}; to score one of its TRL checkpoints, "
+        f"`podsrl eval {Path(path) / 'config.toml'} --model {Path(path) / TRL_DIR}/checkpoint-N`"
+    )
 
 
 def holds_run(path: Path) -> bool:

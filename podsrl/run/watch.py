@@ -21,22 +21,33 @@
   user to change the settings the README shows working. A training step's metrics cannot say which
   completions held an answer: its note is given unless an evaluation at the same limit found the
   cut-off ones harmless (the demo evaluates the base model before its first step).
+- **A grader that may miss right answers.** At the first evaluation whose completions include
+  some graded wrong that hold their reference answer (one of words) as a word, once per run: the
+  grader is named with that count, and where to look (issue 68: a word grader that misses natural
+  right answers understates the base model's accuracy and overstates a run's gain). The first
+  evaluation, not the first training step: it is what held-out accuracy counts, graded by the
+  task's grader whatever the rewards are, and by default it is the base model's, before any
+  training. Some such completions are rightly wrong ("It is not Paris."): the note says to look.
 - **A correction that weighs the batch down.** When a step's ``is_ess`` (the importance
-  correction's effective sample size, a share of the step's sequences:
+  correction's effective sample size at the level its mode weights: over the completion tokens'
+  own weights for the token modes, over the sequences' weights for the sequence and geometric ones;
   :class:`podsrl.core.importance.ImportanceMetrics`) falls below :data:`ESS_BOUND`, once per run.
   The bound 0.5 is a heuristic: below it the weighted step's gradient has the variance of fewer
-  than half its sequences equally weighted (Kish's effective sample size; the N/2 at which
+  than half its terms equally weighted (Kish's effective sample size; the N/2 at which
   sequential Monte Carlo resamples). Whether that costs more than the cheaper sampler saves (a
   bfloat16 sampler step takes 0.58-0.70x the float32 one's time, docs/vllm.md) is not measured.
   ``sequence_mask`` (TRL's default, podsrl's before issue 59) falls with the completion's length
-  (its ratio is a product over the tokens): 0.66 at 512 tokens on GSM8K at this CPU's gap
-  (docs/vllm.md, "Long completions"), below 0.5 at larger gaps (issue 59's simulation at KL
-  0.009-0.015 a token); the default ``token_truncate`` kept 1.00 there. The message names the mode
+  (its ratio is a product over the tokens): 0.66 at 512 tokens on GSM8K at the bfloat16 gap of the
+  CPU that measured it (docs/vllm.md, "Long completions"), below 0.5 at larger gaps (issue 59's
+  simulation at KL 0.009-0.015 a token). Under the default ``token_truncate`` the warning reads the
+  tokens' ESS since issue 67: the mean over a sequence's tokens, which it read before, averages a
+  degraded correction away on long completions (tests/test_importance.py: a token ESS of 0.28
+  where the sequence-mean one reads 0.98). The message names the mode, both levels' figures
   and what keeps more of the batch under it.
 
 :class:`RunWatch` reads the metrics a step logs and the evaluation results (rank 0's
 :class:`podsrl.run.metrics.RunLogger` feeds it) and returns the lines to print; it prints nothing
-itself. ``podsrl eval`` uses :func:`truncation_note`.
+itself. ``podsrl eval`` uses :func:`truncation_note` and :func:`named_but_wrong_note`.
 """
 
 from __future__ import annotations
@@ -75,6 +86,21 @@ def truncation_hurts(result) -> bool:
 def eval_truncation_note(result, cfg, where: str) -> str | None:
     """The note for an evaluation's cut-off completions, when :func:`truncation_hurts`; else None."""
     return truncation_note(result.truncated, eval_token_setting(cfg), where) if truncation_hurts(result) else None
+
+
+def named_but_wrong_note(result, grader: str, where: str) -> str | None:
+    """The warning when the completions of an evaluation (``result``, of ``where``) include some graded
+    wrong by ``grader`` that hold their reference answer as a word; None when there are none."""
+    count = getattr(result, "wrong_with_reference", 0)
+    if not count:
+        return None
+    return (
+        f"podsrl: warning: {where}: task.grader = {grader!r} graded {count} completion{'s' if count != 1 else ''} of the "
+        f"{result.problems} problems wrong that hold their reference answer as a word; some may be right answers the grader "
+        "does not read (then accuracy is understated), others are rightly wrong ('It is not Paris.'): look at them with "
+        "`podsrl eval --run RUN --completions FILE` (each completion with its grade), and if they are right choose another "
+        "task.grader or task.instruction (warned once)"
+    )
 
 
 def truncation_note(fraction: float, setting: str, where: str) -> str | None:
@@ -131,23 +157,31 @@ class RunWatch:
         r = self.cfg.rollout
         kl = metrics.get("sampler_kl")
         gap = f" (sampler_kl {kl:.4f} nats a token)" if isinstance(kl, (int, float)) else ""
+        per_token = r.importance_sampling_mode.startswith("token")
+        other, other_key = ("sequences", "is_ess_sequences") if per_token else ("completion tokens", "is_ess_tokens")
+        beside = f"; over the {other}, {metrics[other_key]:.2f}" if isinstance(metrics.get(other_key), (int, float)) else ""
         return (
             f"podsrl: warning: step {metrics.get('step')}: the importance correction weighs the batch down: its effective sample size "
-            f"is_ess = {metrics['is_ess']:.2f} of the step's sequences (below {ESS_BOUND}), mean sequence weight "
-            f"{metrics.get('is_weight_mean', math.nan):.2f}, from the sampler's gap{gap} under rollout.importance_sampling_mode = "
-            f"'{r.importance_sampling_mode}'; {_remedy(r.importance_sampling_mode)} "
-            "(docs/vllm.md, \"Long completions\"; warned once; metrics.jsonl has is_ess for every step)"
+            f"is_ess = {metrics['is_ess']:.2f} of the step's {'completion tokens' if per_token else 'sequences'} (below {ESS_BOUND}{beside}), "
+            f"mean sequence weight {metrics.get('is_weight_mean', math.nan):.2f}, from the sampler's gap{gap} under "
+            f"rollout.importance_sampling_mode = '{r.importance_sampling_mode}'; {_remedy(r.importance_sampling_mode)} "
+            "(docs/vllm.md, \"Long completions\"; warned once; metrics.jsonl has is_ess, is_ess_tokens and is_ess_sequences for every step)"
         )
 
     def evaluation(self, result, step: int) -> list[str]:
         """The notes for an evaluation (``result``: a :class:`podsrl.train.evaluate.EvalResult`)."""
+        notes = []
+        named = named_but_wrong_note(result, self.grader or "auto", f"the evaluation at step {step}")
+        if named is not None and "named" not in self.told:
+            self.told.add("named")
+            notes.append(named)
         note = eval_truncation_note(result, self.cfg, f"the completions of the evaluation at step {step}")
         same_limit = self.cfg.eval.max_new_tokens in (None, self.cfg.rollout.max_new_tokens)
         self.harmless_cutoff = same_limit and result.truncated >= MOST and note is None
-        if note is None or "eval" in self.told:
-            return []
-        self.told.add("eval")
-        return [note]
+        if note is not None and "eval" not in self.told:
+            self.told.add("eval")
+            notes.append(note)
+        return notes
 
     def _no_signal(self, steps: list[dict]) -> str:
         first, last = steps[0].get("step"), steps[-1].get("step")

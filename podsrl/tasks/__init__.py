@@ -19,8 +19,9 @@ A `Task` also names its grader (`Task.grader`, :mod:`podsrl.grading.graders`): h
 accuracy and the `correctness` reward judge its answers ("auto" unless the task says otherwise;
 `task.grader` in a config overrides it).
 
-A `Task` carries a default `instruction` appended to every question (`format_user_message`); the
-chat template is applied elsewhere. To change the wording, `dataclasses.replace(task,
+A `Task` carries a default `instruction` appended to every question (`format_user_message`) and an
+optional system prompt; `chat_messages` is the one place a prompt's chat is built, for every trainer
+(podsrl's and a TRL arm's) and the model card; the chat template is applied elsewhere. To change the wording, `dataclasses.replace(task,
 instruction=...)`.
 
 Options mean the same in every task: `path` is the data to train on (a file, a directory or a
@@ -149,8 +150,16 @@ def format_user_message(example: Example, task: Task) -> str:
     return f"{example.question}\n{task.instruction}"
 
 
+def chat_messages(example: Example, task: Task) -> list[dict[str, str]]:
+    """The chat of one prompt: the task's system prompt (if any), then the user turn
+    (:func:`format_user_message`). Every trainer builds its prompts from it, so that podsrl's and a
+    TRL arm's cannot drift apart."""
+    system = [{"role": "system", "content": task.system_prompt}] if task.system_prompt else []
+    return [*system, {"role": "user", "content": format_user_message(example, task)}]
+
+
 __all__ = [
     "OPTION_ALIASES", "PATH_OPTIONS", "TASKS", "Example", "Task", "absolute_paths", "canonical_options", "check_option_names",
-    "format_user_message",
+    "chat_messages", "format_user_message",
     "load_task", "task_options",
 ]  # fmt: skip

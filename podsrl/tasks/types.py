@@ -17,13 +17,17 @@ class Example:
     "auto" compares numbers as numbers, words as text and LaTeX with math-verify), chosen by the task
     (`Task.grader`) and carried here so that a reward scored anywhere (a worker process, TRL) grades
     alike; `data` is what that grader needs besides the answer (reasoning_gym: the dataset's entry),
-    left out of comparisons (the id names the problem)."""
+    left out of comparisons (the id names the problem). `task_answers` is every reference answer of
+    the example's task (train and held-out), one set shared by all its examples (`Task` gives it):
+    the other answers a word answer is told apart from ("Italian, German" names two of a language
+    task's answers); None where the task is not known (an Example built from a TRL row)."""
 
     id: str
     question: str
     answer: str
     grader: str = "auto"
     data: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    task_answers: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     def __getitem__(self, key: str) -> str:
         """``example["answer"]`` as well as ``example.answer``: a reward written for a TRL dataset
@@ -42,7 +46,9 @@ class Task:
     than exist); the trainer draws from it cyclically or at random. `eval` never overlaps `train`.
     `grader` is how held-out accuracy and the `correctness` reward judge answers
     (:mod:`podsrl.grading.graders`); every example is given it (`Example.grader`), so
-    ``dataclasses.replace(task, grader="text")`` regrades the whole task.
+    ``dataclasses.replace(task, grader="text")`` regrades the whole task. Every example is also
+    given the task's answers (`Example.task_answers`, one shared set), which the word graders tell
+    a named answer apart from.
     """
 
     name: str
@@ -53,11 +59,17 @@ class Task:
     grader: str = "auto"
 
     def __post_init__(self) -> None:
-        # The task decides; its examples carry the decision (new lists: the caller's are left as they are).
+        # The task decides; its examples carry the decision and the task's answers (new lists: the
+        # caller's are left as they are).
+        answers = frozenset(ex.answer for ex in (*self.train, *self.eval))
+        shared = next((ex.task_answers for ex in (*self.train, *self.eval)), None)
+        answers = shared if shared == answers else answers  # the set the examples already share, if it is this one
         for split in ("train", "eval"):
             examples = getattr(self, split)
-            if any(ex.grader != self.grader for ex in examples):
-                object.__setattr__(self, split, [ex if ex.grader == self.grader else replace(ex, grader=self.grader) for ex in examples])
+            if any(ex.grader != self.grader or ex.task_answers is not answers for ex in examples):
+                given = [ex if ex.grader == self.grader and ex.task_answers is answers else replace(ex, grader=self.grader, task_answers=answers)
+                         for ex in examples]  # fmt: skip
+                object.__setattr__(self, split, given)
 
 
 def check_count(task: str, option: str, value: object, *, allow_none: bool = False) -> None:

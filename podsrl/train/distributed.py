@@ -45,6 +45,11 @@ this module calls a torch.distributed tensor collective (tests/test_distributed.
 object collectives (``broadcast_object_list``, ``all_gather_object``) are torch's, which picks their
 device itself: the current CUDA device under NCCL, set by :func:`init`. See docs/distributed.md.
 
+While training, every collective here made inside an abandonable region (sampling, scoring, the
+update up to its optimizer step, evaluation) is preceded by a stop check, one all-reduce of one
+integer, so that a stop signal abandons the step on every rank at the same collective
+(:mod:`podsrl.run.preemption`); :meth:`Dist.commit` ends the region before the optimizer step.
+
 Communication is counted (payload bytes and seconds) in ``Dist.comm_bytes`` / ``comm_seconds`` for
 what goes through this module; FSDP's own all-gathers and reduce-scatters are not counted there.
 """
@@ -89,6 +94,7 @@ class Dist:
     comm_seconds: float = 0.0  # spent in this module's collectives, since the last reset
     comm_bytes: int = 0  # their payload (what this rank sends), since the last reset
     collectives: int = 0  # how many of this module's collectives this rank has entered (podsrl.train.heartbeat)
+    stop: object | None = None  # while training, the run's podsrl.run.preemption.StopSignals: the stop check before each collective in an abandonable region
 
     @property
     def active(self) -> bool:
@@ -132,14 +138,18 @@ class Dist:
     # ------------------------------------------------------------------ collectives
 
     @contextlib.contextmanager
-    def _comm(self, nbytes: int) -> Iterator[None]:
-        self.collectives += 1  # on entry: a rank that waits here is ahead of one that has not come
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.comm_seconds += time.perf_counter() - start
-            self.comm_bytes += nbytes
+    def _comm(self, nbytes: int, *, checked: bool = True) -> Iterator[None]:
+        """Around every collective here: counted, timed, and (``checked``, while training) preceded
+        in an abandonable region by the stop check (podsrl.run.preemption), which may raise
+        StepAbandoned on every rank alike instead of the collective."""
+        with self.stop.collective(self) if checked and self.stop is not None else contextlib.nullcontext():
+            self.collectives += 1  # on entry: a rank that waits here is ahead of one that has not come
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.comm_seconds += time.perf_counter() - start
+                self.comm_bytes += nbytes
 
     def place(self, t: Tensor, *, copy: bool = False) -> Tensor:
         """``t`` on :attr:`device`, the one way a tensor reaches a collective here (``t`` itself when
@@ -209,6 +219,23 @@ class Dist:
         with self._comm(t.numel() * t.element_size()):
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return int(t)
+
+    def stop_flag(self, value: int) -> int:
+        """The largest of the ranks' stop flags (a signal number, 0: none): the stop check itself
+        (podsrl.run.preemption), one all-reduce of one integer, never checked in turn."""
+        if not self.active:
+            return value
+        t = self.place(torch.tensor([value]))
+        with self._comm(t.numel() * t.element_size(), checked=False):
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t)
+
+    def commit(self) -> None:
+        """Right before what a step cannot take back (its optimizer step): the end of its
+        abandonable region, where every rank learns whether any is stopping (podsrl.run.preemption).
+        A no-op outside training."""
+        if self.stop is not None:
+            self.stop.commit(self)
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter], bucket_bytes: int = 64 << 20) -> None:
         """Sum the gradients of ``params`` over ranks, in place (a missing gradient counts as zero:

@@ -24,9 +24,8 @@ eval`` can show its progress over problems and an estimate of the time left (a G
 so a single call draws what the one call of before did, and the calls are the same on every rank (a
 sharded model needs every rank in every call). A call holds at least ``min_call`` completions,
 since a call has a cost of its own: on a GPU one costs nearly the same for 1 and 256 rollouts
-(results/gpu-check/README.md), on this project's CPU 0.44 s plus 13.6 ms a rollout of 16 tokens
-(docs/results.md, the cost model); :func:`podsrl.train.loop.run_eval` asks for 256 on a GPU, 64 on
-a CPU.
+(results/gpu-check/README.md), on a CPU about as much as a few dozen short rollouts (docs/results.md,
+the cost model); :func:`podsrl.train.loop.run_eval` asks for 256 on a GPU, 64 on a CPU.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from tqdm.auto import tqdm
 
 from podsrl.train.distributed import Dist
 from podsrl.engines import Engine, Rollouts, Sampling
+from podsrl.grading import naming
 from podsrl.grading.answers import extract_answer
 from podsrl.grading.graders import grade
 from podsrl.intervals import accuracy_interval, wilson_interval  # noqa: F401 (wilson_interval: test_compare reads it here)
@@ -62,6 +62,15 @@ class EvalResult:
     # no number, "####" answer or box: podsrl.grading.answers.extract_answer).
     truncated_right: float = 0.0
     truncated_unanswered: float = 0.0
+    # Completions graded wrong that hold their reference answer, one of words, as a word
+    # (podsrl.grading.naming.contains_reference): a hint that the grader misses right answers (issue
+    # 68; podsrl.run.watch.named_but_wrong_note). A count, over every rank.
+    wrong_with_reference: int = 0
+    # The mean completion tokens of the right and of the wrong completions apart (None when there is
+    # none): whether a run's answers shorten because the right ones do or because fewer are cut off
+    # (issue 67: the loss aggregation on long answers).
+    mean_length_right: float | None = None
+    mean_length_wrong: float | None = None
     # With keep_completions (`podsrl eval --completions`): one record per problem, in the held-out
     # order, on rank 0 (None on the others): {"id", "question", "answer", "completions": [{"text",
     # "grade", "truncated"}]}, grade by the problem's grader (1.0: right). Not in eval.jsonl.
@@ -89,16 +98,29 @@ def calls(problems: int, samples: int = 1, min_call: int = 1) -> list[range]:
     return [range(first, min(first + size, problems)) for first in range(0, problems, size)]
 
 
-def _generate(engine: Engine, prompts: list[list[int]], samples: int, temperature: float, max_new_tokens: int, seed: int,
-              dist: Dist, min_call: int, bar) -> Rollouts:  # fmt: skip
-    """This rank's rollouts of ``prompts``, ``samples`` each, in :func:`calls`, the bar advancing by
-    the problems every rank scored in a call (the real ones, not the padding)."""
+@dataclass(frozen=True)
+class EvalSettings:
+    """How an evaluation samples: ``samples`` completions a problem at ``temperature`` (0: greedy), of
+    up to ``max_new_tokens`` tokens, seeded by ``seed`` (the module docstring: each call's seed), in
+    engine calls of at least ``min_call`` completions (:func:`calls`)."""
+
+    temperature: float = 0.0
+    samples: int = 1
+    max_new_tokens: int = 64
+    seed: int = 0
+    min_call: int = 1
+
+
+def _generate(engine: Engine, prompts: list[list[int]], settings: EvalSettings, dist: Dist, bar) -> Rollouts:
+    """This rank's rollouts of ``prompts``, ``settings.samples`` each, in :func:`calls`, the bar
+    advancing by the problems every rank scored in a call (the real ones, not the padding)."""
     parts = []
     done = 0
+    s = settings
     with bar:
-        for c, part in enumerate(calls(len(prompts), samples, min_call)):
-            sampling = Sampling(n=samples, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
-                                seed=seed + 100 * dist.rank + CALL_SEED_OFFSET * c)  # fmt: skip
+        for c, part in enumerate(calls(len(prompts), s.samples, s.min_call)):
+            sampling = Sampling(n=s.samples, temperature=s.temperature, top_p=1.0, max_new_tokens=s.max_new_tokens,
+                                seed=s.seed + 100 * dist.rank + CALL_SEED_OFFSET * c)  # fmt: skip
             parts.append(engine.generate([prompts[i] for i in part], sampling))
             scored = min(bar.total, part.stop * dist.world)
             bar.update(scored - done)
@@ -125,37 +147,35 @@ class Counts(NamedTuple):
     truncated: int  # samples cut off at the token limit
     truncated_right: int  # cut off and right anyway
     truncated_unanswered: int  # cut off with no final answer in them (podsrl.grading.answers.extract_answer)
+    wrong_with_reference: int  # graded wrong, and holding the reference (words) as a word
+    tokens_right: int  # completion tokens of the right samples, summed (the wrong ones': tokens - tokens_right)
 
 
 def evaluate(
     engine: Engine,
     prompt_ids: list[list[int]],
     examples: list[Example],
+    settings: EvalSettings = EvalSettings(),
     *,
-    temperature: float = 0.0,
-    samples: int = 1,
-    max_new_tokens: int = 64,
-    seed: int = 0,
     dist: Dist | None = None,
     progress: bool = False,
-    min_call: int = 1,
     keep_completions: bool = False,
 ) -> EvalResult:
-    """Generate ``samples`` completions per problem with ``engine`` and score them; ``progress``:
-    a progress bar over the problems on rank 0 (stderr), one update per engine call of at least
-    ``min_call`` completions (:func:`calls`); ``keep_completions``: the texts and their grades too
+    """Generate ``settings.samples`` completions per problem (``prompt_ids`` [P], ``examples`` [P])
+    with ``engine`` and score them; ``progress``: a progress bar over the problems on rank 0 (stderr),
+    one update per engine call (:func:`calls`); ``keep_completions``: the texts and their grades too
     (``EvalResult.completions``)."""
     start = time.perf_counter()
     dist = dist or Dist()
     order = list(range(len(examples)))
     mine, real = dist.pad_shard(order) if dist.active else (order, len(order))
     bar = tqdm(total=len(examples), desc="eval", unit="problem", disable=not (progress and dist.is_main), dynamic_ncols=True)
-    rollouts = _generate(engine, [prompt_ids[i] for i in mine], samples, temperature, max_new_tokens, seed, dist, min_call, bar)
-    scored = [_score(examples[i], rollouts, j, samples) for j, i in enumerate(mine[:real])]  # this rank's problems
+    rollouts = _generate(engine, [prompt_ids[i] for i in mine], settings, dist, bar)
+    scored = [_score(examples[i], rollouts, j, settings.samples) for j, i in enumerate(mine[:real])]  # this rank's problems
     rows = torch.tensor([counts for counts, _ in scored], dtype=torch.long).reshape(-1, len(Counts._fields))
     counts = [Counts(*row) for row in dist.gather_ragged(rows).tolist()]  # [P], every rank's
     completions = _gather_completions([record for _, record in scored], dist) if keep_completions else None
-    return _result(counts, samples, seconds=time.perf_counter() - start, completions=completions)
+    return _result(counts, settings.samples, seconds=time.perf_counter() - start, completions=completions)
 
 
 def _score(example: Example, rollouts: Rollouts, j: int, samples: int) -> tuple[Counts, dict]:
@@ -166,12 +186,15 @@ def _score(example: Example, rollouts: Rollouts, j: int, samples: int) -> tuple[
     texts, ids, cut = rollouts.texts[block], rollouts.completion_ids[block], rollouts.truncated[block]
     grades = [grade(t, example) for t in texts]
     right = [g >= 1.0 for g in grades]  # graders.is_right, on the grades computed once
+    words = naming.is_words(example.answer)
     counts = Counts(
         correct=sum(right),
         tokens=sum(len(c) for c in ids),
         truncated=sum(cut),
         truncated_right=sum(c and r for c, r in zip(cut, right)),
         truncated_unanswered=sum(c and not r and extract_answer(t) is None for c, r, t in zip(cut, right, texts)),
+        wrong_with_reference=sum(words and not r and naming.contains_reference(t, example.answer) for r, t in zip(right, texts)),
+        tokens_right=sum(len(c) for c, r in zip(ids, right) if r),
     )
     record = {"id": example.id, "question": example.question, "answer": example.answer,
               "completions": [{"text": t, "grade": g, "truncated": bool(c)} for t, g, c in zip(texts, grades, cut)]}  # fmt: skip
@@ -193,6 +216,8 @@ def _result(counts: list[Counts], samples: int, *, seconds: float, completions: 
     correct = [c.correct for c in counts]
     low, high = accuracy_interval(correct, samples)
     total = len(counts) * samples  # completions
+    right, tokens_right = sum(correct), sum(c.tokens_right for c in counts)
+    tokens_wrong = sum(c.tokens for c in counts) - tokens_right
     return EvalResult(
         accuracy=sum(c / samples for c in correct) / len(counts),
         ci_low=low,
@@ -205,5 +230,8 @@ def _result(counts: list[Counts], samples: int, *, seconds: float, completions: 
         seconds=seconds,
         truncated_right=sum(c.truncated_right for c in counts) / total,
         truncated_unanswered=sum(c.truncated_unanswered for c in counts) / total,
+        wrong_with_reference=sum(c.wrong_with_reference for c in counts),
+        mean_length_right=tokens_right / right if right else None,
+        mean_length_wrong=tokens_wrong / (total - right) if total > right else None,
         completions=completions,
     )

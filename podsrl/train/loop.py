@@ -48,7 +48,7 @@ from podsrl.core.downsample import Selection, downsample, has_signal
 from podsrl.core.seeds import Stream, step_seed
 from podsrl.core.early_stop import why_not_exact
 from podsrl.core.schedules import training_progress
-from podsrl.engines import Engine, make_engine, resolve_engine
+from podsrl.engines import Engine, choose_engine, make_engine
 from podsrl.errors import ConfigError, EngineError, RewardError, RunWriteError
 from podsrl.grading.pool import RewardPool
 from podsrl.grading.graders import ungraded_note
@@ -56,12 +56,12 @@ from podsrl.grading.rewards import Declared, RewardSpec, resolve_specs, task_val
 from podsrl.models import Policy, check_training_dtype, load_policy
 from podsrl.run import checkpoint as ckpt
 from podsrl.run import export, preemption, rundir
-from podsrl.tasks import Example, Task, format_user_message
+from podsrl.tasks import Example, Task, chat_messages
 from podsrl.tasks.build import build_task, held_out_problems
-from podsrl.run.metrics import NullLogger, RunLogger
+from podsrl.run.metrics import NullLogger, RunLogger, read_jsonl
 from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
-from podsrl.train.evaluate import EvalResult, calls, evaluate
+from podsrl.train.evaluate import EvalResult, EvalSettings, calls, evaluate
 from podsrl.train.heartbeat import Heartbeat
 from podsrl.train.precision import MixedPrecision, resolve_mixed_precision
 from podsrl.train.prompts import PromptStream, repeats_warning
@@ -97,12 +97,10 @@ class Setup:
 
 
 def prompt_ids(tokenizer, task: Task, examples: list[Example]) -> list[list[int]]:
-    """Chat-template each question (with the task's instruction and optional system prompt)."""
+    """Chat-template each question (:func:`podsrl.tasks.chat_messages`: the task's instruction and optional system prompt)."""
     out = []
     for ex in examples:
-        messages = [{"role": "user", "content": format_user_message(ex, task)}]
-        if task.system_prompt:
-            messages.insert(0, {"role": "system", "content": task.system_prompt})
+        messages = chat_messages(ex, task)
         if getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         else:  # base models without a template: plain text
@@ -206,16 +204,34 @@ def _reward_values(cfg: Config, rewards: list[RewardSpec], declared: Declared | 
     return values
 
 
+def decays(name: str, module: torch.nn.Module) -> bool:
+    """Whether weight decay applies to the parameter ``name`` (its full dotted name) of ``module``
+    (the module that holds it): transformers' convention (``Trainer.get_decay_parameter_names``,
+    which TRL uses), no decay on biases and on the weights of normalisation layers."""
+    path = name.lower().split(".")
+    return "bias" not in path[-1] and "norm" not in type(module).__name__.lower() and not any("norm" in part for part in path[:-1])
+
+
 def make_optimizer(cfg: Config, model: torch.nn.Module):
+    """AdamW (decoupled weight decay, spared on biases and norm weights: :func:`decays`) and the
+    learning-rate schedule, both per optimizer step."""
     check_training_dtype(cfg)  # no AdamW on bfloat16 weights, no float16 without loss scaling
-    params = [p for p in model.parameters() if p.requires_grad]
-    # The fused kernel (one pass over every parameter; same update rule) where torch has it: 0.39 ->
-    # 0.09 s a step for SmolLM2-135M on this project's CPU (bench/zero_signal.py). Not on FSDP's
-    # sharded DTensor parameters, which keep torch's default.
+    held, seen = [], set()  # (name, module, parameter) of each trainable parameter, once (tied weights are one)
+    for prefix, module in model.named_modules():
+        for n, p in module.named_parameters(recurse=False):
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                held.append((f"{prefix}.{n}" if prefix else n, module, p))
+    params = [p for _, _, p in held]
+    wd = cfg.optim.weight_decay
+    groups = [{"params": params}] if not wd else [  # one group without decay: the state dict of runs before the split
+        {"params": [p for name, module, p in held if decays(name, module)], "weight_decay": wd},
+        {"params": [p for name, module, p in held if not decays(name, module)], "weight_decay": 0.0},
+    ]
+    # The fused kernel (one pass over every parameter; same update rule) where torch has it
+    # (bench/zero_signal.py measures it). Not on FSDP's sharded DTensor parameters, which keep torch's default.
     fused = cfg.distributed.parallel != "fsdp" and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    opt = torch.optim.AdamW(
-        params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(cfg.optim.beta1, cfg.optim.beta2), fused=fused or None
-    )
+    opt = torch.optim.AdamW(groups, lr=cfg.optim.lr, weight_decay=wd, betas=(cfg.optim.beta1, cfg.optim.beta2), fused=fused or None)
     total = (cfg.train.max_steps or 0) * cfg.loss.policy_iterations
     warmup = cfg.optim.warmup_steps * cfg.loss.policy_iterations
 
@@ -269,18 +285,26 @@ def train_step(run: Setup, model, optimizer, scheduler, state: ckpt.TrainState) 
     """One step of B prompts (B / world on each rank); returns its metrics (one line of metrics.jsonl)."""
     cfg, dist, timer = run.cfg, run.dist, _Timer()
     dist.reset_counters()
-    torch.manual_seed(step_seed(cfg.train.seed, state.step, Stream.TORCH))  # dropout, HF sampling
-    p = progress(cfg, state)
-    sample = sample_step(run, state.step, p, timer)  # the step's B groups [B, n], scored, every rank's numbers
-    state.prompts = run.prompts.state_dict()  # where the stream stands after this step's batches
-    with timer("select"):
-        selection = select(cfg, state, sample.groups.reward, keep=sample.keep)
-    lr = scheduler.get_last_lr()[0]  # the rate this step's (first) optimizer step uses; after it, the next one's
-    with timer("update"):
-        stats = _update_on_kept(run, model, optimizer, scheduler, sample.groups, selection)
+    with _abandonable(run):  # up to the optimizer step (dist.commit in the update), a stop signal abandons the step
+        torch.manual_seed(step_seed(cfg.train.seed, state.step, Stream.TORCH))  # dropout, HF sampling
+        p = progress(cfg, state)
+        sample = sample_step(run, state.step, p, timer)  # the step's B groups [B, n], scored, every rank's numbers
+        state.prompts = run.prompts.state_dict()  # where the stream stands after this step's batches
+        with timer("select"):
+            selection = select(cfg, state, sample.groups.reward, keep=sample.keep)
+        lr = scheduler.get_last_lr()[0]  # the rate this step's (first) optimizer step uses; after it, the next one's
+        with timer("update"):
+            stats = _update_on_kept(run, model, optimizer, scheduler, sample.groups, selection)
     with timer("sync"):
         run.engine.sync_weights(model)  # the next step samples from the new weights
     return _step_metrics(run, state, lr, sample, selection, stats, timer)
+
+
+def _abandonable(run: Setup):
+    """While training (``run.dist.stop``, the run's podsrl.run.preemption.StopSignals), a region a
+    stop signal abandons; otherwise (``podsrl eval``, a test's step) nothing."""
+    stop = run.dist.stop
+    return stop.region(run.dist) if stop is not None else contextlib.nullcontext()
 
 
 def select(cfg: Config, state: ckpt.TrainState, rewards: Tensor, keep: Tensor | None = None) -> Selection:
@@ -344,25 +368,18 @@ def _step_metrics(run: Setup, state: ckpt.TrainState, lr: float, sample: StepSam
 
 
 def run_eval(run: Setup, state: ckpt.TrainState, logger=None, log=None, label: str | None = None, *, progress: bool = False,
-             keep_completions: bool = False) -> EvalResult:
+             keep_completions: bool = False, abandonable: bool = False) -> EvalResult:
     """Score the held-out set with the current weights. Inside a run (``logger``): the result goes
     to eval.jsonl and the loggers, its time is kept off the training clock, and ``log`` gets a line.
     ``progress``: a progress bar over the problems (``podsrl eval``; a run has its own bar);
-    ``keep_completions``: the result holds the completions and their grades (``podsrl eval --completions``)."""
+    ``keep_completions``: the result holds the completions and their grades (``podsrl eval --completions``);
+    ``abandonable``: a stop signal abandons the evaluation (not its record), while training."""
     cfg = run.cfg
-    result = evaluate(
-        run.engine,
-        run.eval_prompts,
-        run.eval_examples,
-        temperature=cfg.eval.temperature,
-        samples=cfg.eval.samples,
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-        seed=cfg.train.seed,
-        dist=run.dist,
-        progress=progress,
-        min_call=_min_call(run),
-        keep_completions=keep_completions,
-    )
+    settings = EvalSettings(temperature=cfg.eval.temperature, samples=cfg.eval.samples, seed=cfg.train.seed,
+                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, min_call=_min_call(run))  # fmt: skip
+    with _abandonable(run) if abandonable else contextlib.nullcontext():
+        result = evaluate(run.engine, run.eval_prompts, run.eval_examples, settings, dist=run.dist, progress=progress,
+                          keep_completions=keep_completions)  # fmt: skip
     if logger is not None:
         state.eval_seconds += result.seconds
         state.last_eval_seconds = state.train_seconds
@@ -488,7 +505,8 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
     if resume:
         state = _resume(run, run_dir, model, optimizer, scheduler, log)
         if state.done(cfg):  # nothing to add: no second final evaluation or checkpoint
-            log("podsrl: the run has already reached its budget; raise train.max_steps or train.max_seconds to go on")
+            why = f" ({note})" if (note := state.overrun_note(cfg)) is not None else ""
+            log(f"podsrl: the run has already reached its budget{why}; raise train.max_steps or train.max_seconds to go on")
             return run_dir
     if dist.is_main:
         claim.write_config(cfg, step=state.step, log=log, notes=_config_notes(run))  # atomic; on resume, records what changed
@@ -503,37 +521,74 @@ def _run(run: Setup, claim: rundir.RunDir, model, optimizer, scheduler, state: c
     save = lambda on_failure="stop": ckpt.save(  # noqa: E731
         run_dir, model, optimizer, scheduler, state, policy=ckpt.SavePolicy(cfg.train.keep_checkpoints, on_failure, log), dist=dist
     )
-    stop = preemption.StopSignals(cfg.train.stop_signals).install()  # finish the step, checkpoint, exit 75
+    # A signal abandons the step or evaluation in progress (or, past the step's optimizer step, ends
+    # the step), the checkpoint of the last completed step is written, exit 75 (podsrl.run.preemption).
+    stop = preemption.StopSignals(cfg.train.stop_signals, immediate=not dist.sharded).install()
+    dist.stop = stop if stop.installed else None  # no stop checks when no signal can come
+    doing, start_of_step = None, None  # what a stop signal would abandon; the state of the step's start
     try:
         if state.step == 0 and cfg.eval.at_start:
-            run_eval(run, state, logger, log, label="base model")
+            doing = "the base model's evaluation"
+            run_eval(run, state, logger, log, label="base model", abandonable=True)
+        elif resume and _evaluation_missing(run, run_dir, state):
+            doing = f"the evaluation at step {state.step}"
+            run_eval(run, state, logger, log, abandonable=True)  # due at the checkpoint's step, not done before the stop
         if sig := stop.agreed(dist):  # a signal before the first step: nothing new to save
             raise preemption.Preempted(run_dir, ckpt.latest(run_dir), sig, state.step)
         capped = False  # dynamic sampling's cap was hit (warned once)
         while not state.done(cfg):
+            doing, start_of_step = f"step {state.step + 1}", preemption.StepStart.take(state)
             start = time.perf_counter()
             metrics = train_step(run, model, optimizer, scheduler, state)
+            start_of_step = None
             state.step += 1
             # Budgets and evaluation times are decided on rank 0's clock, the same on every rank.
-            state.train_seconds = dist.broadcast_object(state.train_seconds + time.perf_counter() - start)
+            state.record_step(dist.broadcast_object(time.perf_counter() - start))
             metrics["train_seconds"] = state.train_seconds
             logger.log_step(metrics, state)
             capped = _warn_at_the_cap(cfg, metrics, log, capped)
             if sig := stop.agreed(dist):  # one rank's signal is enough: every rank stops after this step
                 raise preemption.Preempted(run_dir, save(), sig, state.step)
             if state.eval_due(cfg) and not state.done(cfg):
-                run_eval(run, state, logger, log)
+                doing = f"the evaluation at step {state.step}"
+                run_eval(run, state, logger, log, abandonable=True)
             if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
                 path = save(cfg.train.checkpoint_failure)  # "retry": a full disk is a warning until the final save
                 if path is not None:
                     export.after_checkpoint(cfg, run_dir, path, dist, final=False, log=log)
-        if cfg.eval.at_end:
+        if (note := state.overrun_note(cfg)) is not None:
+            log(f"podsrl: stopping after step {state.step}: {note}")
+        if cfg.eval.at_end:  # not abandonable, nor what follows: the run has reached its budget and is finishing
             run_eval(run, state, logger, log, label="trained policy")
         export.after_checkpoint(cfg, run_dir, save(), dist, final=True, log=log)
+    except preemption.StepAbandoned as abandoned:
+        stop.tell(dist, abandoned)  # a rank that stopped on its own signal: the others learn it at their next stop check
+        if start_of_step is not None:
+            start_of_step.restore(state)  # the prompt stream's position and the RNG states of the last completed step
+        raise preemption.Preempted(run_dir, _last_checkpoint(run_dir, state, save, dist), abandoned.signal, state.step, abandoned=doing) from None
     finally:
         stop.restore()
+        dist.stop = None
         logger.close()
     return run_dir
+
+
+def _last_checkpoint(run_dir: Path, state: ckpt.TrainState, save, dist: Dist) -> Path | None:
+    """The checkpoint of ``state.step``, the last completed step, after a stop signal abandoned what
+    followed it: the one it has (a periodic checkpoint is not written again), else a new one; before
+    the first step, the newest there is (none for a new run)."""
+    newest = dist.from_main(lambda: ckpt.latest(run_dir))
+    if state.step == 0 or (newest is not None and newest.name == f"step-{state.step:06d}"):
+        return newest
+    return save()
+
+
+def _evaluation_missing(run: Setup, run_dir: Path, state: ckpt.TrainState) -> bool:
+    """A resumed run's checkpoint step had an evaluation due that eval.jsonl lacks: a stop signal
+    abandoned it, or came right after the step (the checkpoint comes first). Rank 0 reads the file."""
+    if not state.eval_due(run.cfg):
+        return False
+    return run.dist.from_main(lambda: not any(r.get("step") == state.step for r in read_jsonl(run_dir / "eval.jsonl")))
 
 
 def _warn_at_the_cap(cfg: Config, metrics: dict, log, warned: bool) -> bool:
@@ -570,15 +625,18 @@ def _resume(run: Setup, run_dir: Path, model, optimizer, scheduler, log) -> ckpt
 
 
 def _device_line(run: Setup, model) -> str:
-    """Where the model runs, with which rollout engine (and, for vLLM, in which dtype it samples and
-    why), on how many processes."""
+    """Where the model runs, with which rollout engine and why (for an engine with a sampler of its
+    own, vLLM or transformers-static: in which dtype it samples and why, and whether its decoding is
+    compiled), on how many processes."""
     cfg, dist = run.cfg, run.dist
     device = next(model.parameters()).device
-    sampler = getattr(run.engine, "sampler_dtype", None)  # vLLM's; the transformers engine samples with the policy
+    sampler = getattr(run.engine, "sampler_dtype", None)  # vLLM's and transformers-static's; the transformers engine samples with the policy
+    engine = choose_engine(cfg.rollout.engine, device.type == "cuda")
     return (
         f"podsrl: model on {device}" + (" (model.device='auto')" if cfg.model.device == "auto" else "")
-        + f", rollout engine {resolve_engine(cfg.rollout.engine)}" + (" (rollout.engine='auto')" if cfg.rollout.engine == "auto" else "")
+        + f", rollout engine {engine.name}" + (f" (rollout.engine='auto': {engine.reason})" if cfg.rollout.engine == "auto" else "")
         + (f", sampler {sampler.describe()}, {_correction(cfg.rollout)}" if sampler is not None else "")
+        + (", decoding compiled (torch.compile, CUDA graphs)" if getattr(run.engine, "compiled", False) else "")
         + (f", {dist.world} processes ({dist.backend}, {cfg.distributed.parallel})" if dist.active else "")
     )  # fmt: skip
 

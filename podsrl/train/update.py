@@ -72,21 +72,20 @@ that ran the update (a skipped row would add a ratio of exactly 1 and no clippin
 returns them; ``UpdateBatch.sampler_logprobs``) and the trainer's on the weights that sampled, the
 first iteration's forward. ``is_ratio_mean``, ``is_ratio_min``, ``is_ratio_max`` and ``is_clip_frac``
 (the importance correction's ratio pi_old / pi_sampler and the share of tokens it truncated or
-masked), ``is_weight_mean`` and ``is_ess`` (the mean sequence weight after truncation or masking and
-its effective sample size, :class:`podsrl.core.importance.ImportanceMetrics`) cover the
+masked), ``is_weight_mean`` (the mean sequence weight after truncation or masking), ``is_ess_tokens``
+and ``is_ess_sequences`` (the effective sample size of the tokens' own weights and of the sequences'
+weights) and ``is_ess`` (the one of the two that matches the mode's level:
+:class:`podsrl.core.importance.ImportanceMetrics`) cover the
 policy-gradient tokens of the rows that ran, over every rank (the minimum and maximum take one more
 collective, only when the correction ran). In a step where no row runs (every kept row's advantage
 is 0) the sampler gap and these metrics are still logged, from a sample: :data:`MEASURE_ROWS` of the
 rank's kept rows, evenly spaced (:func:`measured_rows`), all their completion tokens, one forward
 without gradients before the optimizer step (:func:`_measure_pass`; ``entropy`` covers those rows
 too). A step that kept no rollout at all (the DAPO filter, dynamic sampling's cap) runs no update;
-the loop measures its sampled rollouts the same way (:func:`measure_sampler_gap`). A sample, not every kept row: the skipped update is the saving of such a step, and a forward
-of every kept row cost more than it (time/update 1.55 s against 0.23 s in GRPO(4)'s steps without a
-signal, B = 8, SmolLM2-135M on this project's CPU: the medians of
-``git show 8681803:results/compare-vs-trl/runs/grpo_n4/seed0/metrics.jsonl``, a run withdrawn for
-it, against results/compare-sampler/runs/grpo/seed0/metrics.jsonl). The sample of 4 rows: 0.48 s
-(results/compare-vs-trl/runs/grpo_n4/seed0, at f92af28, 48 of 197 steps without a signal: about 2%
-of its training time).
+the loop measures its sampled rollouts the same way (:func:`measure_sampler_gap`). A sample, not
+every kept row: the skipped update is the saving of such a step, and a forward of every kept row
+cost several times the update it skips (measured in results/compare-vs-trl/README.md, "A first
+start, withdrawn"; the sample's own cost: docs/results.md).
 ``sequences`` and ``tokens_total`` count every kept row, run or not; ``tokens_kept`` counts the
 tokens in the policy-gradient term: every completion token without token selection, the selected
 ones (of rows with A_i != 0 only) with it.
@@ -195,13 +194,16 @@ class UpdateStats:
     is_ratio_max: float | None = None
     is_clip_frac: float | None = None  # share of those tokens whose ratio was truncated or masked
     is_weight_mean: float | None = None  # the mean sequence weight after truncation or masking (a sequence's: the mean of its tokens')
-    is_ess: float | None = None  # effective sample size (sum w)^2 / (n sum w^2) of those sequence weights, a share of the n sequences
+    is_ess: float | None = None  # the effective sample size that matches the mode's level: is_ess_tokens for the token modes, else is_ess_sequences
+    is_ess_tokens: float | None = None  # (sum w)^2 / (n sum w^2) of those tokens' own weights, a share of the n tokens
+    is_ess_sequences: float | None = None  # the same of the sequence weights, a share of the n sequences
 
     def metrics(self) -> dict[str, float]:
         """The step's update metrics as logged (``kl`` only with a KL term)."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "sequences"}
         # only with a KL term; only with the sampler's log-probs; only with the correction too
-        for key in ("kl", "sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess"):
+        for key in ("kl", "sampler_logp_diff", "sampler_kl", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_clip_frac", "is_weight_mean", "is_ess",
+                    "is_ess_tokens", "is_ess_sequences"):  # fmt: skip
             if out[key] is None:
                 del out[key]
         return out
@@ -269,6 +271,8 @@ class _Sums:
     is_sequences: float = 0.0  # sequences with a counted token, and the sums of their weights and squared weights
     is_weight: float = 0.0
     is_weight_sq: float = 0.0
+    is_token_weight: float = 0.0  # the sums of the counted tokens' own weights and squared weights (over is_tokens)
+    is_token_weight_sq: float = 0.0
     is_ratio_min: float = math.inf  # reduced by a maximum, not a sum (reduced)
     is_ratio_max: float = -math.inf
 
@@ -299,6 +303,8 @@ class _Sums:
         self.is_sequences += metrics.sequences
         self.is_weight += metrics.weight_sum
         self.is_weight_sq += metrics.weight_sq_sum
+        self.is_token_weight += metrics.token_weight_sum
+        self.is_token_weight_sq += metrics.token_weight_sq_sum
         self.is_ratio_min = min(self.is_ratio_min, metrics.ratio_min)
         self.is_ratio_max = max(self.is_ratio_max, metrics.ratio_max)
 
@@ -391,7 +397,7 @@ def run_update(
         sequences=total_sequences,
         rows_run=rows_run,
         tokens_run=tokens_run,
-        **_sampler_metrics(sums),
+        **_sampler_metrics(sums, settings.importance),
     )
 
 
@@ -411,10 +417,10 @@ def measure_sampler_gap(model: torch.nn.Module, batch: UpdateBatch, settings: Up
         row.sampler = torch.tensor(logprobs, dtype=torch.float32)
     sums = _Sums()
     _measure_pass(u, measured_rows(K), sums)
-    return {k: v for k, v in _sampler_metrics(sums.reduced(dist)).items() if v is not None}
+    return {k: v for k, v in _sampler_metrics(sums.reduced(dist), settings.importance).items() if v is not None}
 
 
-def _sampler_metrics(sums: _Sums) -> dict[str, float | None]:
+def _sampler_metrics(sums: _Sums, importance: ImportanceSettings | None) -> dict[str, float | None]:
     """The sampler gap and the correction's metrics from the reduced sums; None where nothing was measured."""
     return {
         "sampler_logp_diff": sums.gap / sums.gap_tokens if sums.gap_tokens else None,
@@ -423,15 +429,20 @@ def _sampler_metrics(sums: _Sums) -> dict[str, float | None]:
         "is_ratio_min": sums.is_ratio_min if sums.is_tokens else None,
         "is_ratio_max": sums.is_ratio_max if sums.is_tokens else None,
         "is_clip_frac": sums.is_clipped / sums.is_tokens if sums.is_tokens else None,
-        **_ess(sums),
+        **_ess(sums, importance),
     }
 
 
-def _ess(sums: _Sums) -> dict[str, float | None]:
-    """``is_weight_mean`` and ``is_ess`` from the reduced sums (ImportanceMetrics' formulas)."""
-    whole = ImportanceMetrics(tokens=0, ratio_sum=0.0, ratio_min=math.inf, ratio_max=-math.inf, clipped=0, sequences=int(sums.is_sequences),
-                              weight_sum=sums.is_weight, weight_sq_sum=sums.is_weight_sq)  # fmt: skip
-    return {"is_weight_mean": whole.weight_mean, "is_ess": whole.ess}
+def _ess(sums: _Sums, importance: ImportanceSettings | None) -> dict[str, float | None]:
+    """``is_weight_mean``, ``is_ess_tokens``, ``is_ess_sequences`` and ``is_ess`` (the one matching
+    the mode's level) from the reduced sums (ImportanceMetrics' formulas); None without the correction."""
+    whole = ImportanceMetrics(tokens=int(sums.is_tokens), ratio_sum=0.0, ratio_min=math.inf, ratio_max=-math.inf, clipped=0,
+                              sequences=int(sums.is_sequences), weight_sum=sums.is_weight, weight_sq_sum=sums.is_weight_sq,
+                              token_weight_sum=sums.is_token_weight, token_weight_sq_sum=sums.is_token_weight_sq)  # fmt: skip
+    if importance is None:
+        return {"is_weight_mean": None, "is_ess": None, "is_ess_tokens": None, "is_ess_sequences": None}
+    return {"is_weight_mean": whole.weight_mean, "is_ess": whole.ess(importance.level), "is_ess_tokens": whole.ess_tokens,
+            "is_ess_sequences": whole.ess_sequences}  # fmt: skip
 
 
 def _micro_batches(u: _Update, rows: list[int], *, at_least_one: bool = False) -> list[_MicroBatch]:
@@ -549,6 +560,7 @@ def _policy_iteration(u: _Update, micro_batches: list[_MicroBatch], totals: Batc
         u.dist.all_reduce_grads(params)  # "ddp": sum the ranks' partial gradients
     norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip if s.grad_clip > 0 else float("inf"))
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    u.dist.commit()  # a stop signal abandons the step up to here, the weights still the last step's (podsrl.run.preemption)
     u.optimizer.step()
     u.scheduler.step()
     return grad_norm
