@@ -26,12 +26,10 @@ per token, the mean k3 estimate of the KL between them, and the mean signed diff
 
 The last line: ``update time mixed precision / float32: R64 at 40+64 tokens, R256 at 40+256 (DEVICE; native bfloat16: yes|no)``.
 
-Measured 2026-11-29 on this project's 2-core AMD EPYC (AVX2, no avx512_bf16 or AMX), ``--threads 1``
-(on a loaded machine two threads wait on each other: a float32 update of 40 + 256 tokens took 63 s
-with 2 threads against 10 s with 1), 9 min 54 s in all: float32 4.0 s and 9.9 s, mixed precision
-30.5 s and 100.4 s, ratios 7.58 at 40+64 and 10.19 at 40+256: without native bfloat16 the CPU's
-bfloat16 products are 8-10 times slower than float32's, hence "auto" stays float32 there. On a CPU
-with native bfloat16 the run is shorter (the target: ratios of 0.67 or less).
+On a loaded machine, ``--threads 1``: two threads then wait on each other, which inflates some
+timings more than others. Without native bfloat16 the run takes about 10 minutes (bfloat16 is the
+slow side); the figures, their date and machine: docs/distributed.md, "Mixed precision: what was
+measured".
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def autocast_gradient_rtol(num_layers: int, *, fsdp: bool = False) -> float:
     UBF16 of itself, independent roundings add like a random walk (the growth gradient_rtol takes
     for float32 sums), and the factor 2 is that rule's for one computation. The float32 arithmetic
     beside them (U32) is negligible. Measured on the tiny model (2 layers, V = 686, against a float64
-    copy through run_update): 1.3-2.2 UBF16 per parameter, 0.15 of this bound (tests/README.md)."""
+    copy through run_update): 1.3-2.2 UBF16 per parameter, at most 0.13 of this bound (tests/README.md)."""
     n = num_layers * (BF16_ROUNDINGS_PER_LAYER + (FSDP_BF16_EXTRA_ROUNDINGS if fsdp else 0))
     return 2 * math.sqrt(n) * UBF16
 
