@@ -22,6 +22,7 @@ import re
 import tomllib
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,7 +45,8 @@ def _one_of(value: object, valid: typing.Iterable[str], name: str) -> None:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "smollm2-135m-instruct"  # hub id, local directory, or an embedded model's name
-    dtype: str = "float32"  # "float32" | "bfloat16" | "float16": the policy's weights and compute; training takes float32, or bfloat16 with LoRA
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16": the policy's weights; training takes float32, or bfloat16 with LoRA
+    mixed_precision: str = "auto"  # the update's arithmetic, every path (one process, DDP, FSDP): "auto" (bf16 where the model's device computes bfloat16 natively: a GPU with native bf16, a CPU with avx512_bf16/amx_bf16/bf16 in /proc/cpuinfo; else none; the start-up line says which and why) | "bf16" (bfloat16 autocast over float32 weights, gradients and AdamW state; log-probs, loss and ratios stay float32) | "none" (the weights' dtype); podsrl/train/precision.py
     lora: bool = False  # False: full fine-tuning
     lora_rank: int = 64  # LoRA rank r (with lora = true)
     lora_alpha: int = 64  # LoRA scale numerator: the adapter's update is scaled by lora_alpha / lora_rank
@@ -55,6 +57,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _one_of(self.dtype, ("float32", "bfloat16", "float16"), "model.dtype")
+        _one_of(self.mixed_precision, ("auto", "bf16", "none"), "model.mixed_precision")
         _check(
             self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device) is not None,
             "model.device",
@@ -425,7 +428,6 @@ class DistributedConfig:
 
     parallel: str = "ddp"  # "ddp" (whole model per rank, gradients all-reduced) | "fsdp" (FSDP2, full fine-tuning)
     backend: str = "auto"  # "auto" (nccl on GPUs, gloo on CPUs) | "gloo" | "nccl"
-    mixed_precision: str = "auto"  # FSDP compute dtype: "auto" (bf16 on GPUs, float32 on CPUs) | "bf16" | "none"
     timeout_minutes: float = 30.0  # how long a collective waits for the other ranks before failing
     hang_seconds: float | None = 600.0  # stop every rank when one keeps the others waiting this long, naming it and its phase (a heartbeat); None: only timeout_minutes
 
@@ -434,7 +436,6 @@ class DistributedConfig:
 
         _one_of(self.parallel, PARALLEL, "distributed.parallel")
         _one_of(self.backend, BACKENDS, "distributed.backend")
-        _one_of(self.mixed_precision, ("auto", "bf16", "none"), "distributed.mixed_precision")
         _check(self.timeout_minutes > 0, "distributed.timeout_minutes", "must be > 0")
         if self.hang_seconds is not None:
             _check(self.hang_seconds > 0, "distributed.hang_seconds", f"must be > 0 (or none), got {self.hang_seconds!r}")
@@ -560,6 +561,7 @@ def load(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -
 
 
 def from_dict(data: dict[str, Any]) -> Config:
+    data = _moved_settings(data)
     sections = {}
     hints = typing.get_type_hints(Config)
     for name, value in data.items():
@@ -569,6 +571,46 @@ def from_dict(data: dict[str, Any]) -> Config:
             raise ConfigError(f"[{name}] must be a table of settings, got {value!r}")
         sections[name] = _build(hints[name], value, name)
     return Config(**sections)
+
+
+# Settings that moved: old name -> new name. A file that holds the old name still loads (every run's
+# config.toml holds every setting of its day); the command line takes the new name only.
+MOVED = {"distributed.mixed_precision": "model.mixed_precision"}
+_MIXED_PRECISION_NOTE = (
+    "distributed.mixed_precision (FSDP's compute dtype before issue 66) is read as model.mixed_precision, which now "
+    "sets every training path: as written under distributed.parallel = 'fsdp', 'none' otherwise (no other path computed "
+    "in bfloat16 then); write model.mixed_precision instead, or leave both out for the default 'auto' (bfloat16 where "
+    "the hardware computes it natively)"
+)
+
+
+def _moved_settings(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``distributed.mixed_precision`` read as ``model.mixed_precision`` (a copy when
+    it holds it). The old setting chose FSDP's compute dtype and nothing else: one process and "ddp"
+    computed in float32 whatever it said. So it means what it did: its value under "fsdp", "none"
+    otherwise, and a run's config.toml written before issue 66 (each holds the old default "auto")
+    reproduces the float32 update it trained with, on any machine. Both given: the new one, unless
+    the old one names another value than its default "auto" (a ConfigError naming both)."""
+    old_section = data.get("distributed")
+    if not isinstance(old_section, dict) or "mixed_precision" not in old_section:
+        return data
+    old_section = dict(old_section)
+    old = old_section.pop("mixed_precision")
+    _one_of(old, ("auto", "bf16", "none"), "distributed.mixed_precision")
+    model = data.get("model", {})
+    if not isinstance(model, dict):
+        return {**data, "distributed": old_section}  # from_dict names the bad [model]
+    if "mixed_precision" in model:
+        _check(
+            old in ("auto", model["mixed_precision"]),
+            "distributed.mixed_precision",
+            f"= {old!r} disagrees with model.mixed_precision = {model['mixed_precision']!r}: it is the old name of "
+            "model.mixed_precision (FSDP's alone before issue 66, now every path's); delete distributed.mixed_precision",
+        )
+    else:
+        model = {**model, "mixed_precision": old if old_section.get("parallel") == "fsdp" else "none"}
+    warnings.warn(_MIXED_PRECISION_NOTE, FutureWarning, stacklevel=3)
+    return {**data, "distributed": old_section, "model": model}
 
 
 def _build(cls: type, values: dict[str, Any], section: str):
@@ -609,6 +651,8 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any, *, from_text: bool
     hints = typing.get_type_hints(Config)
     if section not in hints:
         raise ConfigError(f"{where}: unknown config section [{section}]; valid sections: {', '.join(hints)}")
+    if f"{section}.{key}" in MOVED:
+        raise ConfigError(f"{where}: {section}.{key} is now {MOVED[f'{section}.{key}']} (issue 66); give that instead")
     table = data.setdefault(section, {})
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [{section}] is not a table of settings")

@@ -95,15 +95,17 @@ def _materialise_embedded(name: str) -> Path:
 def check_training_dtype(cfg) -> None:
     """Refuse a ``model.dtype`` that would train wrongly (``cfg``: a :class:`podsrl.config.Config`).
 
-    podsrl trains the weights in ``model.dtype`` itself, with no autocast, float32 master copy or
-    loss scaling. That is right for float32, and for a LoRA adapter over a bfloat16 base (peft keeps
-    the adapter's weights, the ones AdamW updates, in float32). Two settings would train wrongly and
-    are refused, naming the fix:
+    AdamW updates the weights in ``model.dtype`` itself, with no float32 master copy and no loss
+    scaling. That is right for float32 (whose arithmetic may still be bfloat16: ``model.mixed_precision``,
+    :mod:`podsrl.train.precision`), and for a LoRA adapter over a bfloat16 base (peft keeps the
+    adapter's weights, the ones AdamW updates, in float32). Two settings would train wrongly and are
+    refused, naming the fix:
 
     - bfloat16 full fine-tuning (with "fsdp" too: its sharded parameters keep the loaded dtype):
       AdamW would update bfloat16 weights, and a step below bfloat16's resolution (2^-8 of the
-      weight, about 0.4%; Adam's steps are about ``optim.lr``) is rounded away. bfloat16 compute over
-      float32 weights is ``distributed.parallel = "fsdp"`` with ``distributed.mixed_precision``.
+      weight, about 0.4%; Adam's steps are about ``optim.lr``) is rounded away. bfloat16 arithmetic
+      over float32 weights, gradients and optimizer state is ``model.mixed_precision = "bf16"`` (or
+      "auto", where the hardware computes bfloat16 natively) with ``model.dtype = "float32"``.
     - float16 (full or LoRA): without a GradScaler, small gradients underflow to 0 in float16.
 
     Only training checks this: evaluating or exporting a run trained so still works."""
@@ -111,24 +113,17 @@ def check_training_dtype(cfg) -> None:
     if model.dtype == "float16":
         raise ConfigError(
             "model.dtype = 'float16': podsrl trains without loss scaling (no GradScaler), so small gradients underflow "
-            "to 0 in float16; use model.dtype = 'bfloat16' with model.lora = true (a GPU or CPU with bfloat16), or "
-            "model.dtype = 'float32'"
+            "to 0 in float16; use model.dtype = 'float32' (with model.mixed_precision = 'bf16' or 'auto' for bfloat16 "
+            "arithmetic over float32 weights), or model.dtype = 'bfloat16' with model.lora = true (a GPU or CPU with bfloat16)"
         )
     if model.dtype == "bfloat16" and not model.lora:
-        if cfg.distributed.parallel == "fsdp":
-            fix = (
-                "set model.dtype = 'float32' and keep distributed.mixed_precision = 'auto' or 'bf16' (float32 weights "
-                "sharded, bfloat16 compute on GPUs)"
-            )
-        else:
-            fix = (
-                "set model.dtype = 'float32', or train a LoRA adapter (model.lora = true: its weights stay float32 over "
-                "the bfloat16 base)"
-            )
+        lora = "" if cfg.distributed.parallel == "fsdp" else ", or train a LoRA adapter (model.lora = true: its weights stay float32 over the bfloat16 base)"
         raise ConfigError(
             "model.dtype = 'bfloat16' with full fine-tuning: AdamW would update bfloat16 weights with no float32 master "
             f"copy, and updates below bfloat16's resolution (about 0.4% of a weight; a step is about optim.lr = "
-            f"{cfg.optim.lr:g}) are rounded away; {fix}. A run trained so resumes with --model.dtype=float32"
+            f"{cfg.optim.lr:g}) are rounded away; set model.dtype = 'float32' with model.mixed_precision = 'bf16' (bfloat16 "
+            f"arithmetic over float32 weights, gradients and AdamW state; 'auto', the default, chooses it where the "
+            f"hardware computes bfloat16 natively){lora}. A run trained so resumes with --model.dtype=float32"
         )
 
 

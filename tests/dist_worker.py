@@ -4,8 +4,9 @@ runs alone (``python tests/dist_worker.py SPEC``) and under ``torchrun --nproc-p
 SPEC is a JSON file: {"model": dir, "reward": "file.py:fn", "out": dir, "cases": {name: {...}}}, a
 case being {"overrides": {"section.key": value}, "uniform_second_half": bool, "uniform_all": bool}
 (zero-variance groups: the second half of the prompts, or all). For every case rank 0
-writes ``out/<name>-w<world>.safetensors`` (the trainable weights after the step, full tensors) and
-``out/<name>-w<world>.json`` (the step's metrics).
+writes ``out/<name>-w<world>.safetensors`` (the trainable weights after the step, full tensors),
+``out/<name>-w<world>-grads.safetensors`` (the gradients the optimizer stepped with, summed over the
+ranks, full tensors) and ``out/<name>-w<world>.json`` (the step's metrics).
 
 ``python tests/dist_worker.py -m podsrl ARGS...`` runs ``python -m podsrl ARGS...`` instead (what
 tests/test_distributed.py's ``_torchrun`` launches for ``-m podsrl``). Either way the process runs in
@@ -203,15 +204,36 @@ def main(spec_path: str) -> None:
         model = run.policy.model
         model.train()
         optimizer, scheduler = trainer.make_optimizer(cfg, model)
+        grads = record_gradients(model, optimizer)
         metrics = trainer.train_step(run, model, optimizer, scheduler, ckpt.TrainState())
         weights = ckpt.full_weights(model, dist)
         if dist.is_main:
             tag = f"{name}-w{world}"
             save_file({k: v.detach().float().contiguous().cpu().clone() for k, v in weights.items()}, str(out / f"{tag}.safetensors"))
+            save_file(grads, str(out / f"{tag}-grads.safetensors"))
             (out / f"{tag}.json").write_text(json.dumps(metrics))
         dist.barrier()
     if dist is not None:
         dist.close()
+
+
+def record_gradients(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The gradients ``optimizer`` steps with (its first step), by parameter name, as full float32
+    CPU tensors (FSDP's sharded ones gathered: every rank steps, so every rank joins the gather)."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    recorded: dict[str, torch.Tensor] = {}
+    step = optimizer.step
+
+    def recording_step(*args, **kwargs):
+        if not recorded:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                    recorded[names[id(p)]] = g.detach().float().cpu().contiguous().clone()
+        return step(*args, **kwargs)
+
+    optimizer.step = recording_step
+    return recorded
 
 
 def run_module(argv: list[str]) -> None:

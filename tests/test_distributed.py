@@ -87,8 +87,20 @@ def _step_case(name: str, overrides: dict) -> dict:
     return case
 
 
+# Mixed precision (model.mixed_precision = "bf16"): bfloat16 arithmetic over float32 weights, on one
+# process and on two, DDP (full fine-tuning, LoRA, D3S's scoring pass) and FSDP (its MixedPrecisionPolicy).
+MP_CASES = {
+    "mp_max_variance": {"model.mixed_precision": "bf16"},
+    "mp_max_variance_lora": {"model.mixed_precision": "bf16", "model.lora": True, "model.lora_rank": 4, "model.lora_alpha": 8},
+    "mp_d3s_intra_tokens": {"model.mixed_precision": "bf16", "select.rule": "d3s_intra", "select.token_fraction": 0.5},
+    "fsdp_mp_max_variance": {"model.mixed_precision": "bf16", "distributed.parallel": "fsdp"},
+}
+# The same steps in float32: what each mixed-precision case is compared with.
+MP_FLOAT32 = {"mp_max_variance": "max_variance", "mp_max_variance_lora": "max_variance_lora", "mp_d3s_intra_tokens": "d3s_intra_tokens",
+              "fsdp_mp_max_variance": "fsdp_max_variance"}  # fmt: skip
+
 # Run once a session for every module's cases (conftest.py's dist_steps).
-dist_step_cases({name: _step_case(name, overrides) for name, overrides in CASES.items()})
+dist_step_cases({name: _step_case(name, overrides) for name, overrides in {**CASES, **MP_CASES}.items()})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -106,6 +118,32 @@ def test_two_ranks_step_equals_one(dist_steps, case):
     assert m2["world_size"] == 2 and len(m2["rank_time/update"]) == 2
     if case.endswith("rank1_empty"):  # the DAPO filter left rank 1 without a row, and nothing hung
         assert m2["kept"] == 4 and m2["zero_variance_groups"] == 0.5
+
+
+@pytest.mark.parametrize("case", list(MP_CASES))
+def test_two_ranks_step_equals_one_under_mixed_precision(dist_steps, case):
+    """One step in bfloat16 arithmetic gives the same gradient on 2 ranks as on 1, and the float32
+    step's, within what bfloat16 allows (tests/float_bounds.py, ``autocast_gradient_rtol``: two
+    bfloat16 computations twice the bound of one, a float32 one within gradient_rtol of the exact
+    gradient); the weights and the gradients stay float32 (they are saved as they are)."""
+    from float_bounds import autocast_gradient_rtol, gradient_rtol, rel_diff, within
+
+    one, two = (load_file(str(dist_steps / f"{case}-w{w}-grads.safetensors")) for w in (1, 2))
+    f32_one, f32_two = (load_file(str(dist_steps / f"{MP_FLOAT32[case]}-w{w}-grads.safetensors")) for w in (1, 2))
+    assert one.keys() == two.keys() == f32_one.keys() and one
+    bf16 = autocast_gradient_rtol(2, fsdp=case.startswith("fsdp"))  # the tiny model's 2 layers
+    f32 = gradient_rtol(686) / 2  # its 686-token vocabulary; one float32 computation: half the bound of two
+    for k in one:
+        err = rel_diff(two[k], one[k])
+        assert within(err, 2 * bf16, f"{case}: 2 ranks vs 1, {k}"), f"{case}: {k} 2 ranks vs 1: {err:.2e}, bound {2 * bf16:.2e}"
+        for w, g in ((1, one[k]), (2, two[k])):
+            err = rel_diff(g, f32_one[k])
+            assert within(err, bf16 + f32, f"{case}: vs float32, {w} ranks, {k}"), f"{case}: {k} on {w} vs float32: {err:.2e}, bound {bf16 + f32:.2e}"
+    assert max(rel_diff(one[k], f32_one[k]) for k in one) > 4 * gradient_rtol(686), f"{case}: as close to float32 as float32 is: no bfloat16 ran"
+    m1, m2 = (json.loads((dist_steps / f"{case}-w{w}.json").read_text()) for w in (1, 2))
+    for key in ("kept", "reward_mean", "zero_variance_groups", "tokens_total", "tokens_kept", "rows_run"):
+        assert m1[key] == m2[key], key
+    assert m2["world_size"] == 2 and m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=2 * bf16)
 
 
 @pytest.mark.parametrize("case", ["d3s_tokens_uniform", "fsdp_uniform"])
@@ -530,9 +568,9 @@ NCCL_CASES = {
     # Every group uniform: every row is skipped, so the token selection has no entropy on the GPU.
     "d3s_intra_tokens_all_skipped": {"select.rule": "d3s_intra", "select.token_fraction": 0.5},
     "d3s_cross_tokens": {"select.rule": "d3s_cross", "select.token_fraction": 0.7, "loss.aggregation": "token"},
-    "fsdp_d3s_intra_tokens": {"distributed.parallel": "fsdp", "distributed.mixed_precision": "none",
-                              "select.rule": "d3s_intra", "select.token_fraction": 0.5},  # fmt: skip
-    "fsdp_bf16_all_skipped": {"distributed.parallel": "fsdp", "distributed.mixed_precision": "bf16"},
+    "fsdp_d3s_intra_tokens": {"distributed.parallel": "fsdp", "select.rule": "d3s_intra", "select.token_fraction": 0.5},
+    "fsdp_bf16_all_skipped": {"distributed.parallel": "fsdp", "model.mixed_precision": "bf16"},
+    "bf16_max_variance": {"model.mixed_precision": "bf16"},
 }
 
 
@@ -543,7 +581,9 @@ def test_nccl_steps_like_one_process_on_the_gpu(tmp_path, tiny_model_dir, reward
     reference: in float32 it must match the same step without FSDP, in bf16 compute just run."""
     cases = {}
     for name, overrides in NCCL_CASES.items():
-        cases[name] = {"overrides": {**BASE, "model.device": "cuda", **overrides}, "uniform_all": name.endswith("all_skipped")}
+        # float32 unless a case asks for bfloat16 ("auto" would choose it on most GPUs): the FSDP case's reference is float32
+        cases[name] = {"overrides": {**BASE, "model.device": "cuda", "model.mixed_precision": "none", **overrides},
+                       "uniform_all": name.endswith("all_skipped")}  # fmt: skip
     spec = worker_spec(tmp_path / "spec.json", tiny_model_dir, reward_file, tmp_path, cases)
     groupless = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
     alone_spec = worker_spec(tmp_path / "alone.json", tiny_model_dir, reward_file, tmp_path, groupless)

@@ -147,8 +147,10 @@ def test_the_transformers_engine_takes_fast_and_changes_nothing(monkeypatch):
 
 def _setup(engine, cfg: Config | None = None):
     from podsrl.train.distributed import Dist
+    from podsrl.train.precision import MixedPrecision
 
-    return types.SimpleNamespace(cfg=cfg or load(overrides=["--rollout.engine=vllm", "--rollout.sampler_dtype=fast"]), dist=Dist(), engine=engine)
+    return types.SimpleNamespace(cfg=cfg or load(overrides=["--rollout.engine=vllm", "--rollout.sampler_dtype=fast"]), dist=Dist(), engine=engine,
+                                 precision=MixedPrecision("none", False, "as set"))  # fmt: skip
 
 
 def test_the_start_up_line_and_config_toml_say_what_fast_resolved_to(tmp_path):

@@ -656,7 +656,7 @@ def test_the_start_up_line_says_what_drives_a_schedule(make_config):
     "settings, fragments",
     [
         ({"model.dtype": "bfloat16"}, ["model.dtype = 'bfloat16'", "full fine-tuning", "no float32 master copy", "model.dtype = 'float32'", "model.lora = true"]),
-        ({"model.dtype": "bfloat16", "distributed.parallel": "fsdp"}, ["model.dtype = 'bfloat16'", "distributed.mixed_precision"]),
+        ({"model.dtype": "bfloat16", "distributed.parallel": "fsdp"}, ["model.dtype = 'bfloat16'", "model.mixed_precision = 'bf16'"]),
         ({"model.dtype": "float16"}, ["model.dtype = 'float16'", "GradScaler", "'bfloat16'", "'float32'"]),
         ({"model.dtype": "float16", "model.lora": True}, ["model.dtype = 'float16'", "GradScaler"]),
     ],

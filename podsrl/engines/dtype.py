@@ -20,7 +20,8 @@ because they cost nothing and decide the same on this project's CPU (avx512_bf16
 bfloat16 0.216 s + 12.8 ms a rollout against float32's 0.320 s + 20.0 ms, docs/vllm.md).
 
 Only the vLLM engine reads this: the transformers engine samples with the policy itself, so
-``"fast"`` (like ``"auto"``) changes nothing there. :func:`resolve_sampler_dtype` is pure but for
+``"fast"`` (like ``"auto"``) changes nothing there. The update's ``model.mixed_precision = "auto"``
+reads the same evidence (:func:`cpu_bf16`, :func:`gpu_bf16`; :mod:`podsrl.train.precision`). :func:`resolve_sampler_dtype` is pure but for
 ``torch.cuda`` and, when ``cpuinfo`` is not given, reading ``/proc/cpuinfo``; tests pass both.
 """
 
@@ -31,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["CPUINFO", "NOT_NAMED", "SamplerDtype", "cpu_bf16", "resolve_sampler_dtype"]
+__all__ = ["CPUINFO", "NOT_NAMED", "SamplerDtype", "cpu_bf16", "gpu_bf16", "resolve_sampler_dtype"]
 
 CPUINFO = "/proc/cpuinfo"
 NOT_NAMED = ("auto", "fast")  # the settings that name no dtype: an engine that samples with the policy itself takes them
@@ -68,7 +69,7 @@ def resolve_sampler_dtype(setting: str, policy_dtype: torch.dtype, *, cpuinfo: s
     if policy_dtype == torch.float16:
         return SamplerDtype(setting, policy_dtype, "the policy's float16, as fast as bfloat16 and the trainer's own")
     if torch.cuda.is_available():
-        if _gpu_bf16():
+        if gpu_bf16():
             return SamplerDtype(setting, torch.bfloat16, "the GPU has native bfloat16 (torch.cuda.is_bf16_supported())")
         return SamplerDtype(setting, policy_dtype, "the policy's dtype; the GPU has no native bfloat16 (torch.cuda.is_bf16_supported() is false)")
     native, why = cpu_bf16(cpuinfo, machine)
@@ -77,7 +78,7 @@ def resolve_sampler_dtype(setting: str, policy_dtype: torch.dtype, *, cpuinfo: s
     return SamplerDtype(setting, policy_dtype, f"the policy's dtype; {why}")
 
 
-def _gpu_bf16() -> bool:
+def gpu_bf16() -> bool:
     """``torch.cuda.is_bf16_supported()`` without emulation: since torch 2.3 it counts a GPU that
     emulates bfloat16 (before Ampere) unless asked not to, and emulated bfloat16 is not faster."""
     try:

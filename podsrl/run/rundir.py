@@ -77,8 +77,9 @@ BUDGET = ("train.max_steps", "train.max_seconds")
 # may change on resume (the way forward when a reward leaves its declared values). Like a changed
 # world size, the rollouts then differ from an uninterrupted run's; what is learned does not, in law.
 EXACT_IN_LAW = ("rollout.early_stop", "rollout.round_size", "reward.values")
-# May change on resume: where and how the run executes, what it logs, how often it checkpoints,
-# and batching options that are exact (the same update). Evaluation *timing* is free; what an
+# May change on resume: where and how the run executes (the device, and with it the arithmetic: a
+# GPU's kernels, or bfloat16 under model.mixed_precision, whose "auto" resolves anew on each machine),
+# what it logs, how often it checkpoints, and batching options that are exact (the same update). Evaluation *timing* is free; what an
 # evaluation measures is not, or eval.jsonl would mix two measurements.
 FREE = frozenset(
     {
@@ -88,7 +89,7 @@ FREE = frozenset(
         "train.resume", "train.stop_signals", "train.checkpoint_failure",
         "reward.timeout_seconds", "reward.max_timeout_fraction", "reward.workers",
         "eval.every_steps", "eval.every_seconds", "eval.at_start", "eval.at_end",
-        "model.device", "model.gradient_checkpointing",
+        "model.device", "model.gradient_checkpointing", "model.mixed_precision",
         "optim.micro_batch_size", "optim.share_prompts",
         "rollout.engine", "rollout.generation_batch_size", "rollout.gpu_memory_utilization",
         "rollout.enable_sleep_mode", "rollout.kv_cache_gib", "rollout.enforce_eager", "rollout.max_model_len",

@@ -63,6 +63,7 @@ from podsrl.train.distributed import Dist, fsdp_wrap, rank_device
 from podsrl.train.distributed import init as init_distributed
 from podsrl.train.evaluate import EvalResult, EvalSettings, calls, evaluate
 from podsrl.train.heartbeat import Heartbeat
+from podsrl.train.precision import MixedPrecision, resolve_mixed_precision
 from podsrl.train.prompts import PromptStream, repeats_warning
 from podsrl.train.sampling import Groups, StepSample, sample_metrics, sample_step
 from podsrl.train.update import UpdateBatch, UpdateSettings, measure_sampler_gap, run_update
@@ -87,6 +88,7 @@ class Setup:
     reward_values: tuple[float, ...] | None = None  # every value the total reward can take; None: undeclared
     declared: Declared | None = None  # the values the task declares for reward functions (correctness: its grader's)
     grading_note: str | None = None  # held-out answers the task's grader cannot grade right (warned at start-up)
+    precision: MixedPrecision = MixedPrecision("none", False, "as set")  # what model.mixed_precision resolved to on the model's device (setup)
 
     def close(self) -> None:
         self.engine.close()
@@ -113,11 +115,11 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
     task = build_task(cfg)
     rewards, reward_values = preflight(cfg, task)
     policy = load_policy(cfg.model, device=rank_device(cfg.model.device, dist.local_rank, dist.world) if dist.active else None)
+    weights = next(policy.model.parameters())
+    precision = resolve_mixed_precision(cfg.model.mixed_precision, weights.device, weights.dtype)
     if dist.active:
         if dist.sharded:
-            on_gpu = next(policy.model.parameters()).device.type == "cuda"
-            mp = cfg.distributed.mixed_precision
-            fsdp_wrap(policy.model, mixed_precision=mp == "bf16" or (mp == "auto" and on_gpu))
+            fsdp_wrap(policy.model, mixed_precision=precision.enabled)
         else:
             dist.broadcast_params(policy.model)  # identical start on every rank (LoRA's random A)
     threads = torch.get_num_threads()
@@ -145,6 +147,7 @@ def setup(cfg: Config, dist: Dist | None = None) -> Setup:
         reward_values=reward_values,
         declared=task_values(task),
         grading_note=ungraded_note(eval_examples),
+        precision=precision,
     )
 
 
@@ -317,7 +320,8 @@ def _update_on_kept(run: Setup, model, optimizer, scheduler, groups: Groups, sel
     """The optimizer step on this rank's kept rollouts, its metrics; when no rollout was kept (the DAPO
     filter, or dynamic sampling's cap with no signal: no step), only the sampler gap's, measured on a
     sample of the sampled rollouts. Every rank joins the update, with its rows or with none."""
-    settings = UpdateSettings.from_config(run.cfg, pad_id=run.policy.tokenizer.pad_token_id, token_fraction=selection.token_fraction)
+    settings = UpdateSettings.from_config(run.cfg, pad_id=run.policy.tokenizer.pad_token_id, token_fraction=selection.token_fraction,
+                                          mixed_precision=run.precision.enabled)  # fmt: skip
     mine = (groups.rank == run.dist.rank)[:, None]
     if not selection.keep.any():  # no update; the sampler's gap is still measured, on the sampled rollouts
         return measure_sampler_gap(model, _batch(run, groups, mine & ~groups.reward.isnan(), None), settings, dist=run.dist)
@@ -648,19 +652,24 @@ def _correction(rollout: RolloutConfig) -> str:
 
 
 def _config_notes(run: Setup) -> dict[str, str]:
-    """Comments for config.toml: what a machine-dependent ``rollout.sampler_dtype`` ("auto",
-    "fast") resolved to where the run (re)started, so the run directory records the dtype it
-    sampled in (the setting itself stays as given: trained again elsewhere, it resolves there)."""
+    """Comments for config.toml: what the machine-dependent ``rollout.sampler_dtype`` ("auto",
+    "fast") and ``model.mixed_precision = "auto"`` resolved to where the run (re)started, so the run
+    directory records the dtype it sampled in and the arithmetic of its update (the settings
+    themselves stay as given: trained again elsewhere, they resolve there)."""
+    notes = {}
+    if run.precision.setting == "auto":
+        notes["model.mixed_precision"] = f"{run.precision.name} where the run last started: {run.precision.reason}"
     sampler = getattr(run.engine, "sampler_dtype", None)
-    if sampler is None or sampler.setting == sampler.name:
-        return {}
-    return {"rollout.sampler_dtype": f"{sampler.name} where the run last started: {sampler.reason}"}
+    if sampler is not None and sampler.setting != sampler.name:
+        notes["rollout.sampler_dtype"] = f"{sampler.name} where the run last started: {sampler.reason}"
+    return notes
 
 
 def _describe(run: Setup, model) -> str:
     cfg = run.cfg
     return (
         _device_line(run, model)
+        + f", {run.precision.describe()}"
         + (f", exact early stopping in rounds of {cfg.rollout.round_size or 'm'} (reward values {list(run.reward_values or [])})"
            if cfg.rollout.early_stop == "exact" else "")
         + (f", dynamic sampling (up to {cfg.rollout.max_gen_batches} batches of {cfg.train.prompts_per_step} prompts a step)"

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from podsrl.core.logits import log_normaliser
+from podsrl.train.precision import autocast
 
 
 @dataclass
@@ -85,18 +86,23 @@ def forward_logprobs(
     with_entropy: bool = False,
     share_prompts: bool = True,
     chunk_size: int = 256,
+    mixed_precision: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Per-token log-probs [N, T] of the completion tokens (differentiable) and entropy [N, T] (detached).
+    """Per-token log-probs [N, T] of the completion tokens (differentiable) and entropy [N, T] (detached),
+    both float32.
 
     Padding positions hold 0. Position ids follow the attention mask, so left padding does not shift
-    the prompt's positions (matching what `generate` and vLLM saw).
+    the prompt's positions (matching what `generate` and vLLM saw). ``mixed_precision``: the model's
+    calls run under bfloat16 autocast (:func:`podsrl.train.precision.autocast`); the log-softmax
+    after them does not.
     """
     N, T = packed.completion_ids.shape
     position_ids = (packed.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P+T]
     targets = packed.completion_ids
     fused = dict(temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size)
     if share_prompts and len(packed.prompt_rows) < N and can_share_prompts(model):
-        first, rest = _shared_prompt_logits(model, packed, position_ids)  # [U, V], [N, T-1, V]
+        with autocast(model, mixed_precision):
+            first, rest = _shared_prompt_logits(model, packed, position_ids)  # [U, V], [N, T-1, V]
         lp0, ent0 = token_logprobs(first, targets[:, 0], rows=packed.prompt_index, **fused)  # [N]
         pieces = [(lp0[:, None], None if ent0 is None else ent0[:, None])]
         if T > 1:
@@ -107,12 +113,13 @@ def forward_logprobs(
     else:
         P = packed.prompt_width
         # The logits that predict completion token t sit at position P + t - 1.
-        logits = model(
-            input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask,
-            position_ids=position_ids,
-            logits_to_keep=torch.arange(P - 1, P + T - 1, device=position_ids.device),
-        ).logits  # [N, T, V]
+        with autocast(model, mixed_precision):
+            logits = model(
+                input_ids=packed.input_ids,
+                attention_mask=packed.attention_mask,
+                position_ids=position_ids,
+                logits_to_keep=torch.arange(P - 1, P + T - 1, device=position_ids.device),
+            ).logits  # [N, T, V]
         lp, ent = token_logprobs(logits.reshape(N * T, -1), targets.reshape(-1), **fused)
         logprobs, entropy = lp.view(N, T), None if ent is None else ent.view(N, T)
     logprobs = logprobs * packed.completion_mask

@@ -48,6 +48,12 @@ How the rows that run are processed:
   iteration reuses it; a row's weight depends on that row alone, so micro-batching, skipped rows and
   world size do not change it. No normaliser changes; the KL term is not weighted. Without the
   engine's log-probs (the transformers engine samples with the trainer itself) nothing is weighted.
+- **Mixed precision** (``UpdateSettings.mixed_precision``, what ``model.mixed_precision`` resolved
+  to; :mod:`podsrl.train.precision`): every forward of the model here (scoring, measure, each policy
+  iteration, FSDP's padding) runs under bfloat16 autocast, the output layer in float32; the
+  log-probs, entropies, loss, clipped ratio, importance weights and advantages are float32 tensors
+  computed outside it, and the weights, gradients and optimizer state stay float32. Which rows run,
+  which tokens are selected and the normalisers do not depend on it.
 - Several processes (``dist``, see :mod:`podsrl.train.distributed`): each rank passes its own kept rows.
   The sequence and token normalisers and D3S's top-fraction threshold are global (the threshold is
   taken on every rank over the gathered [K, T] scores in rank order, so the kept tokens, ties
@@ -99,6 +105,7 @@ from torch import Tensor
 from podsrl.train.distributed import Dist
 from podsrl.core.importance import ImportanceMetrics, ImportanceSettings, importance_weights
 from podsrl.core.loss import BatchCounts, LossMetrics, LossSettings, policy_loss
+from podsrl.train.precision import autocast
 from podsrl.train.sequences import Packed, forward_logprobs, pack
 from podsrl.core.token_selection import select_tokens
 
@@ -126,6 +133,7 @@ class UpdateSettings:
     share_prompts: bool = True  # forward each prompt once per micro-batch
     skip_zero_advantage: bool = True  # rows with advantage exactly 0 take no forward/backward when the loss has no KL term (exact)
     importance: ImportanceSettings | None = None  # the sampler correction, applied where the batch has the engine's log-probs; None: off
+    mixed_precision: bool = False  # the model's forward (and backward) in every pass under bfloat16 autocast; log-probs, loss and ratios stay float32 (podsrl.train.precision)
 
     @property
     def skips_zero_advantage(self) -> bool:
@@ -134,8 +142,9 @@ class UpdateSettings:
         return self.skip_zero_advantage and self.loss.beta == 0
 
     @classmethod
-    def from_config(cls, cfg, *, pad_id: int, token_fraction: float = 1.0) -> UpdateSettings:
-        """From a :class:`podsrl.config.Config`, with the step's scheduled token fraction."""
+    def from_config(cls, cfg, *, pad_id: int, token_fraction: float = 1.0, mixed_precision: bool = False) -> UpdateSettings:
+        """From a :class:`podsrl.config.Config`, with the step's scheduled token fraction and what
+        ``model.mixed_precision`` resolved to on the model's device (``Setup.precision``)."""
         return cls(
             loss=LossSettings(
                 eps_low=cfg.loss.eps_low,
@@ -160,6 +169,7 @@ class UpdateSettings:
             )
             if cfg.rollout.importance_sampling_correction
             else None,
+            mixed_precision=mixed_precision,
         )
 
 
@@ -458,13 +468,15 @@ def _scoring_pass(u: _Update, rows: list[int]) -> None:
     s = u.settings
     for mb in _micro_batches(u, rows):
         if mb.pack is None:
-            _empty_forward(u.model, s.pad_id, u.device)
+            _empty_forward(u.model, s.pad_id, u.device, s.mixed_precision)
             continue
-        logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=True, share_prompts=u.share_prompts)
+        logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=True, share_prompts=u.share_prompts,
+                                             mixed_precision=s.mixed_precision)  # fmt: skip
         ref = None
         if s.loss.beta > 0:
             with _reference(u.model, u.reference) as ref_model:
-                ref, _ = forward_logprobs(ref_model, mb.pack, temperature=s.temperature, share_prompts=u.share_prompts)
+                ref, _ = forward_logprobs(ref_model, mb.pack, temperature=s.temperature, share_prompts=u.share_prompts,
+                                          mixed_precision=s.mixed_precision)  # fmt: skip
         rows = [u.rows[i] for i in mb.rows]
         for row, e in zip(rows, mb.split(entropy)):
             row.entropy = e
@@ -494,9 +506,10 @@ def _measure_pass(u: _Update, rows: list[int], sums: _Sums) -> None:
     s = u.settings
     for mb in _micro_batches(u, rows):
         if mb.pack is None:  # FSDP padding
-            _empty_forward(u.model, s.pad_id, u.device)
+            _empty_forward(u.model, s.pad_id, u.device, s.mixed_precision)
             continue
-        logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=True, share_prompts=u.share_prompts)
+        logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=True, share_prompts=u.share_prompts,
+                                             mixed_precision=s.mixed_precision)  # fmt: skip
         for row, e in zip((u.rows[i] for i in mb.rows), mb.split(entropy)):
             row.entropy = e
         sampler = mb.stack([u.rows[i].sampler for i in mb.rows])
@@ -513,11 +526,12 @@ def _policy_iteration(u: _Update, micro_batches: list[_MicroBatch], totals: Batc
     u.optimizer.zero_grad(set_to_none=True)
     for mb in micro_batches:
         if mb.pack is None:  # FSDP padding: join the collectives, add nothing
-            (_empty_forward(u.model, s.pad_id, u.device) * 0.0).backward()
+            (_empty_forward(u.model, s.pad_id, u.device, s.mixed_precision) * 0.0).backward()
             continue
         rows = [u.rows[i] for i in mb.rows]
         need_entropy = rows[0].entropy is None
-        logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=need_entropy, share_prompts=u.share_prompts)
+        logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=need_entropy, share_prompts=u.share_prompts,
+                                             mixed_precision=s.mixed_precision)  # fmt: skip
         if need_entropy:
             for row, e in zip(rows, mb.split(entropy)):
                 row.entropy = e
@@ -599,10 +613,13 @@ def _select_tokens(u: _Update, lengths: list[int]) -> list[Tensor]:
     return [mask[i, :n] for i, n in enumerate(lengths)]
 
 
-def _empty_forward(model: torch.nn.Module, pad_id: int, device) -> Tensor:
-    """A one-token forward whose output is a scalar 0 attached to the graph (FSDP padding)."""
+def _empty_forward(model: torch.nn.Module, pad_id: int, device, mixed_precision: bool = False) -> Tensor:
+    """A one-token forward whose output is a scalar 0 attached to the graph (FSDP padding), in the
+    arithmetic of the real ones."""
     ids = torch.full((1, 1), pad_id, dtype=torch.long, device=device)
-    return model(input_ids=ids, logits_to_keep=1).logits.sum() * 0.0
+    with autocast(model, mixed_precision):
+        logits = model(input_ids=ids, logits_to_keep=1).logits
+    return logits.float().sum() * 0.0
 
 
 @contextlib.contextmanager

@@ -1,0 +1,142 @@
+"""Mixed precision in the update: bfloat16 arithmetic over float32 weights (``model.mixed_precision``).
+
+One setting for every training path (one process, DDP, FSDP). With mixed precision on:
+
+- **What computes in bfloat16**: the model's forward, and so its backward, in every pass of the
+  update (the scoring pass, the measure pass of a step without a signal, each policy iteration; FSDP's
+  empty padding forwards too) runs under ``torch.autocast(device_type, dtype=torch.bfloat16)``
+  (:func:`autocast`): matrix products take bfloat16 inputs and accumulate in float32 (the kernels'
+  own choice), the residual stream stays float32 (a float32 embedding plus bfloat16 block outputs).
+  Under ``distributed.parallel = "fsdp"`` FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16,
+  reduce_dtype=float32)`` casts the gathered parameters to bfloat16 as well
+  (:func:`podsrl.train.distributed.fsdp_wrap`) and reduce-scatters the gradients in float32.
+- **What stays float32**: the weights, their gradients and AdamW's state (the parameters are never
+  cast: autocast casts copies per operation), so an update below bfloat16's resolution is not rounded
+  away (the reason bfloat16 full fine-tuning is refused: :func:`podsrl.models.check_training_dtype`);
+  and everything after the logits: the log-softmax, log-probs and entropies
+  (:func:`podsrl.train.sequences.token_logprobs` works in float32), the loss, the clipped ratio, the
+  importance ratio against the sampler and the advantages, which :func:`autocast` does not cover.
+  Which rows are skipped (advantage exactly 0) and which rollouts are kept read the rewards and
+  advantages alone: the same as in float32. D3S's token selection reads float32 entropies computed
+  from the bfloat16 forward's logits: exact over those, which differ from float32's by the
+  forward's rounding, so a token at the threshold may be chosen otherwise.
+- **The output layer in float32.** The logits' final matrix product (``get_output_embeddings()``)
+  runs in float32 on the float32 hidden state (a forward pre-hook turns autocast off around it),
+  where its weight is float32; FSDP's bfloat16 parameters and a bfloat16 base (``model.dtype``) keep
+  it in bfloat16. A logit stored in bfloat16 is off by up to 2^-8 of itself (1/16 of a nat for a
+  logit of 16-32), and a log-prob takes that error whole. Measured on the embedded
+  SmolLM2-135M-Instruct (``python bench/mixed_precision.py --logprob-error``: 8 arithmetic prompts x
+  2 sampled completions, 185 tokens, logits up to 44 in magnitude, each against the same forward in
+  float64; 2026-11-28, this project's 2-core AMD EPYC, AVX2): float32 log-probs within 3.3e-6 nats a
+  token on average; bfloat16 autocast with the output layer in bfloat16 within 3.0e-2 (largest 0.21,
+  mean k3 1.0e-3), with it in float32 within 1.7e-2 (largest 0.11, mean k3 3.2e-4). So the output
+  layer in float32 halves the log-probs' error, for its share of the arithmetic: 28M of the model's
+  135M parameters, at the completion positions only (17% of the update's products for 2 rows of
+  40 + 64 tokens, their prompt shared, 20% for 40 + 256).
+- **The sampler's gap.** vLLM's bfloat16 sampler rounds the weights to bfloat16 as autocast does, so
+  a bfloat16 update shares that part of the sampler's arithmetic; the rest (activations, kernels,
+  the output layer) still differs. ``sampler_kl`` then measures the gap between two bfloat16
+  computations (bench/importance_gap.py ``--trainer-mixed-precision``), and the importance
+  correction corrects towards the update's own log-probs, whatever they were computed in.
+
+``"auto"`` (the default) chooses by the hardware the model trains on, as ``rollout.sampler_dtype =
+"fast"`` does and with the same evidence (:mod:`podsrl.engines.dtype`): bfloat16 on a GPU with native
+bfloat16 (``torch.cuda.is_bf16_supported(including_emulation=False)``: Ampere and later) and on a CPU
+with native bfloat16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo on x86-64, ``bf16``
+on aarch64), float32 elsewhere: without native support bfloat16 is converted for float32 arithmetic,
+slower than float32 itself (bench/mixed_precision.py measures both side by side). Weights that are
+not float32 (``model.dtype = "bfloat16"``: a LoRA adapter over a bfloat16 base) compute in their own
+dtype already, and "auto" leaves them so. ``"bf16"`` forces it on, ``"none"`` off. The start-up line
+says which and why, and config.toml records what "auto" resolved to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import torch
+
+from podsrl.engines.dtype import cpu_bf16, gpu_bf16
+
+__all__ = ["SETTINGS", "MixedPrecision", "autocast", "resolve_mixed_precision"]
+
+SETTINGS = ("auto", "bf16", "none")
+
+
+class MixedPrecision(NamedTuple):
+    """What ``model.mixed_precision`` (``setting``) resolved to: bfloat16 autocast on or off
+    (``enabled``), and why (``reason``)."""
+
+    setting: str
+    enabled: bool
+    reason: str
+    weights: str = "float32"  # the weights' dtype (model.dtype)
+
+    @property
+    def name(self) -> str:
+        """What it resolved to, as the setting names it: "bf16" or "none"."""
+        return "bf16" if self.enabled else "none"
+
+    def describe(self) -> str:
+        """For the start-up line: ``update in bfloat16 (autocast over float32 weights; model.mixed_precision = 'auto': <reason>)``."""
+        what = f"bfloat16 (autocast over {self.weights} weights; " if self.enabled else f"{self.weights} ("
+        return f"update in {what}model.mixed_precision = {self.setting!r}: {self.reason})"
+
+
+def resolve_mixed_precision(setting: str, device: torch.device, weights: torch.dtype = torch.float32, *, cpuinfo: str | None = None,
+                            machine: str | None = None) -> MixedPrecision:  # fmt: skip
+    """What ``model.mixed_precision = setting`` does for a model on ``device`` whose weights are
+    ``weights`` (``model.dtype``). ``cpuinfo``: the text of /proc/cpuinfo (None: read it, when "auto"
+    asks on a CPU); ``machine``: ``platform.machine()`` (None: this one's)."""
+    if setting not in SETTINGS:
+        raise ValueError(f"model.mixed_precision: unknown value {setting!r}; valid values: {', '.join(SETTINGS)}")
+    name = str(weights).removeprefix("torch.")
+    if setting != "auto":
+        return MixedPrecision(setting, setting == "bf16", "as set", name)
+    if weights != torch.float32:
+        return MixedPrecision(setting, False, f"the weights are {name} (model.dtype)", name)
+    if device.type == "cuda":
+        if gpu_bf16():
+            return MixedPrecision(setting, True, "the GPU has native bfloat16 (torch.cuda.is_bf16_supported())", name)
+        return MixedPrecision(setting, False, "the GPU has no native bfloat16 (torch.cuda.is_bf16_supported() is false)", name)
+    if device.type == "cpu":
+        native, why = cpu_bf16(cpuinfo, machine)
+        return MixedPrecision(setting, native, f"the CPU has native bfloat16 arithmetic, {why}" if native else why, name)
+    return MixedPrecision(setting, False, f"podsrl reads native bfloat16 support on CUDA GPUs and CPUs only, and the model is on {device.type}", name)
+
+
+@contextlib.contextmanager
+def autocast(model: torch.nn.Module, enabled: bool = True):
+    """Run ``model``'s forward calls inside the block under bfloat16 autocast (on the device type of
+    its parameters), its output layer in float32 where that layer's weight is float32 (the module
+    docstring says why). Nothing when not ``enabled``. Only the model's calls belong inside: what is
+    computed from the logits (log-softmax, loss, ratios) must stay outside, in float32."""
+    if not enabled:
+        yield
+        return
+    device_type = next(model.parameters()).device.type
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    handles = []
+    if head is not None:
+        resumed: list[bool] = []  # autocast's state before the output layer, restored after it
+
+        def before(module, args):
+            if getattr(module, "weight", None) is None or module.weight.dtype != torch.float32:
+                return None  # FSDP's bfloat16 parameters, a bfloat16 base: autocast computes it in bfloat16
+            resumed.append(torch.is_autocast_enabled(device_type))
+            torch.set_autocast_enabled(device_type, False)
+            return (args[0].float(), *args[1:])
+
+        def after(module, args, output):
+            if resumed:
+                torch.set_autocast_enabled(device_type, resumed.pop())
+
+        handles = [head.register_forward_pre_hook(before), head.register_forward_hook(after)]
+    try:
+        # The block's exit restores autocast's state even if the output layer raised between the hooks.
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
