@@ -44,7 +44,8 @@ time and what it saw):
   then ``podsrl eval --run``. Without a GPU: skipped, or with ``--gloo`` the same on gloo and the CPU.
 - ``gpu-tests``: ``pytest -m gpu`` on the other test files that hold GPU-marked tests (the update on
   the GPU equals the CPU's; a run trains, resumes and evaluates on the GPU).
-- ``full-fp32``: as lora-bf16, full fine-tuning in float32.
+- ``full-fp32``: as lora-bf16, full fine-tuning of float32 weights (their update in bfloat16 where
+  ``model.mixed_precision = "auto"`` finds the GPU's native bfloat16; the export float32).
 
 It writes one report, ``results/gpu-check/<date>-<device>.md`` and ``.json`` (``--out``), and exits 1
 when any check failed (0 when every one passed or was skipped). Without a GPU the GPU parts are

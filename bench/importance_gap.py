@@ -4,6 +4,7 @@
     python bench/importance_gap.py --prompts 4 --samples 2 --lengths 32,64
     python bench/importance_gap.py --model DIR --engine transformers  # a bfloat16 copy as the sampler (no vLLM)
     python bench/importance_gap.py --sampler-dtype bfloat16         # vLLM in bfloat16 where "fast" would not choose it
+    python bench/importance_gap.py --trainer-mixed-precision          # the trainer's log-probs under bfloat16 autocast (issue 66)
 
 What it measures (issue 59). The policy (``--model``, the embedded SmolLM2-135M-Instruct by default,
 float32, as ``podsrl train`` holds it) and its sampler, ``rollout.sampler_dtype = "fast"`` (the
@@ -32,7 +33,10 @@ per completion token:
 ``--engine vllm`` (the default) samples with podsrl's vLLM engine as ``podsrl train`` does;
 ``--engine transformers`` samples with the transformers engine from a bfloat16 copy of the policy
 and takes that copy's log-probs as the sampler's (a stand-in for machines without vLLM, and the
-cheap test's). Prints two Markdown tables (the gap, then the modes) with the command and date, and
+cheap test's). ``--trainer-mixed-precision`` computes the trainer's log-probs as the update does under
+``model.mixed_precision = "bf16"`` (bfloat16 autocast over the float32 weights, the output layer in
+float32: podsrl/train/precision.py), so that the gap between a bfloat16 sampler and a bfloat16
+update is measured. Prints two Markdown tables (the gap, then the modes) with the command and date, and
 as its last line each mode's ESS at the longest limit.
 """
 
@@ -94,15 +98,17 @@ def sample(policy, engine: str, prompt_ids: list[list[int]], n: int, max_new_tok
 
 
 @torch.no_grad()
-def logprobs(model, prompt_rows: list[list[int]], completions: list[list[int]], pad_id: int, batch: int = 8) -> list[list[float]]:
+def logprobs(model, prompt_rows: list[list[int]], completions: list[list[int]], pad_id: int, batch: int = 8, *,
+             mixed_precision: bool = False) -> list[list[float]]:  # fmt: skip
     """Each completion token's log-prob under ``model`` at temperature 1, computed as the update
-    computes pi_old (packed rows, :func:`podsrl.train.sequences.forward_logprobs`)."""
+    computes pi_old (packed rows, :func:`podsrl.train.sequences.forward_logprobs`; ``mixed_precision``:
+    under the update's bfloat16 autocast)."""
     from podsrl.train.sequences import forward_logprobs, pack
 
     out = []
     for start in range(0, len(completions), batch):
         p, c = prompt_rows[start : start + batch], completions[start : start + batch]
-        lp, _ = forward_logprobs(model, pack(p, c, pad_id), temperature=1.0)
+        lp, _ = forward_logprobs(model, pack(p, c, pad_id), temperature=1.0, mixed_precision=mixed_precision)
         out += [lp[i, : len(ids)].float().tolist() for i, ids in enumerate(c)]
     return out
 
@@ -186,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sampler-dtype", default="fast", choices=("fast", "auto", "bfloat16", "float16", "float32"),
                         help="vLLM's weights (rollout.sampler_dtype); 'fast' is bfloat16 only on a CPU with native bfloat16")  # fmt: skip
+    parser.add_argument("--trainer-mixed-precision", action="store_true", help="the trainer's log-probs under the update's bfloat16 autocast")
     args = parser.parse_args(argv)
     try:
         lengths = sorted({int(x) for x in args.lengths.split(",")})
@@ -205,10 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     prompt_ids = prompts(policy.tokenizer, Path(args.data), args.prompts)
     completions, sampler, ended, name = sample(policy, args.engine, prompt_ids, args.samples, max(lengths), args.seed, args.sampler_dtype)
     rows = [p for p in prompt_ids for _ in range(args.samples)]
-    trainer = logprobs(policy.model.eval(), rows, completions, policy.tokenizer.pad_token_id)
+    trainer = logprobs(policy.model.eval(), rows, completions, policy.tokenizer.pad_token_id, mixed_precision=args.trainer_mixed_precision)
+    arithmetic = "bfloat16 autocast, model.mixed_precision = 'bf16'" if args.trainer_mixed_precision else "float32 arithmetic"
     print(f"# {command}")
-    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {time.time() - started:.0f} s; model {args.model} (float32), "
-          f"sampler {name}; {args.prompts} GSM8K test prompts x {args.samples} samples, temperature 1")  # fmt: skip
+    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {time.time() - started:.0f} s; model {args.model} (float32 weights, "
+          f"{arithmetic}), sampler {name}; {args.prompts} GSM8K test prompts x {args.samples} samples, temperature 1")  # fmt: skip
     print()
     figures = [summarize(trainer, sampler, L, ended) for L in lengths]
     print(tables(figures))

@@ -26,25 +26,32 @@ One setting for every training path (one process, DDP, FSDP). With mixed precisi
   it in bfloat16. A logit stored in bfloat16 is off by up to 2^-8 of itself (1/16 of a nat for a
   logit of 16-32), and a log-prob takes that error whole. Measured on the embedded
   SmolLM2-135M-Instruct (``python bench/mixed_precision.py --logprob-error``: 8 arithmetic prompts x
-  2 sampled completions, 185 tokens, logits up to 44 in magnitude, each against the same forward in
-  float64; 2026-11-28, this project's 2-core AMD EPYC, AVX2): float32 log-probs within 3.3e-6 nats a
-  token on average; bfloat16 autocast with the output layer in bfloat16 within 3.0e-2 (largest 0.21,
-  mean k3 1.0e-3), with it in float32 within 1.7e-2 (largest 0.11, mean k3 3.2e-4). So the output
+  2 sampled completions, 371 tokens, each against the same forward in float64; 2026-11-29, this
+  project's 2-core AMD EPYC, AVX2): float32 log-probs within 2.9e-6 nats a token on average;
+  bfloat16 autocast with the output layer in bfloat16 within 2.9e-2 (largest 0.22, mean k3 8.9e-4),
+  with it in float32 within 1.6e-2 (largest 0.11, mean k3 3.1e-4). So the output
   layer in float32 halves the log-probs' error, for its share of the arithmetic: 28M of the model's
   135M parameters, at the completion positions only (17% of the update's products for 2 rows of
   40 + 64 tokens, their prompt shared, 20% for 40 + 256).
-- **The sampler's gap.** vLLM's bfloat16 sampler rounds the weights to bfloat16 as autocast does, so
-  a bfloat16 update shares that part of the sampler's arithmetic; the rest (activations, kernels,
-  the output layer) still differs. ``sampler_kl`` then measures the gap between two bfloat16
-  computations (bench/importance_gap.py ``--trainer-mixed-precision``), and the importance
-  correction corrects towards the update's own log-probs, whatever they were computed in.
+- **The sampler's gap** (``sampler_kl``) is not closed by a bfloat16 update: a bfloat16 sampler and
+  the update round the weights alike, but their activations, kernels and output layers round
+  differently, and the update's own bfloat16 error (above) adds to the sampler's. Measured with
+  ``python bench/importance_gap.py --prompts 4 --samples 2 --lengths 64,128 --engine transformers``
+  (a bfloat16 copy of the policy samples), without and with ``--trainer-mixed-precision``
+  (2026-11-28, this project's CPU, 8 completions): mean |d| 0.028 and 0.029 nats a token at 64 and
+  128 tokens against the float32 update, 0.029 and 0.030 against the bfloat16 one; the k3 KL 1.0e-3
+  and 1.1e-3, then 1.1e-3 and 1.2e-3; only the mean signed gap fell (+0.0027 to +0.0017 at 64
+  tokens). The importance correction corrects towards the update's own log-probs, whatever they
+  were computed in.
 
 ``"auto"`` (the default) chooses by the hardware the model trains on, as ``rollout.sampler_dtype =
 "fast"`` does and with the same evidence (:mod:`podsrl.engines.dtype`): bfloat16 on a GPU with native
 bfloat16 (``torch.cuda.is_bf16_supported(including_emulation=False)``: Ampere and later) and on a CPU
 with native bfloat16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo on x86-64, ``bf16``
 on aarch64), float32 elsewhere: without native support bfloat16 is converted for float32 arithmetic,
-slower than float32 itself (bench/mixed_precision.py measures both side by side). Weights that are
+slower than float32 itself: the update took 7.6 and 10.2 times float32's time at 40 + 64 and 40 + 256
+tokens on this project's 2-core AMD EPYC with AVX2 only (``python bench/mixed_precision.py --threads
+1``, 2026-11-29). Weights that are
 not float32 (``model.dtype = "bfloat16"``: a LoRA adapter over a bfloat16 base) compute in their own
 dtype already, and "auto" leaves them so. ``"bf16"`` forces it on, ``"none"`` off. The start-up line
 says which and why, and config.toml records what "auto" resolved to.

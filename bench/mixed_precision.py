@@ -1,0 +1,215 @@
+"""Benchmark: the update with and without mixed precision (``model.mixed_precision``), side by side.
+
+    python bench/mixed_precision.py                       # the embedded SmolLM2-135M, 40 + 64 and 40 + 256 tokens
+    python bench/mixed_precision.py --quick               # a tiny random Llama: checks the machinery
+    python bench/mixed_precision.py --logprob-error       # also the log-probs' error against a float64 forward
+    python bench/mixed_precision.py --model smollm2-135m-arch --device cuda --rows 16 --repeats 5   # a GPU, random weights
+
+**Time.** podsrl's own ``run_update`` (forward, loss, backward, clip, AdamW step) on ``--rows`` kept
+rollouts of one prompt (40 random tokens, shared by the rows as a group's are), each completion
+``C`` random tokens long, C = 64 and 256, advantages alternating +1 / -1, the update one
+micro-batch; once with ``UpdateSettings.mixed_precision`` off (float32 arithmetic) and once on
+(bfloat16 autocast over the float32 weights, the output layer in float32: podsrl/train/precision.py),
+alternating within each round on the same model and optimizer (``--repeats`` rounds after one
+warm-up update of each), so that a change in the machine's load hits both alike. Printed per size:
+each side's median seconds and the ratio of the medians, mixed precision over float32. Below 1 is a
+saving; issue 66's target on a CPU with native bfloat16 is 1 / 1.5 = 0.67 or less. On a CPU without
+it (AVX2 only) bfloat16 is converted for float32 arithmetic and the ratio is above 1: why
+``model.mixed_precision = "auto"`` leaves such a CPU in float32. The CPU's model and flags are
+printed with the result.
+
+**Log-prob error** (``--logprob-error``, the embedded model or a path only): the trainer's log-probs
+of sampled completions (8 arithmetic prompts x 2 completions of up to 32 tokens, temperature 1, seed
+0) computed in float32, under bfloat16 autocast with the output layer in bfloat16, and with it in
+float32 (podsrl's choice), each against the same forward in float64: mean and largest |difference|
+per token, the mean k3 estimate of the KL between them, and the mean signed difference.
+
+The last line: ``update time mixed precision / float32: R64 at 40+64 tokens, R256 at 40+256 (DEVICE; native bfloat16: yes|no)``.
+
+Measured 2026-11-29 on this project's 2-core AMD EPYC (AVX2, no avx512_bf16 or AMX), ``--threads 1``
+(on a loaded machine two threads wait on each other: a float32 update of 40 + 256 tokens took 63 s
+with 2 threads against 10 s with 1), 9 min 54 s in all: float32 4.0 s and 9.9 s, mixed precision
+30.5 s and 100.4 s, ratios 7.58 at 40+64 and 10.19 at 40+256: without native bfloat16 the CPU's
+bfloat16 products are 8-10 times slower than float32's, hence "auto" stays float32 there. On a CPU
+with native bfloat16 the run is shorter (the target: ratios of 0.67 or less).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PROMPT_LEN = 40
+SIZES = (64, 256)
+
+
+def _model(name: str, device: str, seed: int):
+    """(model, pad id, vocab size): ``tiny`` a random 2-layer Llama; ``smollm2-135m-arch`` SmolLM2-135M's
+    architecture with random weights (a GPU machine without the embedded model); else podsrl's model.name."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from podsrl.models import resolve_device
+
+    torch.manual_seed(seed)
+    if name in ("tiny", "smollm2-135m-arch"):
+        from gpu_check import SMOLLM2_135M
+
+        arch = SMOLLM2_135M if name == "smollm2-135m-arch" else dict(vocab_size=8192, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+        with torch.device(resolve_device(device)):
+            model = LlamaForCausalLM(LlamaConfig(**arch))
+        return model, 0, arch["vocab_size"], None
+    from podsrl.config import ModelConfig
+    from podsrl.models import load_policy
+
+    policy = load_policy(ModelConfig(name=name, device=device))
+    return policy.model, policy.tokenizer.pad_token_id, len(policy.tokenizer), policy.tokenizer
+
+
+def time_updates(model, pad_id: int, vocab: int, *, rows: int, repeats: int, seed: int) -> list[dict]:
+    """Per completion length: the median seconds of the update with mixed precision off and on,
+    alternating within each round."""
+    import torch
+
+    from podsrl.core.loss import LossSettings
+    from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
+
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-7)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, vocab, (PROMPT_LEN,), generator=gen).tolist()
+    out = []
+    for length in SIZES:
+        batch = UpdateBatch(prompt_ids=[prompt] * rows, completion_ids=[torch.randint(3, vocab, (length,), generator=gen).tolist() for _ in range(rows)],
+                            advantages=torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(rows)]))  # fmt: skip
+        loss = LossSettings(eps_low=0.2, aggregation="sequence", max_completion_len=length)
+        settings = {mp: UpdateSettings(loss=loss, pad_id=pad_id, micro_batch_size=rows, grad_clip=1.0, mixed_precision=mp) for mp in (False, True)}
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for mp in (False, True):  # warm-up: gradients, AdamW state, kernels
+            run_update(model, optimizer, scheduler, batch, settings[mp])
+        for _ in range(repeats):
+            for mp in (False, True):
+                sync()
+                start = time.perf_counter()
+                run_update(model, optimizer, scheduler, batch, settings[mp])
+                sync()
+                times[mp].append(time.perf_counter() - start)
+        f32, bf16 = statistics.median(times[False]), statistics.median(times[True])
+        out.append({"completion": length, "float32_s": f32, "bf16_s": bf16, "ratio": bf16 / f32, "float32_all": times[False], "bf16_all": times[True]})
+        print(f"40 + {length:>3} tokens x {rows} rows: float32 {f32:7.3f} s, mixed precision {bf16:7.3f} s, ratio {bf16 / f32:.2f} "
+              f"(rounds: float32 {', '.join(f'{t:.2f}' for t in times[False])}; bf16 {', '.join(f'{t:.2f}' for t in times[True])})", flush=True)  # fmt: skip
+    return out
+
+
+def logprob_error(model, tokenizer) -> None:
+    """The trainer's log-probs of sampled completions in float32 and under bfloat16 autocast (output
+    layer in bfloat16, and in float32), each against the float64 forward (the module docstring)."""
+    import copy
+
+    import torch
+
+    from podsrl.train.precision import autocast
+    from podsrl.train.sequences import pack, token_logprobs
+
+    torch.manual_seed(0)
+    model = model.float().eval()
+    questions = [f"What is {a} {op} {b}?" for a, op, b in ((7, "*", 8), (12, "+", 35), (9, "-", 4), (64, "-", 27), (3, "*", 9), (45, "+", 17),
+                                                          (81, "-", 19), (6, "*", 7))]  # fmt: skip
+    prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": q + "\nGive only the final number."}], tokenize=False,
+                                                       add_generation_prompt=True), add_special_tokens=False)["input_ids"] for q in questions]  # fmt: skip
+    completions, owners = [], []
+    with torch.no_grad():
+        for p in prompts:
+            for _ in range(2):
+                out = model.generate(torch.tensor([p]), do_sample=True, max_new_tokens=32, temperature=1.0, top_k=0, pad_token_id=tokenizer.eos_token_id)
+                completions.append(out[0, len(p):].tolist())
+                owners.append(p)
+    packed = pack(owners, completions, tokenizer.pad_token_id or 0)
+    P, T = packed.prompt_width, packed.completion_ids.shape[1]
+    mask = packed.completion_mask
+
+    def logprobs(m, *, mode: str):
+        inputs = dict(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=(packed.attention_mask.cumsum(-1) - 1).clamp(min=0),
+                      logits_to_keep=torch.arange(P - 1, P + T - 1))  # fmt: skip
+        with torch.no_grad():
+            if mode == "bf16-head":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    logits = m(**inputs).logits
+            else:
+                with autocast(m, mode == "float32-head"):
+                    logits = m(**inputs).logits
+            if mode == "float64":
+                return torch.log_softmax(logits, -1).gather(-1, packed.completion_ids[..., None])[..., 0]
+            lp, _ = token_logprobs(logits.reshape(-1, logits.shape[-1]), packed.completion_ids.reshape(-1))
+            return lp.view(len(completions), T).double()
+
+    reference = logprobs(copy.deepcopy(model).double(), mode="float64")
+    print(f"log-prob error against a float64 forward, {int(mask.sum())} sampled completion tokens of {len(prompts)} prompts:")
+    for label, mode in (("float32", "float32"), ("bf16 autocast, output layer bf16", "bf16-head"), ("bf16 autocast, output layer float32", "float32-head")):
+        d = (logprobs(model, mode=mode) - reference)[mask]
+        print(f"  {label:<38} mean |d| {float(d.abs().mean()):.2e}  max |d| {float(d.abs().max()):.2e}  mean k3 {float((d.exp() - 1 - d).mean()):.2e}  "
+              f"mean d {float(d.mean()):+.2e}", flush=True)  # fmt: skip
+
+
+def cpu_line() -> tuple[str, bool]:
+    """The CPU's model name and flags that matter, and whether it has native bfloat16 (podsrl's reading)."""
+    from podsrl.engines.dtype import cpu_bf16
+
+    model = platform.processor() or platform.machine()
+    try:
+        model = next(line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    native, why = cpu_bf16()
+    return f"{model}, {why}", native
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="podsrl model name/path, 'tiny' or 'smollm2-135m-arch' (random weights)")
+    parser.add_argument("--device", default="cpu", help="podsrl's model.device")
+    parser.add_argument("--rows", type=int, default=2, help="kept rollouts updated (one prompt's group)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (each: one update of each side)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="the tiny random model: the machinery only")
+    parser.add_argument("--logprob-error", action="store_true", help="also the log-probs' error against float64 (a real model)")
+    args = parser.parse_args()
+    import torch
+
+    if args.quick:
+        args.model, args.repeats = "tiny", 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, pad_id, vocab, tokenizer = _model(args.model, args.device, args.seed)
+    device = next(model.parameters()).device
+    cpu, native = cpu_line()
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU {cpu}"
+    print(f"model {args.model} on {device} ({where}; {torch.get_num_threads()} threads), torch {torch.__version__}")
+    if args.logprob_error:
+        if tokenizer is None:
+            sys.exit("mixed_precision: --logprob-error needs a real model (the embedded one, or a path)")
+        logprob_error(model, tokenizer)
+    rows = time_updates(model, pad_id, vocab, rows=args.rows, repeats=args.repeats, seed=args.seed)
+    if device.type == "cuda":
+        from podsrl.engines.dtype import gpu_bf16
+
+        native = gpu_bf16()
+    by = {r["completion"]: r["ratio"] for r in rows}
+    print(f"update time mixed precision / float32: {by[64]:.2f} at 40+64 tokens, {by[256]:.2f} at 40+256 "
+          f"({device.type}; native bfloat16: {'yes' if native else 'no'})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
