@@ -71,8 +71,10 @@ its fraction of the peak in the sampler's own precision (``transformers``: the p
 ``transformers-static`` and ``vllm``: the resolved sampler dtype).
 
 ``--budget MINUTES``: the parts run in order (peaks; GPU: the update at 1.5B, at 0.5B, then the
-sampler) and one that would start with less than ``MIN_PART_SECONDS`` left is skipped and recorded
-as skipped; the JSON is rewritten after each part, so a run stopped from outside leaves one. Output:
+sampler, one size after the other) and one that would start with less than ``MIN_PART_SECONDS`` left
+is skipped and recorded as skipped (on a GPU a sampler's warm-up, a compile, with less than
+``WARM_UP_SECONDS``); the JSON is rewritten after each part and each sampler row, so a run stopped
+from outside leaves one. Output:
 one table, the JSON (``results/peak/<machine>-<date>.json``; ``--quick``/``--tiny`` runs under
 runs/peak/; ``--out`` elsewhere), and as the last line
 ``fraction of peak (DEVICE, bfloat16 native|emulated): update U at ..., sampler S ...``.
@@ -542,10 +544,14 @@ def make_engines(names, model, tokenizer, path, *, max_len: int, threads: int | 
     return engines, dtypes, skipped
 
 
+WARM_UP_SECONDS = 45.0  # GPU: a sampler's warm-up compiles its shape (about a minute expected, docs/engines.md): started only with this much left
+
+
 def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list[int]], *, sizes, lengths, repeats: int, device, peaks: dict,
-                 fixed: _FixedLength, deadline: float, skipped: list, warm_each_size: bool) -> list[dict]:  # fmt: skip
+                 fixed: _FixedLength, deadline: float, skipped: list, warm_each_size: bool, out: list) -> None:  # fmt: skip
     """Rollouts and tokens a second of each engine at each size and length, and its fraction of the
-    peak in its precision (module docstring)."""
+    peak in its precision (module docstring), one size after the other (a budget that runs out leaves
+    whole sizes): each size's rows appended to ``out`` as soon as they are measured."""
     from podsrl.engines import Sampling
 
     def call(engine, size: int, length: int, seed: int) -> tuple[float, int, list[int]]:
@@ -553,21 +559,22 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
         fixed.length = length
         _sync(device)
         start = time.perf_counter()
-        out = engine.generate(prompts[:k], Sampling(n=size // k, temperature=1.0, top_p=1.0, max_new_tokens=length, seed=seed))
+        result = engine.generate(prompts[:k], Sampling(n=size // k, temperature=1.0, top_p=1.0, max_new_tokens=length, seed=seed))
         _sync(device)
-        return time.perf_counter() - start, sum(map(len, out.completion_ids)), list(getattr(engine, "calls", []))
+        return time.perf_counter() - start, sum(map(len, result.completion_ids)), list(getattr(engine, "calls", []))
 
     warm: dict[tuple[str, int], float] = {}
-    for size in sizes if warm_each_size else sizes[:1]:
+    for size in sizes:
         for name, engine in engines.items():
-            if time.monotonic() > deadline:
+            if not (warm_each_size or size == sizes[0]):  # a GPU compiles per shape; a CPU only warms its allocator
+                continue
+            if deadline - time.monotonic() < (WARM_UP_SECONDS if warm_each_size else 0.0):
                 skipped.append({"part": f"sampler warm-up {name} {size}", "why": "budget"})
                 continue
             warm[(name, size)], _, calls = call(engine, size, min(lengths), seed=100)
             print(f"  sampler warm-up {name:>19} {size:4d} rollouts: {warm[(name, size)]:7.2f} s" + (f" (calls of {calls})" if calls else ""), flush=True)
-    times: dict[tuple[str, int, int], list[tuple[float, int, list[int]]]] = {}
-    for rep in range(repeats):
-        for size in sizes:
+        times: dict[tuple[str, int], list[tuple[float, int, list[int]]]] = {}
+        for rep in range(repeats):
             for length in lengths:
                 order = list(engines.items()) if rep % 2 == 0 else list(engines.items())[::-1]
                 for name, engine in order:
@@ -577,20 +584,30 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
                         skipped.append({"part": f"sampler {name} {size}x{length} round {rep + 1}", "why": "budget"})
                         continue
                     seconds, tokens, calls = call(engine, size, length, seed=rep)
-                    times.setdefault((name, size, length), []).append((seconds, tokens, calls))
+                    times.setdefault((name, length), []).append((seconds, tokens, calls))
                     print(f"  sampler round {rep + 1} {name:>19} {size:4d} x {length:3d} tokens: {tokens:6d} tokens in {seconds:7.2f} s", flush=True)
-    out = []
-    for (name, size, length), values in times.items():
-        seconds = statistics.median(v[0] for v in values)
-        tokens = statistics.median(v[1] for v in values)
-        k = min(PROMPTS, size) if size % min(PROMPTS, size) == 0 else 1
-        flop = sampling_flop(shapes, prompt=len(prompts[0]), generated=length, rows=size, prompts=k)
-        peak = peaks.get(dtypes[name], {}).get("gflops")
-        out.append({"engine": name, "dtype": dtypes[name], "rollouts": size, "completion": length, "prompt": len(prompts[0]), "prompts": k,
-                    "seconds": seconds, "tokens": tokens, "calls": values[-1][2] or None, "warmup_seconds": warm.get((name, size)),
-                    "tokens_per_second": tokens / seconds, "rollouts_per_second": size / seconds, "flop": flop.total,
-                    "gflops": flop.total / seconds / 1e9, "fraction": fraction(flop, seconds, peak, peak)})  # fmt: skip
-    return out
+        for (name, length), values in times.items():
+            seconds = statistics.median(v[0] for v in values)
+            tokens = statistics.median(v[1] for v in values)
+            k = min(PROMPTS, size) if size % min(PROMPTS, size) == 0 else 1
+            flop = sampling_flop(shapes, prompt=len(prompts[0]), generated=length, rows=size, prompts=k)
+            peak = peaks.get(dtypes[name], {}).get("gflops")
+            out.append({"engine": name, "dtype": dtypes[name], "rollouts": size, "completion": length, "prompt": len(prompts[0]), "prompts": k,
+                        "seconds": seconds, "tokens": tokens, "calls": values[-1][2] or None, "warmup_seconds": warm.get((name, size)),
+                        "tokens_per_second": tokens / seconds, "rollouts_per_second": size / seconds, "flop": flop.total,
+                        "gflops": flop.total / seconds / 1e9, "fraction": fraction(flop, seconds, peak, peak)})  # fmt: skip
+
+
+class _Rows(list):
+    """A list that rewrites the report whenever a row is appended."""
+
+    def __init__(self, report: Report):
+        super().__init__()
+        self.report = report
+
+    def append(self, row) -> None:
+        super().append(row)
+        self.report.write()
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -692,9 +709,10 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
                                                  threads=args.threads or None, fixed=fixed)  # fmt: skip
             skipped += more
             sample_prompts = [torch.randint(3, vocab - 1, (sizes.prompt,), generator=gen).tolist() for _ in range(PROMPTS)]
-            entry["sampler"] = time_sampler(engines, dtypes, shapes, sample_prompts, sizes=list(sizes.sampler_rollouts), lengths=list(sizes.sampler_lengths),
-                                            repeats=sizes.sampler_repeats, device=device, peaks=entry["peak"], fixed=fixed, deadline=deadline,
-                                            skipped=skipped, warm_each_size=gpu)  # fmt: skip
+            entry["sampler"] = rows = _Rows(report)  # a list to JSON; the report rewritten at each row
+            time_sampler(engines, dtypes, shapes, sample_prompts, sizes=list(sizes.sampler_rollouts), lengths=list(sizes.sampler_lengths),
+                         repeats=sizes.sampler_repeats, device=device, peaks=entry["peak"], fixed=fixed, deadline=deadline, skipped=skipped,
+                         warm_each_size=gpu, out=rows)  # fmt: skip
             for engine in engines.values():
                 engine.close()
             del engines
