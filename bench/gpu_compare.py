@@ -73,6 +73,7 @@ CALL_LIMIT = 64 * 2**20  # what one call carries, the working tree included
 MARGIN = 4 * 2**20  # room for what the tree gains between pack and the calls (a report, a note)
 GGUF_PACKAGE = "gguf"  # read by transformers' GGUF loader; transformers checks its version, so its dist-info travels too
 ARM_OVERHEAD_S = 50.0  # a run's process start, model load and evaluations on the GPU, beside its training (tiny: 15); arm_overhead adds the compile
+MIN_ARM_SECONDS = 30  # fewer seconds of training an arm are no comparison (tiny: 2)
 SMALL_FILES = ("config.toml", "done.json", "eval.jsonl", "launch.jsonl", "metrics.jsonl", "train.log")
 
 
@@ -322,6 +323,19 @@ def arm_seconds(minutes: float, elapsed: float, arms: int, overhead: float) -> f
     return math.floor(max(0.0, left / arms - overhead))
 
 
+def training_seconds(minutes: float, elapsed: float, overhead: float, base: float, floor: float) -> tuple[float | None, str | None]:
+    """Each of the 3 arms' training seconds (:func:`arm_seconds`) and a note, or None (refuse) when even
+    the ``base`` overhead leaves fewer than ``floor``. When only a measured compile (``overhead`` over
+    ``base``) leaves too few, the arms train ``floor`` seconds anyway: past the call's minutes the
+    comparison is stopped and what finished is reported."""
+    seconds = arm_seconds(minutes, elapsed, 3, overhead)
+    if seconds >= floor:
+        return seconds, None
+    if arm_seconds(minutes, elapsed, 3, base) < floor:
+        return None, f"only {seconds:.0f} s of training an arm would be left of {minutes:g} minutes; give more --minutes"
+    return floor, f"the compile leaves {seconds:.0f} s an arm; training {floor:g} s each, which may run past {minutes:g} minutes"
+
+
 def _tiny_model(path: Path) -> Path:
     from conftest import _tiny_llama
     from offline_tokenizer import build
@@ -366,10 +380,14 @@ def run(args: argparse.Namespace) -> int:
         overhead, why = args.arm_overhead, f"{args.arm_overhead:g} s (--arm-overhead)"
     else:
         overhead, why = arm_overhead(15.0 if args.tiny else ARM_OVERHEAD_S, (work if args.tiny else STASH) / "samplers.json")
-    seconds = args.seconds or arm_seconds(args.minutes, time.monotonic() - start, 3, overhead)
     print(f"gpu_compare: each arm's overhead beside its training: {why}", flush=True)
-    if seconds < (2 if args.tiny else 30):
-        print(f"gpu_compare: only {seconds:.0f} s of training an arm would be left of {args.minutes:g} minutes; give more --minutes", file=sys.stderr)
+    base = overhead if args.arm_overhead is not None else (15.0 if args.tiny else ARM_OVERHEAD_S)
+    seconds, note = args.seconds, None
+    if not seconds:
+        seconds, note = training_seconds(args.minutes, time.monotonic() - start, overhead, base, 2 if args.tiny else MIN_ARM_SECONDS)
+    if note:
+        print(f"gpu_compare: {note}", file=sys.stderr if seconds is None else sys.stdout, flush=True)
+    if seconds is None:
         return 2
     out = work / "compare-gpu"
     overrides += [f"--train.max_seconds={seconds:g}", f"--eval.every_seconds={seconds / 2:g}"]

@@ -113,6 +113,16 @@ def test_the_plan_fits_the_minutes_the_gpus_start_leaves(gpu_compare):
     assert "OVER" in gpu_compare.plan_text(gpu_compare.plan(4))  # a fourth part's call is a quarter minute too many
 
 
+def test_a_measured_compile_trains_the_floor_where_the_minutes_alone_would_not(gpu_compare):
+    """6.25 minutes, 30 s spent: 45 s an arm with 50 s of overhead; a compile of 60 s more leaves none,
+    so the arms train 30 s anyway (said); 1.5 minutes leave none even without it: refused."""
+    assert gpu_compare.training_seconds(6.25, 30.0, 50.0, 50.0, 30) == (45, None)
+    seconds, note = gpu_compare.training_seconds(6.25, 30.0, 110.0, 50.0, 30)
+    assert seconds == 30 and "may run past 6.25 minutes" in note
+    seconds, note = gpu_compare.training_seconds(1.5, 30.0, 110.0, 50.0, 30)
+    assert seconds is None and "give more --minutes" in note
+
+
 def test_an_arms_overhead_adds_the_static_engines_compile(gpu_compare, tmp_path):
     """bench/samplers.py's JSON: the static engine's first call at 128 rollouts took 62 s against a
     median of 2 s: 60 s of compile that each arm's evaluations pay off the training clock."""
