@@ -29,8 +29,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from podsrl.config import Config
 from podsrl.errors import ConfigError
+from podsrl.models import DTYPES
+from podsrl.train.precision import resolve_mixed_precision
 
 TRL_TRAINERS = {"trl": "TRL GRPOTrainer", "trl-pods": "TRL PODSTrainer"}
 # loss.aggregation -> TRL's loss_type (the module docstring says why each pair is the same loss)
@@ -129,18 +133,12 @@ def _run(cfg: Config, device: str) -> dict[str, Any]:
     """The budget (read on the training clock: max_steps as TRL needs one), the seed, the machine and
     precision (the policy podsrl loaded, in model.dtype; bf16 autocast where podsrl's update takes it,
     model.mixed_precision), and what TRL writes."""
-    import torch
-
-    from podsrl.models import DTYPES
-    from podsrl.train.precision import resolve_mixed_precision
-
     t = cfg.train
-    bf16 = resolve_mixed_precision(cfg.model.mixed_precision, torch.device(device), DTYPES[cfg.model.dtype]).enabled
     return {
         "max_steps": t.max_steps or BIG_MAX_STEPS,
         "seed": t.seed,
         "use_cpu": device == "cpu",
-        "bf16": bf16,
+        "bf16": resolve_mixed_precision(cfg.model.mixed_precision, torch.device(device), DTYPES[cfg.model.dtype]).enabled,
         "fp16": False,
         "logging_steps": 1,
         "save_strategy": "no",  # saves come from the training clock, at podsrl's evaluation times
