@@ -148,6 +148,9 @@ def test_the_gpu_modes_code_runs_on_the_cpu_at_a_tiny_size(peak, tmp_path):
             ("GRPO(16)", 16, 16, 16, True), ("PODS(16, 4)", 4, 16, 4, True)]  # fmt: skip
         assert all(r["peak_mib"] is None for r in entry["update"])
     assert {r["rollouts"] for r in data["models"]["tiny-qwen2-a"]["sampler"]} == {4, 8}
+    tables = peak.results_tables(json.loads(out.read_text()))  # --table FILE: docs/results.md's tables of a saved run
+    assert "| update phase | precision | GRPO(16), 8+16: tokens/s | of peak | PODS(16, 4), 8+16: tokens/s | of peak |" in tables
+    assert tables.count("| whole update | bfloat16 autocast |") == 2 and "| sampler | precision | 4 x 8: tokens/s | of peak |" in tables
 
 
 @pytest.mark.usefixtures("one_thread")
