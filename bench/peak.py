@@ -1,6 +1,6 @@
 """Benchmark: each training phase against the machine's matrix-product peak, in one run (issue 66, item 3).
 
-    python bench/peak.py                       # CPU: the embedded SmolLM2-135M; about 10 minutes at one thread of a quiet 2-core CPU
+    python bench/peak.py                       # CPU: the embedded SmolLM2-135M at one thread: about 11 minutes (below)
     python bench/peak.py --threads 2           # the same at two threads (peak and phases at the same count)
     python bench/peak.py --quick               # CPU: a tiny random Llama, seconds: checks the script runs
     python3 bench/peak.py --gpu --budget 3.5   # GPU: random-weight Qwen2.5-1.5B and 0.5B, 512-token completions
@@ -8,6 +8,11 @@
 
 Every figure of one run comes from the same process, at the same thread count, side by side: the
 ratios (a phase's rate over the peak) are the result; the absolute rates depend on the machine's load.
+The CPU run's length, estimated from a shorter run's rates on this project's 2-core AMD EPYC
+(2026-11-29, loaded by other jobs, one thread): the updates about 5.5 minutes (the emulated bfloat16
+update of 40 + 256 tokens takes about 100 s, timed twice), the samplers about 4.7 (a call of 8
+rollouts of 256 tokens about 80 s on the transformers engines, 25 s on vLLM), the peaks under a
+minute: about 11 minutes; ``--budget 10`` stops it at 10 with what it measured by then.
 
 **The peak** (per model, per precision: float32 and bfloat16). The product of random [M x K]
 inputs and a [N x K] weight in that dtype, as a linear layer computes it (``F.linear``), for every
