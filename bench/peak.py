@@ -12,7 +12,7 @@ The CPU run's length, estimated from a shorter run's rates on this project's 2-c
 (2026-11-29, loaded by other jobs, one thread): the updates about 5.5 minutes (the emulated bfloat16
 update of 40 + 256 tokens takes about 100 s, timed twice), the samplers about 4.7 (a call of 8
 rollouts of 256 tokens about 80 s on the transformers engines, 25 s on vLLM), the peaks under a
-minute: about 11 minutes; ``--budget 10`` stops it at 10 with what it measured by then.
+minute: about 11 minutes; ``--budget 10`` starts nothing past 10 (a call under way finishes).
 
 **The peak** (per model, per precision: float32 and bfloat16). The product of random [M x K]
 inputs and a [N x K] weight in that dtype, as a linear layer computes it (``F.linear``), for every
