@@ -81,7 +81,8 @@ is skipped and recorded as skipped (on a GPU a sampler's warm-up, a compile, wit
 ``WARM_UP_SECONDS``); the JSON is rewritten after each part and each sampler row, so a run stopped
 from outside leaves one. Output:
 one table, the JSON (``results/peak/<machine>-<date>.json``; ``--quick``/``--tiny`` runs under
-runs/peak/; ``--out`` elsewhere), and as the last line
+runs/peak/; ``--out`` elsewhere; ``--table FILE`` prints a saved one's tables for docs/results.md), and
+as the last line
 ``fraction of peak (DEVICE, bfloat16 native|emulated): update U at ..., sampler S ...``.
 bench/cost_model.py reads the JSON (``--peak FILE``): the update's fixed and per-token cost, a sampling
 call's cost.
@@ -757,6 +758,45 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def results_tables(data: dict) -> str:
+    """The tables for docs/results.md, per model (``--table FILE``): the peaks; the update's phases
+    (rows: phase and precision; columns: each batch and length: tokens a second and fraction of the
+    peak; on a GPU the peak memory); the samplers (rows: engine; columns: rollouts x length)."""
+    m = data["machine"]
+    out = [f"{m.get('gpu') or m['cpu']}, {m['threads']} threads, torch {m['torch']}, bfloat16 {'native' if m['native_bf16'] else 'emulated'}; "
+           f"{data['date'][:10]}; `{data['command']}`"]  # fmt: skip
+    num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    for name, entry in data["models"].items():
+        peaks = ", ".join(f"{p} {v['gflops']:.1f} GFLOP/s" + (" (emulated)" if v["emulated"] else "") for p, v in entry.get("peak", {}).items())
+        out += ["", f"**{name}** ({entry.get('weights', '?')} weights): matrix-product peak {peaks or '-'}", ""]
+        columns = list(dict.fromkeys((r["label"], r["prompt"], r["completion"]) for r in entry["update"]))
+        if columns:
+            out.append("| update phase | precision | " + " | ".join(f"{label}, {p}+{c}: tokens/s | of peak" for label, p, c in columns) + " |")
+            out.append("|---|---|" + "---:|---:|" * len(columns))
+            for mixed in dict.fromkeys(r["mixed_precision"] for r in entry["update"]):
+                for phase in ("forward", "backward", "optimizer", "update"):
+                    cells = []
+                    for key in columns:
+                        row = next((r for r in entry["update"] if (r["label"], r["prompt"], r["completion"]) == key and r["mixed_precision"] == mixed), None)
+                        cells += ["-", "-"] if row is None else [num(row["tokens_per_second"][phase], ".0f"), num(row["fraction"].get(phase), ".2f")]
+                    label = "whole update" if phase == "update" else phase
+                    out.append(f"| {label} | {'bfloat16 autocast' if mixed else 'float32'} | " + " | ".join(cells) + " |")
+            memory = [next((r["peak_mib"] for r in entry["update"] if (r["label"], r["prompt"], r["completion"]) == key), None) for key in columns]
+            if any(v is not None for v in memory):
+                out.append("| peak memory (MiB) | | " + " | ".join(f"{num(v, '.0f')} | " for v in memory).rstrip(" |") + " |")
+        calls = list(dict.fromkeys((r["rollouts"], r["completion"]) for r in entry["sampler"]))
+        if calls:
+            out += ["", "| sampler | precision | " + " | ".join(f"{k} x {c}: tokens/s | of peak" for k, c in calls) + " |", "|---|---|" + "---:|---:|" * len(calls)]
+            for engine in dict.fromkeys(r["engine"] for r in entry["sampler"]):
+                rows = {(r["rollouts"], r["completion"]): r for r in entry["sampler"] if r["engine"] == engine}
+                dtype = next(iter(rows.values()))["dtype"]
+                cells = [c for key in calls for c in ((num(rows[key]["tokens_per_second"], ".0f"), num(rows[key]["fraction"], ".2f")) if key in rows else ("-", "-"))]
+                out.append(f"| {engine} | {dtype} | " + " | ".join(cells) + " |")
+        if entry["skipped"]:
+            out += ["", "Skipped: " + "; ".join(f"{s['part']} ({s['why']})" for s in entry["skipped"])]
+    return "\n".join(out)
+
+
 def headline(data: dict) -> str:
     """The last line (module docstring)."""
     m = data["machine"]
@@ -791,7 +831,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default results/peak/<machine>-<date>.json; quick runs: runs/peak/)")
     parser.add_argument("--out-dir", type=Path, default=None, help="the JSON file's directory, named as by default")
+    parser.add_argument("--table", type=Path, default=None, help="measure nothing: print docs/results.md's tables of this JSON file")
     args = parser.parse_args(argv)
+    if args.table:
+        data = json.loads(args.table.read_text())
+        print(results_tables(data))
+        return data
     if args.tiny and not args.gpu:
         parser.error("--tiny is the GPU mode's code on the CPU: give --gpu too (the CPU mode's quick check is --quick)")
     import torch
