@@ -8,6 +8,11 @@
     python bench/cost_model.py --runs results/compare-long/runs --seeds 0,1,2 --baseline grpo_bf16_seq \
         --methods grpo_bf16_seq,grpo_bf16_tok,pods_n16_m4,d3s_intra,d3s_intra_all_tokens --per-token-sampling --gpu-tokens 64
                                                                  # long completions (100-170 tokens), one sampler dtype
+    python bench/cost_model.py --peak results/peak/<machine>-<date>.json   # the update's and a sampling call's cost from bench/peak.py
+
+Every ratio printed is a method's time to the target as a fraction of the baseline's (below 1:
+sooner; podsrl.figures.RATIO), as podsrl compare reports it since issue 68. Until issue 66 this script
+printed speedups, the baseline's time over the method's: the docs' older paragraphs quote them so.
 
 The model. A training step of B prompts costs
 
@@ -39,7 +44,7 @@ G); u0, u, c on ``time/update`` against F and S, over the methods and seeds give
 only those, e.g. to leave out an arm whose sampler ran in another dtype, which costs another s): podsrl's own runs only (a TRL
 arm of ``podsrl compare``, one with a trainer.json naming TRL, samples and updates with TRL's code,
 and logs no token counts). The baseline is the comparison's (compare.json ``baseline``, or
-``--baseline``): every speedup is its time over the method's. Across GRPO(n) and PODS(n, m) the
+``--baseline``): every ratio is the method's time as a fraction of its time. Across GRPO(n) and PODS(n, m) the
 counts carry the difference: GRPO(n)'s update grows with n (F: its B x n rows' tokens, less the
 skipped), PODS's with m, and sampling with n in both (R). The check: summing the
 predicted step times up to the step where each method first reaches the comparison's target
@@ -66,7 +71,7 @@ Predictions, from the same fitted costs:
 - **sampling cheaper or dearer**: rho = s / u, the cost of sampling one rollout over the cost of
   updating one completion token, set to the values given (``--rho``; 0, 1, this CPU's, 10 and the
   H100 figure of docs/results.md, 68, are always printed), u and every count kept: the wall-clock
-  speedup with skipping at the same step counts.
+  ratio with skipping at the same step counts.
 
 - **a GPU-like sampler**: a GPU engine samples K rollouts at once in about the time of one (a
   decode step reads the weights once for the whole batch: on an A100, vLLM serving Llama-3.1-8B
@@ -90,7 +95,18 @@ a token, fused AdamW): the committed runs always updated 32 rows in two micro-ba
 cannot tell the update's fixed part (the optimizer step, a pass over the weights per micro-batch)
 from its per-token part, and the fit puts too much into the fixed part, which skipping cannot save.
 
-Last line: ``predicted time speedup vs BASELINE, every exact saving: ...; model check: ...``.
+``--peak FILE`` (bench/peak.py's JSON) replaces the update's cost and the GPU-like sampler's in the
+predictions (not in the check) by that run's measurements: U0 = the optimizer's seconds (a fixed cost
+per update) and U = the rest of the update over its completion tokens, from the update row of
+``--peak-model`` (default: the file's first model) in the precision ``model.mixed_precision = "auto"``
+took on that machine, at the completion length nearest the runs' mean (among equals, the row of most
+tokens); and for each sampler engine of that model, its call of the most rollouts K at the length
+nearest the runs' mean, T tokens, W = its seconds / U update-token units: the GPU-like table's
+columns are then those measured calls (W, K, T) instead of the assumed grid. The file's model should
+be the runs' (the CPU mode's is the embedded model; the GPU mode's are Qwen2.5-1.5B and 0.5B, for
+predicting those models' runs).
+
+Last line: ``predicted time to the target as a fraction of BASELINE's, every exact saving: ...; model check: ...``.
 """
 
 from __future__ import annotations
@@ -104,6 +120,7 @@ from pathlib import Path
 
 import numpy as np
 
+from podsrl.figures import RATIO  # how every ratio printed here reads
 from podsrl.run.rundir import PODSRL, read_trainer  # a TRL arm of podsrl compare names its trainer in trainer.json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,6 +243,34 @@ def time_to(runs: list[list[dict]], step: int, k: dict | None, *, gpu: tuple[flo
     return statistics.median(per_seed)
 
 
+def peak_inputs(peak: dict, mean_length: float, model: str | None = None) -> dict:
+    """The update's and the sampler's costs from bench/peak.py's JSON (module docstring, ``--peak``):
+    {"model", "u0", "u", "update": the row's label, "calls": [(engine, W, K, T)], "note"}."""
+    models = {name: entry for name, entry in peak.get("models", {}).items() if entry.get("update")}
+    if not models:
+        raise SystemExit("cost_model: --peak: the file has no update measured (bench/peak.py's JSON: models.<name>.update)")
+    name = model or next(iter(models))
+    if name not in models:
+        raise SystemExit(f"cost_model: --peak-model {name!r}: not in the file; its models with an update: {', '.join(models)}")
+    rows = models[name]["update"]
+    auto = peak.get("mixed_precision_auto") == "bf16"
+    rows = [r for r in rows if r["mixed_precision"] == auto] or rows
+    length = min({r["completion"] for r in rows}, key=lambda c: (abs(c - mean_length), c))
+    row = max((r for r in rows if r["completion"] == length), key=lambda r: r["tokens"])
+    u0 = row["seconds"]["optimizer"]
+    u = (row["seconds"]["update"] - u0) / row["tokens"]
+    calls = []
+    for engine in dict.fromkeys(r["engine"] for r in models[name].get("sampler", [])):
+        mine = [r for r in models[name]["sampler"] if r["engine"] == engine]
+        t = min({r["completion"] for r in mine}, key=lambda c: (abs(c - mean_length), c))
+        call = max((r for r in mine if r["completion"] == t), key=lambda r: r["rollouts"])
+        calls.append((engine, call["seconds"] / u, call["rollouts"], float(t)))
+    precision = "mixed precision" if row["mixed_precision"] else "float32"
+    note = (f"{name} on {peak['machine'].get('gpu') or peak['machine']['cpu']} ({peak['date'][:10]}): update {row['label']} at "
+            f"{row['prompt']}+{row['completion']} tokens, {precision}")  # fmt: skip
+    return {"model": name, "u0": u0, "u": u, "update": row["label"], "calls": calls, "note": note}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=ROOT / "results/compare-2digit/runs")
@@ -234,11 +279,13 @@ def main() -> None:
     parser.add_argument("--rho", type=float, action="append", default=[], help="also predict at this sampling/update cost ratio")
     parser.add_argument("--gpu-call", type=float, default=8800.0, help="a GPU-like sampler's call, in update-token units")
     parser.add_argument("--update-cost", default=None, help="U0,U: the update's fixed seconds and seconds per token, for the predictions")
-    parser.add_argument("--baseline", default=None, help="the method every speedup is over (default: compare.json's baseline)")
+    parser.add_argument("--baseline", default=None, help="the method every time is a fraction of (default: compare.json's baseline)")
     parser.add_argument("--methods", default=None, help="only these methods (comma-separated), fitted and checked")
     parser.add_argument("--per-token-sampling", action="store_true", help="fit sampling per generated completion token too (long completions)")
     parser.add_argument("--gpu-tokens", type=float, default=None,
                         help="--gpu-call is a call of completions of this many tokens; a step's call scales with its mean length")  # fmt: skip
+    parser.add_argument("--peak", type=Path, default=None, help="bench/peak.py's JSON: the update's cost and the samplers' calls, for the predictions")
+    parser.add_argument("--peak-model", default=None, help="the model of --peak's file to read (default: its first)")
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     compare = json.loads((args.compare or args.runs.parent / "compare.json").read_text())
@@ -254,12 +301,18 @@ def main() -> None:
     each = f"{1000 * k['s_t']:.2f} ms/completion token" if args.per_token_sampling else f"{k['s']:.4f} s/rollout"
     print(f"fitted: generate {k['g0']:.2f} s a call + {each}; update {k['u0']:.2f} s + {k['u']:.4f} s/token "
           f"+ {k['c']:.4f} s/scored token")  # fmt: skip
+    lengths = [st["G"] / st["R"] for runs in data.values() for run in runs for st in run if st["R"]]
+    mean_length = statistics.mean(lengths) if lengths else 0.0
+    peak_in = None  # bench/peak.py's figures (--peak)
+    if args.peak:
+        peak_in = peak_inputs(json.loads(args.peak.read_text()), mean_length, args.peak_model)
+        args.update_cost = f"{peak_in['u0']},{peak_in['u']}"
+        print(f"from {args.peak}: {peak_in['note']}; sampling calls " + ", ".join(
+            f"{e} {K} rollouts of {T:.0f} tokens = W {W:.0f}" for e, W, K, T in peak_in["calls"]))  # fmt: skip
     if args.update_cost:
         u0, u = (float(x) for x in args.update_cost.split(","))
         k = dict(k, u0=u0, u=u, c=k["c"] * u / k["u"])  # the scoring pass keeps its fitted share of a token's cost
         print(f"predictions with the update cost given: {u0:.2f} s + {u:.4f} s/token")
-    lengths = [st["G"] / st["R"] for runs in data.values() for run in runs for st in run if st["R"]]
-    mean_length = statistics.mean(lengths) if lengths else 0.0
     rho_here = (k["s"] + k["s_t"] * mean_length) / k["u"]  # seconds to sample one rollout (of the runs' mean length) / to update one completion token
     print(f"rho = s/u = {rho_here:.1f} (sampling one rollout / updating one completion token)")
     target = {m: compare["methods"].get(m, {}).get("steps_to_target") for m in data}  # None: not in that comparison, or never
@@ -267,7 +320,7 @@ def main() -> None:
         sys.exit(f"cost_model: the baseline {base!r} has no steps to the target in {args.compare or args.runs.parent / 'compare.json'}")
     t_base = {"measured": time_to(data[base], target[base], None), "model": time_to(data[base], target[base], fitted, skip=False),
               "skip": time_to(data[base], target[base], k, skip=True)}  # fmt: skip
-    rows, speedups, errors = [], {}, []
+    rows, fractions, errors = [], {}, []
     for method, runs in data.items():
         if target[method] is None:
             continue
@@ -277,42 +330,46 @@ def main() -> None:
         zero = statistics.mean(st["zero_variance_groups"] for run in runs for st in run)
         row = dict(method=method, seeds=len(runs), step=target[method], zero=zero, measured=measured, model=model, skip=skip,
                    skipped=skip_share(runs), per_signal=rollouts_per_signal_group(runs),
-                   speed_measured=t_base["measured"] / measured, speed_model=t_base["model"] / model, speed_skip=t_base["skip"] / skip)  # fmt: skip
-        for rho in [*args.rho, rho_here]:
-            row[f"rho {rho:g}"] = (time_to(data[base], target[base], k, skip=True, rho=rho) / time_to(runs, target[method], k, skip=True, rho=rho))
+                   of_measured=measured / t_base["measured"], of_model=model / t_base["model"], of_skip=skip / t_base["skip"])  # fmt: skip
         rows.append(row)
-        speedups[method] = row["speed_skip"]
+        fractions[method] = row["of_skip"]
         errors.append(abs(model / measured - 1))
     print(f"{'method':>18} {'seeds':>5} {'step':>4} {'zero-var':>8} {'skipped':>7} {'R/signal':>8} {'measured min':>12} "
-          f"{'model min':>9} {'speedup measured':>16} {'model':>6} {'with skipping':>13}")  # fmt: skip
+          f"{'model min':>9} {'time/base measured':>18} {'model':>6} {'with skipping':>13}")  # fmt: skip
     for r in rows:
         print(f"{r['method']:>18} {r['seeds']:>5} {r['step']:>4.0f} {r['zero']:>8.2f} {r['skipped']:>7.2f} {r['per_signal']:>8.1f} "
               f"{r['measured'] / 60:>12.1f} {r['model'] / 60:>9.1f} "
-              f"{r['speed_measured']:>15.2f}x {r['speed_model']:>5.2f}x {r['speed_skip']:>12.2f}x")  # fmt: skip
-    rhos = [*args.rho, 0.0, 1.0, rho_here, 10.0, H100_RHO]
-    print(f"\nspeedup vs {base} with skipping, at the same step counts, as sampling gets cheaper (rho = s/u):")
+              f"{r['of_measured']:>17.2f}x {r['of_model']:>5.2f}x {r['of_skip']:>12.2f}x")  # fmt: skip
+    print(f"(every ratio: {RATIO}; the baseline: {base})")
+    rhos = [*args.rho, 0.0, 1.0, rho_here, 10.0, H100_RHO] + [W / K for _, W, K, _ in (peak_in["calls"] if peak_in else [])]
+    print(f"\ntime as a fraction of {base}'s with skipping, at the same step counts, as sampling gets cheaper (rho = s/u):")
     print(f"{'method':>18} " + " ".join(f"{'rho ' + format(r, '.3g'):>10}" for r in rhos))
     for r in rows:
         line = []
         for rho in rhos:
             method_runs = data[r["method"]]
-            line.append(time_to(data[base], target[base], k, skip=True, rho=rho) / time_to(method_runs, target[r["method"]], k, skip=True, rho=rho))
+            line.append(time_to(method_runs, target[r["method"]], k, skip=True, rho=rho) / time_to(data[base], target[base], k, skip=True, rho=rho))
         print(f"{r['method']:>18} " + " ".join(f"{x:>9.2f}x" for x in line))
     print(f"(rho {rho_here:.1f}: this CPU with vLLM; rho {H100_RHO:g}: the H100 of docs/results.md with transformers "
-          f"generate, 1.5 s for 128 rollouts against 1.4 s to update 128 rows of 64 tokens)")  # fmt: skip
-    print(f"\nspeedup vs {base} with skipping and a GPU-like sampler (K rollouts at once, a call of W update-token units):")
-    if args.gpu_tokens:
-        print(f"(W is a call of completions of {args.gpu_tokens:g} tokens; a step's call costs W x its mean completion length / {args.gpu_tokens:g}: "
-              f"{mean_length:.0f} tokens on average here)")  # fmt: skip
-    grid = [(w, K) for w in (args.gpu_call, args.gpu_call / 4, args.gpu_call / 16) for K in (8, 128, math.inf)]
-    print(f"{'method':>18} " + " ".join(f"{f'W {w:.0f} K {K:g}':>15}" for w, K in grid))
+          f"generate, 1.5 s for 128 rollouts against 1.4 s to update 128 rows of 64 tokens"
+          + "".join(f"; rho {W / K:.3g}: {e}'s call of {K} measured by --peak" for e, W, K, _ in (peak_in["calls"] if peak_in else [])) + ")")  # fmt: skip
+    print(f"\ntime as a fraction of {base}'s with skipping and a GPU-like sampler (K rollouts at once, a call of W update-token units):")
+    if peak_in:
+        grid = [(W, K, T) for _, W, K, T in peak_in["calls"]]
+        print("(the calls --peak measured: " + ", ".join(f"{e}: W {W:.0f} for K {K} rollouts of T {T:.0f} tokens" for e, W, K, T in peak_in["calls"])
+              + f"; a step's call costs W x its mean completion length / T: {mean_length:.0f} tokens on average here)")  # fmt: skip
+    else:
+        grid = [(w, K, args.gpu_tokens) for w in (args.gpu_call, args.gpu_call / 4, args.gpu_call / 16) for K in (8, 128, math.inf)]
+        if args.gpu_tokens:
+            print(f"(W is a call of completions of {args.gpu_tokens:g} tokens; a step's call costs W x its mean completion length / {args.gpu_tokens:g}: "
+                  f"{mean_length:.0f} tokens on average here)")  # fmt: skip
+    print(f"{'method':>18} " + " ".join(f"{f'W {w:.0f} K {K:g}':>15}" for w, K, _ in grid))
     for r in rows:
-        line = [time_to(data[base], target[base], k, gpu=(w, K, args.gpu_tokens)) / time_to(data[r["method"]], target[r["method"]], k, gpu=(w, K, args.gpu_tokens))
-                for w, K in grid]  # fmt: skip
+        line = [time_to(data[r["method"]], target[r["method"]], k, gpu=(w, K, T)) / time_to(data[base], target[base], k, gpu=(w, K, T)) for w, K, T in grid]
         print(f"{r['method']:>18} " + " ".join(f"{x:>14.2f}x" for x in line))
-    summary = ", ".join(f"{m} {v:.2f}x" for m, v in speedups.items() if m != base)
-    print(f"predicted time speedup vs {base}, every exact saving: {summary}; model check: training time to the target "
-          f"within {100 * max(errors):.0f}% of the measured for every method")  # fmt: skip
+    summary = ", ".join(f"{m} {v:.2f}x" for m, v in fractions.items() if m != base)
+    print(f"predicted time to the target as a fraction of {base}'s, every exact saving: {summary}; model check: training time to the "
+          f"target within {100 * max(errors):.0f}% of the measured for every method")  # fmt: skip
 
 
 if __name__ == "__main__":

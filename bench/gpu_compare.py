@@ -1,29 +1,49 @@
-"""The first wall-clock comparison of GRPO(16), PODS(16, 4) and GRPO(4) on a GPU, with the embedded
-model, in the quarter hour a GPU is lent (issue 58; configs/compare-gpu.toml, docs/distributed.md).
+"""Issue 66's one command for a lent GPU: the phases against the machine's peak, the samplers side by
+side, then the first wall-clock comparison of GRPO(16), PODS(16, 4) and GRPO(4) with the fast paths
+(issue 58; configs/compare-gpu.toml, docs/distributed.md), all in the 12 of the 15 minutes a GPU is
+lent that its start leaves.
 
 The lent machine gets the working tree and at most 64 MiB a call, and has no hub, no network and no
 embedded model; its Python has torch, transformers and peft but not the ``gguf`` package that reads
 the model. So the model travels in parts, one a call, each beside the tree, with ``gguf`` (pure
 Python) in the last part, and is put together there while the machine is warm (about 30 s between
-calls: make the calls one right after the other)::
+calls: make the calls one right after the other). Each call but the last also runs one of the
+measurements (:data:`MEASUREMENTS`) while the parts arrive, and the last runs the comparison::
 
-    python bench/gpu_compare.py pack                 # here: .gpu-carry/part-K (ignored), and the calls to make
-    python3 bench/gpu_compare.py stash 1             # there, call 1 (carry .gpu-carry/part-1): into .gpu-model/
-    python3 bench/gpu_compare.py stash 2             # there, call 2 ...
-    python3 bench/gpu_compare.py run --minutes 7   # there, the last call (carry the last part): join, compare
+    python bench/gpu_compare.py pack          # here: .gpu-carry/part-K (ignored), and the plan: the calls, their minutes
+    python3 bench/gpu_compare.py call 1       # there, call 1 (carry .gpu-carry/part-1): stash it; bench/peak.py --gpu
+    python3 bench/gpu_compare.py call 2       # there, call 2 (carry part-2): stash it; bench/samplers.py --gpu
+    python3 bench/gpu_compare.py call 3       # there, the last call (carry part-3): join, convert, compare
 
-``run`` stashes the parts carried in its own call, joins them into the GGUF and checks its SHA-256
-against the manifest ``pack`` wrote, converts it with podsrl's own code (podsrl/models.py, into
-.gpu-model/cache), then runs ``podsrl compare configs/compare-gpu.toml`` with every arm's training
-time sized to the minutes left (``--minutes``: the call's own limit, less what came before), and
-copies the report and every run's small files to ``$OUT/compare-gpu`` (``--out`` elsewhere), to be
-committed under results/compare-gpu/. ``pack`` prints the calls with their carry lists; the first
-one also runs bench/gpu_check.py (``make gpu-check``: its report first, as the issues ask) while the machine
-is warm.
+The plan (:func:`plan`, printed by ``pack`` and ``plan``) with its minutes, for 3 parts:
 
-``run --tiny`` is the same flow on this CPU with a tiny random model built on the spot (no parts,
-seconds of training): what tests/test_gpu_compare.py runs, with pack, stash and join on a stand-in
-file.
+1. part 1, then ``bench/peak.py --gpu --budget 2.75`` (3 minutes): the matrix-product peaks in float32
+   and bfloat16 at Qwen2.5-1.5B's and 0.5B's shapes, the update (forward, backward, optimizer) of
+   GRPO(16) and PODS(16, 4) at 512-token completions with mixed precision, time, peak memory and
+   fractions of the bfloat16 peak, then the samplers at 0.5B as the budget allows; into ``$OUT/peak``;
+2. part 2, then ``bench/samplers.py --gpu --budget 1.75`` (2 minutes): ``transformers`` against
+   ``transformers-static`` at 128 and 512 rollouts of 64 tokens (SmolLM2-135M's architecture, random
+   weights), each shape's compile reported; into ``$OUT/samplers`` (and ``.gpu-model/`` for the next call);
+3. part 3, then ``run``: join and check, convert, and ``podsrl compare configs/compare-gpu.toml`` for
+   6.25 minutes: three arms at equal training seconds with the fast paths (``model.mixed_precision =
+   "auto"``: bfloat16 there; ``rollout.engine = "auto"``: transformers-static without vLLM); into
+   ``$OUT/compare-gpu``.
+
+A call's transfer and Python's start count a quarter minute each in the plan: 3 x 0.25 + 3 + 2 + 6.25
+= 12 minutes. The reports under ``$OUT`` are committed under results/peak/, results/samplers/ and
+results/compare-gpu/.
+
+``run`` (the last call) stashes the parts carried in its own call, joins them into the GGUF and checks
+its SHA-256 against the manifest ``pack`` wrote, converts it with podsrl's own code (podsrl/models.py,
+into .gpu-model/cache), then runs ``podsrl compare configs/compare-gpu.toml`` with every arm's
+training time sized to the minutes left (``--minutes``: the call's own limit, less what came before;
+each arm's overhead, :func:`arm_overhead`, includes the static engine's compile that its evaluations
+pay off the training clock, as call 2 measured it), and copies the report and every run's small files
+to ``$OUT/compare-gpu`` (``--out`` elsewhere).
+
+``flow --tiny`` is the whole flow on this CPU (the measurements' own tiny modes, then the comparison
+with a tiny random model built on the spot, seconds of training): what tests/test_gpu_compare.py
+runs, with pack, stash and join on a stand-in file.
 """
 
 from __future__ import annotations
@@ -38,6 +58,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +72,8 @@ MODEL = "smollm2-135m-instruct"
 CALL_LIMIT = 64 * 2**20  # what one call carries, the working tree included
 MARGIN = 4 * 2**20  # room for what the tree gains between pack and the calls (a report, a note)
 GGUF_PACKAGE = "gguf"  # read by transformers' GGUF loader; transformers checks its version, so its dist-info travels too
-ARM_OVERHEAD_S = 50.0  # a run's process start, model load and evaluations on the GPU, beside its training (tiny: 15)
+ARM_OVERHEAD_S = 50.0  # a run's process start, model load and evaluations on the GPU, beside its training (tiny: 15); arm_overhead adds the compile
+MIN_ARM_SECONDS = 30  # fewer seconds of training an arm are no comparison (tiny: 2)
 SMALL_FILES = ("config.toml", "done.json", "eval.jsonl", "launch.jsonl", "metrics.jsonl", "train.log")
 
 
@@ -175,11 +198,142 @@ def join(stash_dir: Path = STASH) -> Path:
     return target
 
 
+# ---------------------------------------------------------------------------------------- the plan
+
+
+def _peak_command(out: Path, minutes: float, tiny: bool) -> list[str]:
+    return [sys.executable, str(ROOT / "bench" / "peak.py"), "--gpu", *(["--tiny"] if tiny else []), "--budget", f"{minutes - MEASURE_SLACK:g}",
+            "--out-dir", str(out)]  # fmt: skip
+
+
+def _samplers_command(out: Path, minutes: float, tiny: bool) -> list[str]:
+    mode = ["--quick", "--repeats", "1"] if tiny else ["--gpu", "--repeats", "2"]
+    name = f"{'cpu-quick' if tiny else 'gpu'}-{time.strftime('%Y-%m-%d', time.gmtime())}.json"
+    return [sys.executable, str(ROOT / "bench" / "samplers.py"), *mode, "--budget", f"{minutes - MEASURE_SLACK:g}", "--out", str(out / name)]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measurement of the plan: run in the call that carries part ``index + 1``, within
+    ``minutes``, its files into ``$OUT/<name>`` (committed under results/<name>/)."""
+
+    name: str
+    minutes: float
+    what: str
+    command: Callable[[Path, float, bool], list[str]]  # (its output directory, its minutes, tiny) -> argv
+
+
+MEASURE_SLACK = 0.25  # minutes a measurement's own --budget leaves for its start and its report, within its share
+MEASUREMENTS = (
+    Measurement("peak", 3.0, "bench/peak.py --gpu: matrix-product peaks, the update's phases (GRPO(16), PODS(16, 4), 512 tokens, "
+                "mixed precision) at Qwen2.5-1.5B and 0.5B as fractions of them, then the samplers at 0.5B", _peak_command),
+    Measurement("samplers", 2.0, "bench/samplers.py --gpu: transformers vs transformers-static, 128 and 512 rollouts of 64 tokens",
+                _samplers_command),
+)  # fmt: skip
+COMPARE_MINUTES = 6.25  # the last call's comparison: join, convert, three arms, the report
+CALL_MINUTES = 0.25  # a call's transfer (a part and the tree, ~60 MiB) and Python's start, counted in the plan
+PLAN_MINUTES = 12.0  # of the 15 a GPU is lent, its start (a few minutes) left out
+
+
+def calls_for(parts: int) -> int:
+    """Calls of the plan: one a part, and at least one for each measurement and one for the comparison."""
+    return max(parts, len(MEASUREMENTS) + 1)
+
+
+def plan(parts: int, carry: str = ".gpu-carry") -> list[dict]:
+    """The calls in order: what each carries and runs, its minutes and the device tool's timeout."""
+    calls = calls_for(parts)
+    out = []
+    for k in range(1, calls + 1):
+        measurement = MEASUREMENTS[k - 1] if k <= len(MEASUREMENTS) else None
+        last = k == calls
+        minutes = CALL_MINUTES + (measurement.minutes if measurement else 0.0) + (COMPARE_MINUTES if last else 0.0)
+        does = [f"stash part {k} of {parts}" if k <= parts else "no part"]
+        does += [f"{measurement.what} ({measurement.minutes:g} min)"] if measurement else []
+        does += [f"join, convert, podsrl compare configs/compare-gpu.toml ({COMPARE_MINUTES:g} min)"] if last else []
+        out.append({"call": k, "carry": [f"{carry}/part-{k}"] if k <= parts else [], "command": f"python3 bench/gpu_compare.py call {k}",
+                    "minutes": minutes, "timeout_s": min(600, math.ceil(60 * (minutes - CALL_MINUTES) + 45)), "does": "; ".join(does)})  # fmt: skip
+    return out
+
+
+def plan_text(calls: list[dict]) -> str:
+    """The plan as printed: one device-tool call a line, each with what it does and its minutes, and the total."""
+    lines = []
+    for c in calls:
+        carry = ", ".join(f'"{p}"' for p in c["carry"])
+        lines.append(f"  # {c['minutes']:.2f} min: {c['does']}")
+        lines.append(f'  run(command="{c["command"]}", carry=[{carry}], timeout_s={c["timeout_s"]})')
+    total = sum(c["minutes"] for c in calls)
+    verdict = "within" if total <= PLAN_MINUTES + 1e-9 else "OVER"
+    lines.append(f"  total {total:.2f} minutes ({len(calls)} calls x {CALL_MINUTES:g} min of transfer and start, "
+                 f"{' + '.join(f'{m.minutes:g}' for m in MEASUREMENTS)} min of measurements, {COMPARE_MINUTES:g} min of comparison): "
+                 f"{verdict} the {PLAN_MINUTES:g} minutes the GPU's start leaves of its 15")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run_measurement(m: Measurement, out_root: Path, *, tiny: bool, keep: Path | None = None) -> int:
+    """Run ``m`` into ``out_root/<name>``, its output shown and kept in ``<name>.log`` there, stopped
+    half a minute past its minutes; its JSON files copied to ``keep/<name>.json`` (the next calls read
+    call 2's there: :func:`arm_overhead`)."""
+    out = out_root / m.name
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = m.command(out, m.minutes, tiny)
+    print(f"gpu_compare: {m.name} ({m.minutes:g} min): {' '.join(cmd[1:])}", flush=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), "PYTHONUNBUFFERED": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    deadline = time.monotonic() + 60 * m.minutes + 30
+    with (out / f"{m.name}.log").open("w") as log, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                                   text=True) as proc:  # fmt: skip
+        for line in proc.stdout:  # a line at a time: the log and the call's output both get it as it comes
+            sys.stdout.write(line)
+            log.write(line)
+            if time.monotonic() > deadline:
+                proc.kill()
+                print(f"gpu_compare: {m.name} ran past its {m.minutes:g} minutes and was stopped", flush=True)
+                break
+        done = proc.wait()
+    if keep is not None:
+        for found in sorted(out.glob("*.json")):
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(found, keep / f"{m.name}.json")
+    print(f"gpu_compare: {m.name} exited {done}; its files in {out}", flush=True)
+    return done
+
+
+def arm_overhead(base: float, samplers: Path | None) -> tuple[float, str]:
+    """Each arm's seconds beside its training: ``base`` (start, model load, evaluations), plus, where
+    bench/samplers.py's JSON of this machine is at hand (call 2's), the static engine's compile: its
+    first call at the smallest size less its median call. An arm's evaluations sample a batch shape
+    of their own, which the static engine compiles off the training clock, once per arm (each arm is a
+    process). Returns (seconds, why)."""
+    if samplers is None or not samplers.is_file():
+        return base, f"{base:g} s (no sampler comparison at hand)"
+    rows = [r for r in json.loads(samplers.read_text()).get("rows", []) if r["engine"] == "transformers-static" and r.get("warmup_seconds")]
+    if not rows:
+        return base, f"{base:g} s (the sampler comparison timed no warm-up of transformers-static)"
+    first = min(rows, key=lambda r: r["rollouts"])
+    compile_s = max(0.0, first["warmup_seconds"] - first["seconds"])
+    return base + compile_s, f"{base:g} s + {compile_s:.0f} s of the static engine's compile ({samplers.name}, {first['rollouts']} rollouts)"
+
+
 def arm_seconds(minutes: float, elapsed: float, arms: int, overhead: float) -> float:
     """Each arm's training seconds: what is left of ``minutes`` after ``elapsed``, less a minute for
     the report and copies, shared equally after each arm's overhead."""
     left = 60 * minutes - elapsed - 60.0
     return math.floor(max(0.0, left / arms - overhead))
+
+
+def training_seconds(minutes: float, elapsed: float, overhead: float, base: float, floor: float) -> tuple[float | None, str | None]:
+    """Each of the 3 arms' training seconds (:func:`arm_seconds`) and a note, or None (refuse) when even
+    the ``base`` overhead leaves fewer than ``floor``. When only a measured compile (``overhead`` over
+    ``base``) leaves too few, the arms train ``floor`` seconds anyway: past the call's minutes the
+    comparison is stopped and what finished is reported."""
+    seconds = arm_seconds(minutes, elapsed, 3, overhead)
+    if seconds >= floor:
+        return seconds, None
+    if arm_seconds(minutes, elapsed, 3, base) < floor:
+        return None, f"only {seconds:.0f} s of training an arm would be left of {minutes:g} minutes; give more --minutes"
+    return floor, f"the compile leaves {seconds:.0f} s an arm; training {floor:g} s each, which may run past {minutes:g} minutes"
 
 
 def _tiny_model(path: Path) -> Path:
@@ -222,10 +376,18 @@ def run(args: argparse.Namespace) -> int:
         convert = "from podsrl.models import resolve_model_path; print(resolve_model_path('smollm2-135m-instruct'))"
         print(f"gpu_compare: {gguf} joined and checked; converting it with podsrl/models.py", flush=True)
         subprocess.run([sys.executable, "-c", convert], env=env, check=True)
-    overhead = args.arm_overhead if args.arm_overhead is not None else (15.0 if args.tiny else ARM_OVERHEAD_S)
-    seconds = args.seconds or arm_seconds(args.minutes, time.monotonic() - start, 3, overhead)
-    if seconds < (2 if args.tiny else 30):
-        print(f"gpu_compare: only {seconds:.0f} s of training an arm would be left of {args.minutes:g} minutes; give more --minutes", file=sys.stderr)
+    if args.arm_overhead is not None:
+        overhead, why = args.arm_overhead, f"{args.arm_overhead:g} s (--arm-overhead)"
+    else:
+        overhead, why = arm_overhead(15.0 if args.tiny else ARM_OVERHEAD_S, (work if args.tiny else STASH) / "samplers.json")
+    print(f"gpu_compare: each arm's overhead beside its training: {why}", flush=True)
+    base = overhead if args.arm_overhead is not None else (15.0 if args.tiny else ARM_OVERHEAD_S)
+    seconds, note = args.seconds, None
+    if not seconds:
+        seconds, note = training_seconds(args.minutes, time.monotonic() - start, overhead, base, 2 if args.tiny else MIN_ARM_SECONDS)
+    if note:
+        print(f"gpu_compare: {note}", file=sys.stderr if seconds is None else sys.stdout, flush=True)
+    if seconds is None:
         return 2
     out = work / "compare-gpu"
     overrides += [f"--train.max_seconds={seconds:g}", f"--eval.every_seconds={seconds / 2:g}"]
@@ -245,37 +407,89 @@ def run(args: argparse.Namespace) -> int:
     return done
 
 
+def _manifest(k: int) -> dict | None:
+    """The model's manifest: from the part this call carries, else from the parts stashed before."""
+    for path in (CARRY / f"part-{k}" / "manifest.json", STASH / "manifest.json"):
+        if path.is_file():
+            return json.loads(path.read_text())
+    return None
+
+
+def call(k: int, args: argparse.Namespace) -> int:
+    """Call ``k`` of the plan, on the lent machine: stash the part it carries, run its measurement,
+    and, in the last call, the comparison (:func:`run`)."""
+    manifest = _manifest(k)
+    if manifest is None:
+        raise SystemExit(f"call {k}: no part carried (.gpu-carry/part-{k}) and none stashed before: make the calls `pack` printed, "
+                         "each with its carry list, in order")  # fmt: skip
+    if (CARRY / f"part-{k}").is_dir():
+        stash(CARRY / f"part-{k}", STASH)
+    calls = calls_for(manifest["parts"])
+    if not 1 <= k <= calls:
+        raise SystemExit(f"call {k}: the plan has calls 1 to {calls}")
+    out_root = Path(os.environ.get("OUT", ROOT / "results"))
+    done = 0
+    if k <= len(MEASUREMENTS):
+        done = run_measurement(MEASUREMENTS[k - 1], out_root, tiny=False, keep=STASH)
+    if k == calls:
+        done = run(args) or done
+    return done
+
+
+def flow(args: argparse.Namespace) -> int:
+    """The whole plan on this CPU at tiny sizes, in one process's calls: every measurement's tiny mode,
+    then the comparison of a tiny random model (``run --tiny``); reports under $OUT as on the GPU."""
+    out_root = Path(os.environ.get("OUT", ROOT / "results"))
+    work = Path(args.work)
+    failed = [m.name for m in MEASUREMENTS if run_measurement(m, out_root, tiny=True, keep=work) != 0]
+    done = run(args)
+    if failed:
+        print(f"gpu_compare: the measurements {failed} failed (their logs are under {out_root})", file=sys.stderr)
+    return done or (1 if failed else 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="here: split the embedded model into parts that each fit in a call beside the tree")
     p.add_argument("--out", type=Path, default=CARRY)
-    p.add_argument("--check-minutes", type=float, default=2.5, help="the first call's bench/gpu_check.py budget in the printed calls (0: none)")
+    p = sub.add_parser("plan", help="print the calls for a model in PARTS parts (pack prints them too)")
+    p.add_argument("--parts", type=int, default=3)
     p = sub.add_parser("stash", help="there: keep the part this call carried")
     p.add_argument("part", type=int)
-    p = sub.add_parser("run", help="there, the last call: join, convert, compare")
-    p.add_argument("--minutes", type=float, default=7.0, help="this call's time limit in minutes (the arms share what is left)")
-    p.add_argument("--seconds", type=float, help="each arm's training seconds (default: sized to --minutes)")
-    p.add_argument("--arm-overhead", type=float, help=f"seconds an arm costs beside its training (default {ARM_OVERHEAD_S:g}; tiny 15)")
+    compare_options = argparse.ArgumentParser(add_help=False)
+    compare_options.add_argument("--minutes", type=float, default=COMPARE_MINUTES, help="the comparison's time limit in minutes (the arms share what is left)")
+    compare_options.add_argument("--seconds", type=float, help="each arm's training seconds (default: sized to --minutes)")
+    compare_options.add_argument("--arm-overhead", type=float, help=f"seconds an arm costs beside its training (default {ARM_OVERHEAD_S:g} and the "
+                                 "static engine's compile as call 2 measured it; tiny 15)")  # fmt: skip
+    compare_options.add_argument("--work", default=str(ROOT / "runs" / "gpu-compare"), help="the runs' directory")
+    compare_options.add_argument("--out", help="where the report and the runs' small files go (default $OUT/compare-gpu)")
+    p = sub.add_parser("call", parents=[compare_options], help="there: call K of the plan (stash its part, its measurement; the last: compare)")
+    p.add_argument("k", type=int)
+    p = sub.add_parser("run", parents=[compare_options], help="there, the last call's comparison: join, convert, compare")
     p.add_argument("--tiny", action="store_true", help="on this CPU: a tiny random model, no parts")
-    p.add_argument("--work", default=str(ROOT / "runs" / "gpu-compare"), help="the runs' directory")
-    p.add_argument("--out", help="where the report and the runs' small files go (default $OUT/compare-gpu)")
+    p = sub.add_parser("flow", parents=[compare_options], help="on this CPU: the whole plan at tiny sizes (--tiny)")
+    p.add_argument("--tiny", action="store_true", required=True, help="required: the flow runs here only at tiny sizes")
     args = parser.parse_args(argv)
     if args.cmd == "pack":
         m = pack(args.out)
         print(f"gpu_compare: {m['file']} ({m['bytes'] / 2**20:.1f} MiB) in {m['parts']} parts under {args.out}, each beside the "
               f"working tree ({m['tree_bytes'] / 2**20:.1f} MiB) within a call's {m['call_limit_bytes'] / 2**20:.0f} MiB. "
-              "The calls, one right after the other (the machine stays warm ~30 s):")  # fmt: skip
+              "The calls, one right after the other (the machine keeps the parts while it stays warm, ~30 s):")  # fmt: skip
         rel = args.out.resolve().relative_to(ROOT) if args.out.resolve().is_relative_to(ROOT) else args.out
-        check = f" && python3 bench/gpu_check.py --budget {args.check_minutes:g} --out $OUT/gpu-check" if args.check_minutes else ""
-        for k in range(1, m["parts"] + 1):
-            last = k == m["parts"]
-            command = "python3 bench/gpu_compare.py " + ("run --minutes 7" if last else f"stash {k}") + (check if k == 1 and not last else "")
-            print(f'  run(command="{command}", carry=["{rel}/part-{k}"], timeout_s={600 if last else 300})')
+        print(plan_text(plan(m["parts"], str(rel))))
+        return 0
+    if args.cmd == "plan":
+        print(plan_text(plan(args.parts)))
         return 0
     if args.cmd == "stash":
         stash(CARRY / f"part-{args.part}", STASH)
         return 0
+    if args.cmd == "call":
+        args.tiny = False
+        return call(args.k, args)
+    if args.cmd == "flow":
+        return flow(args)
     return run(args)
 
 

@@ -10,10 +10,13 @@ The engines (podsrl/engines): ``transformers`` (today's: the policy itself sampl
 ``vllm`` (podsrl's vLLM engine, eager, in the same sampler dtype; only where vLLM is installed and the
 model is on disk). Each samples the same B x n rollouts (temperature 1, top_p 1, up to
 --max-new-tokens tokens) at every size of --sizes (rollouts, as 16 prompts x n when 16 divides it),
-after a warm-up call per engine (on a GPU one per size and engine, as the static engine compiles its
-decoding for each shape there: its seconds are reported); then --repeats rounds, the engines' order alternating, so a change in the
-machine's load hits all alike. Reported per size and engine: the median seconds of a call, rollouts
-per second, generated tokens, and the ratio of rollouts per second to the transformers engine's.
+one size after the other: a warm-up call per engine (on a GPU one per size and engine, as the static
+engine compiles its decoding for each shape there: its seconds are reported; on the CPU at the first
+size only), then --repeats rounds, the engines' order alternating, so a change in the machine's load
+hits all alike. ``--budget MINUTES``: a call that would start past them is left out and named (on a
+GPU the rounds of an engine whose warm-up was left out too), and what was measured is reported.
+Reported per size and engine: the median seconds of a call, rollouts per second, generated tokens,
+and the ratio of rollouts per second to the transformers engine's.
 
 The model: on the CPU the embedded SmolLM2-135M-Instruct in float32 with the arithmetic prompts of
 bench/engines.py; with --gpu (or --random-weights) SmolLM2-135M's architecture with random weights
@@ -175,6 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sampler-dtype", default="fast", help="rollout.sampler_dtype of the static and vLLM engines")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 on the CPU, torch's on a GPU)")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
+    parser.add_argument("--budget", type=float, default=None, help="minutes: a call that would start past them is left out (and named)")
     args = parser.parse_args(argv)
     import torch
 
@@ -204,23 +208,32 @@ def main(argv: list[str] | None = None) -> dict:
         return time.perf_counter() - start, sum(map(len, out.completion_ids)), list(getattr(engine, "calls", []))
 
     result = {"model": what, "device": device, "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
-              "sampler_dtype": args.sampler_dtype, "batch_size": args.batch_size, "rows": []}  # fmt: skip
+              "sampler_dtype": args.sampler_dtype, "batch_size": args.batch_size, "rows": [], "left_out": []}  # fmt: skip
+    deadline = time.monotonic() + 60 * args.budget if args.budget else float("inf")
+    left_out: list[str] = []  # the calls --budget left out
     warm: dict[tuple[str, int], float] = {}
-    for size in sizes if args.gpu else sizes[:1]:  # a GPU compiles per shape; the CPU only warms its allocator
+    times: dict[tuple[str, int], list[tuple[float, int]]] = {(name, size): [] for size in sizes for name in engines}
+    for size in sizes:  # one size after the other, so that a --budget that runs out leaves whole sizes measured
         for name, engine in engines.items():
+            if not (args.gpu or size == sizes[0]):  # a GPU compiles per shape; the CPU only warms its allocator
+                continue
+            if time.monotonic() > deadline:
+                left_out.append(f"warm-up {name} {size}")
+                continue
             seconds, _, calls = call(engine, size, seed=100)
             warm[(name, size)] = seconds
             print(f"  warm-up {name:>19} {size:4d} rollouts: {seconds:7.2f} s" + (f" (calls of {calls})" if calls else ""), flush=True)
-    times: dict[tuple[str, int], list[tuple[float, int]]] = {(name, size): [] for size in sizes for name in engines}
-    for rep in range(args.repeats):
-        for size in sizes:
+        for rep in range(args.repeats):
             order = list(engines.items()) if rep % 2 == 0 else list(engines.items())[::-1]
             for name, engine in order:
+                if time.monotonic() > deadline or (args.gpu and (name, size) not in warm):  # a GPU call without its compile: not timed
+                    left_out.append(f"round {rep + 1} {name} {size}")
+                    continue
                 seconds, tokens, _ = call(engine, size, seed=rep)
                 times[(name, size)].append((seconds, tokens))
                 print(f"  round {rep + 1} {name:>19} {size:4d} rollouts: {tokens:6d} tokens in {seconds:7.2f} s = {size / seconds:7.1f} rollouts/s", flush=True)
     print(f"\n| engine | rollouts | warm-up s | median s | rollouts / s | tokens | vs transformers |\n|---|---:|---:|---:|---:|---:|---:|")
-    medians = {key: statistics.median(s for s, _ in values) for key, values in times.items()}
+    medians = {key: statistics.median(s for s, _ in values) for key, values in times.items() if values}
     for (name, size), seconds in medians.items():
         base = medians.get(("transformers", size))
         ratio = base / seconds if base else None
@@ -229,6 +242,9 @@ def main(argv: list[str] | None = None) -> dict:
                                "rollouts_per_second": size / seconds, "tokens": tokens, "vs_transformers": ratio})  # fmt: skip
         warmup = f"{warm[(name, size)]:.2f}" if (name, size) in warm else "-"
         print(f"| {name} | {size} | {warmup} | {seconds:.2f} | {size / seconds:.1f} | {tokens:.0f} | {f'{ratio:.2f}x' if ratio else '-'} |")
+    if left_out:
+        result["left_out"] = left_out
+        print(f"\n--budget {args.budget:g} minutes left out: {', '.join(left_out)}")
     print()
     for row in result["rows"]:
         if row["engine"] != "transformers" and row["vs_transformers"]:

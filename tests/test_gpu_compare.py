@@ -1,7 +1,8 @@
 """bench/gpu_compare.py on this CPU: the embedded model's trip to a lent GPU in parts (pack here,
-stash there one part a call, join and check), where podsrl then finds it, and the comparison's flow
-at a tiny size (``run --tiny``: the three arms of configs/compare-gpu.toml, the report and the runs'
-small files copied out)."""
+stash there one part a call, join and check), where podsrl then finds it, the plan's calls and minutes
+(issue 66's 12 minutes), and the whole flow at a tiny size (``flow --tiny``: bench/peak.py's GPU mode
+and bench/samplers.py at their tiny sizes, then the three arms of configs/compare-gpu.toml, every
+report under $OUT as on the GPU)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ SCRIPT = ROOT / "bench" / "gpu_compare.py"
 def gpu_compare():
     spec = importlib.util.spec_from_file_location("gpu_compare", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_compare"] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
-    return module
+    yield module
+    del sys.modules["gpu_compare"]
 
 
 def _stand_in(tmp_path: Path, size: int = 3_000_001) -> Path:
@@ -93,14 +96,61 @@ def test_arm_seconds_share_what_is_left_after_the_overheads(gpu_compare):
     assert gpu_compare.arm_seconds(1.0, 30.0, 3, 50.0) == 0
 
 
+def test_the_plan_fits_the_minutes_the_gpus_start_leaves(gpu_compare):
+    """The model in 3 parts: 3 calls, the two measurements in the first two, the comparison in the
+    last, 12 minutes in all (3 x 0.25 of transfer, 3 + 2 of measurements, 6.25 of comparison), each
+    call's timeout within the device tool's 10 minutes and past its own share."""
+    calls = gpu_compare.plan(3)
+    assert [(c["call"], c["carry"], c["command"]) for c in calls] == [
+        (k, [f".gpu-carry/part-{k}"], f"python3 bench/gpu_compare.py call {k}") for k in (1, 2, 3)]  # fmt: skip
+    assert "bench/peak.py" in calls[0]["does"] and "bench/samplers.py" in calls[1]["does"] and "compare-gpu.toml" in calls[2]["does"]
+    total = sum(c["minutes"] for c in calls)
+    assert total == pytest.approx(12.0) and total <= gpu_compare.PLAN_MINUTES + 1e-9
+    assert all(60 * (c["minutes"] - gpu_compare.CALL_MINUTES) < c["timeout_s"] <= 600 for c in calls)
+    assert "within the 12 minutes" in gpu_compare.plan_text(calls)
+    two = gpu_compare.plan(2)  # fewer parts than steps: the last call carries none
+    assert [c["carry"] for c in two] == [[".gpu-carry/part-1"], [".gpu-carry/part-2"], []]
+    assert "OVER" in gpu_compare.plan_text(gpu_compare.plan(4))  # a fourth part's call is a quarter minute too many
+
+
+def test_a_measured_compile_trains_the_floor_where_the_minutes_alone_would_not(gpu_compare):
+    """6.25 minutes, 30 s spent: 45 s an arm with 50 s of overhead; a compile of 60 s more leaves none,
+    so the arms train 30 s anyway (said); 1.5 minutes leave none even without it: refused."""
+    assert gpu_compare.training_seconds(6.25, 30.0, 50.0, 50.0, 30) == (45, None)
+    seconds, note = gpu_compare.training_seconds(6.25, 30.0, 110.0, 50.0, 30)
+    assert seconds == 30 and "may run past 6.25 minutes" in note
+    seconds, note = gpu_compare.training_seconds(1.5, 30.0, 110.0, 50.0, 30)
+    assert seconds is None and "give more --minutes" in note
+
+
+def test_an_arms_overhead_adds_the_static_engines_compile(gpu_compare, tmp_path):
+    """bench/samplers.py's JSON: the static engine's first call at 128 rollouts took 62 s against a
+    median of 2 s: 60 s of compile that each arm's evaluations pay off the training clock."""
+    samplers = tmp_path / "samplers.json"
+    samplers.write_text(json.dumps({"rows": [
+        {"engine": "transformers", "rollouts": 128, "warmup_seconds": 2.0, "seconds": 1.5},
+        {"engine": "transformers-static", "rollouts": 512, "warmup_seconds": 70.0, "seconds": 3.0},
+        {"engine": "transformers-static", "rollouts": 128, "warmup_seconds": 62.0, "seconds": 2.0}]}))  # fmt: skip
+    seconds, why = gpu_compare.arm_overhead(50.0, samplers)
+    assert seconds == 110.0 and "60 s of the static engine's compile" in why
+    assert gpu_compare.arm_overhead(50.0, tmp_path / "absent.json")[0] == 50.0
+
+
 @pytest.mark.usefixtures("one_thread")
-def test_the_tiny_flow_trains_the_three_arms_and_copies_the_report(tmp_path):
+def test_the_tiny_flow_measures_trains_the_three_arms_and_copies_every_report(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH="", OUT=str(tmp_path / "out"))  # the script finds podsrl itself, as there
-    done = subprocess.run([sys.executable, str(SCRIPT), "run", "--tiny", "--seconds", "3", "--work", str(tmp_path / "work")],
+    done = subprocess.run([sys.executable, str(SCRIPT), "flow", "--tiny", "--seconds", "3", "--work", str(tmp_path / "work")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "3 arms x 3 s of training" in done.stdout
+    (peak,) = (tmp_path / "out" / "peak").glob("*.json")
+    data = json.loads(peak.read_text())
+    assert data["mode"] == "gpu-tiny" and all(entry["update"] for entry in data["models"].values())
+    assert (tmp_path / "out" / "peak" / "peak.log").is_file()
+    (samplers,) = (tmp_path / "out" / "samplers").glob("*.json")
+    assert {r["engine"] for r in json.loads(samplers.read_text())["rows"]} == {"transformers", "transformers-static"}
+    assert "static engine's compile (samplers.json" in done.stdout  # the arms' overhead read call 2's figures
     out = tmp_path / "out" / "compare-gpu"
     report = json.loads((out / "compare.json").read_text())
     assert set(report["methods"]) == {"grpo_n16", "pods_n16_m4", "grpo_n4"} and report["baseline"] == "grpo_n16"

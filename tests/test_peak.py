@@ -1,0 +1,171 @@
+"""bench/peak.py (issue 66, item 3) without its long runs: the FLOP it counts are the products the
+model computes (torch's own counter around podsrl's forward, backward and a ``generate`` call of a
+tiny random Qwen2), hand numbers for attention and the micro-batches, a fraction against the peaks
+of the precision each part runs in, and both modes at tiny sizes on this CPU (the GPU mode's code with
+tiny random Qwen2 models): the JSON's structure, and fractions of the peak in (0, 1.5]."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def peak():
+    spec = importlib.util.spec_from_file_location("peak", ROOT / "bench" / "peak.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["peak"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["peak"]
+
+
+def _tiny_qwen2(peak):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    _, arch = peak.ARCHS["tiny-qwen2-b"]
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(Qwen2Config(**arch)), peak.Shapes.of(arch)
+
+
+def _product_flop(counter) -> int:
+    """Every matrix product torch's FlopCounterMode saw (linear layers: mm, addmm)."""
+    return int(sum(counter.get_flop_counts()["Global"].values()))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_counted_products_are_the_ones_the_forward_and_backward_compute(peak, shared):
+    """3 rows of one prompt and 1 of another (5 tokens each), completions of 7: the layers' and output
+    layer's FLOP of forward_flop equal the products podsrl's forward_logprobs makes, shared prompts
+    or not, and its backward's are twice them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from podsrl.train.sequences import forward_logprobs, pack
+
+    model, shapes = _tiny_qwen2(peak)
+    packed = pack([[5, 6, 7, 8, 9]] * 3 + [[11, 12, 13, 14, 15]], [[20 + i for i in range(7)] for _ in range(4)], 0)
+    with FlopCounterMode(display=False) as forward:
+        logprobs, _ = forward_logprobs(model, packed, share_prompts=shared)
+    with FlopCounterMode(display=False) as backward:
+        logprobs.sum().backward()
+    flop = peak.forward_flop(shapes, prompt=5, completion=7, rows=4, prompts=2, shared=shared)
+    assert _product_flop(forward) == flop.layers + flop.output
+    assert _product_flop(backward) == 2 * (flop.layers + flop.output)
+
+
+def test_the_counted_products_are_the_ones_a_sampling_call_computes(peak):
+    """generate on 3 prompts of 6 tokens, exactly 9 new tokens each: the prefill, 8 decode steps and 9
+    logits a row, as sampling_flop counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, shapes = _tiny_qwen2(peak)
+    ids = torch.randint(3, shapes.vocab - 1, (3, 6), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        out = model.eval().generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=9, min_new_tokens=9, pad_token_id=0,
+                                    eos_token_id=shapes.vocab - 1)  # fmt: skip
+    assert out.shape == (3, 15)
+    flop = peak.sampling_flop(shapes, prompt=6, generated=9, rows=3, prompts=3)
+    assert _product_flop(counter) == flop.layers + flop.output
+
+
+def test_attention_and_the_layers_by_hand(peak):
+    """hidden 4, intermediate 8, vocabulary 10, 2 layers, 2 heads of 2, 1 KV head: D = 2 x (4 x (4 + 2 x 2)
+    + 4 x 4 + 3 x 4 x 8) = 2 x 144 = 288. One prompt of 3 tokens shared by 2 rows of 2 completion
+    tokens: 3 + 4 tokens through the layers, context 6 (prompt: 1 + 2 + 3) + 2 x (2 x 3 + 3) = 24,
+    logits 1 + 2 x 1 = 3."""
+    s = peak.Shapes(hidden=4, intermediate=8, vocab=10, layers=2, heads=2, kv_heads=1, head_dim=2)
+    assert s.dense == 288
+    assert [p[0] for p in s.products()] == ["q", "k", "gate", "down", "output"]  # v is k's shape, o q's (d_q = hidden), up gate's
+    f = peak.forward_flop(s, prompt=3, completion=2, rows=2)
+    assert (f.layers, f.attention, f.output) == (2 * 288 * 7, 4 * 2 * 4 * 24, 2 * 4 * 10 * 3)
+    unshared = peak.forward_flop(s, prompt=3, completion=2, rows=2, shared=False)  # each row: 5 tokens, context 15
+    assert (unshared.layers, unshared.attention, unshared.output) == (2 * 288 * 10, 4 * 2 * 4 * 30, 2 * 4 * 10 * 4)
+    g = peak.sampling_flop(s, prompt=3, generated=2, rows=2, prompts=1)  # one prefill, one decode step a row (context 4), 2 logits a row
+    assert (g.layers, g.attention, g.output) == (2 * 288 * 5, 4 * 2 * 4 * (6 + 2 * 4), 2 * 4 * 10 * 4)
+
+
+def test_micro_batches_follow_the_updates_order(peak):
+    """GRPO(16) with B = 4 in micro-batches of 16 rows: one prompt each; PODS(16, 4): the 4 groups in one."""
+    prompts = [[p, p + 1] for p in range(4)]
+    grpo = [p for p in prompts for _ in range(16)]
+    pods = [p for p in prompts for _ in range(4)]
+    assert peak.micro_batches(grpo, [[1, 2]] * 64, 16) == [(1, 16)] * 4
+    assert peak.micro_batches(pods, [[1, 2]] * 16, 16) == [(4, 16)]
+
+
+def test_a_fraction_takes_each_part_at_its_precisions_peak(peak):
+    """1e9 FLOP of layers and attention at a 100 GFLOP/s peak (0.01 s) and 1e9 of output layer at 50
+    (0.02 s), measured in 0.06 s: a fraction 0.5."""
+    f = peak.Flop(layers=0.6e9, attention=0.4e9, output=1e9)
+    assert peak.fraction(f, 0.06, 100.0, 50.0) == pytest.approx(0.5)
+    assert peak.fraction(f, 0.06, None, 50.0) is None
+    figures = peak.update_figures({"seconds": {"forward": 0.06, "backward": 0.12, "optimizer": 0.01, "rest": 0.01, "update": 0.2}}, f, 100,
+                                  {"float32": {"gflops": 50.0}, "bfloat16": {"gflops": 100.0}}, mixed=True)  # fmt: skip
+    assert figures["fraction"]["forward"] == pytest.approx(0.5) and figures["fraction"]["backward"] == pytest.approx(0.5)
+    assert figures["fraction"]["update"] == pytest.approx(0.09 / 0.2)
+    assert figures["tokens_per_second"]["optimizer"] == pytest.approx(10000)
+
+
+def _check_report(data: dict, *, mode: str, models: set[str], updates: int, engines: set[str]) -> None:
+    assert data["mode"] == mode and set(data["models"]) == models
+    assert data["machine"]["native_bf16"] in (True, False) and data["machine"]["bf16_reason"]
+    for name, entry in data["models"].items():
+        assert set(entry["peak"]) == {"float32", "bfloat16"}
+        assert entry["peak"]["bfloat16"]["emulated"] is (not data["machine"]["native_bf16"])
+        assert all(p["gflops"] > 0 for precision in entry["peak"].values() for p in precision["products"])
+        assert len(entry["update"]) == updates, name
+        for row in entry["update"]:
+            assert set(row["seconds"]) == {"forward", "backward", "optimizer", "rest", "update"}
+            assert row["flop"]["backward"] == 2 * row["flop"]["forward"]
+            for phase, value in row["fraction"].items():
+                assert 0 < value <= 1.5, (name, row["label"], phase, value)
+        assert not entry["skipped"] or entry["skipped"] == [{"part": "sampler vllm", "why": "vLLM is not installed here, or the model is not on disk"}]
+    sampled = [entry for entry in data["models"].values() if entry["sampler"]]
+    assert len(sampled) == 1
+    assert {r["engine"] for r in sampled[0]["sampler"]} == engines
+    for r in sampled[0]["sampler"]:
+        assert r["tokens"] == r["rollouts"] * r["completion"]  # every completion its full length
+        assert 0 < r["fraction"] <= 1.5
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_gpu_modes_code_runs_on_the_cpu_at_a_tiny_size(peak, tmp_path):
+    """--gpu --tiny: two tiny random Qwen2 models, GRPO(16) and PODS(16, 4) under mixed precision, the
+    samplers at two sizes; the JSON as the GPU writes it (peak memory: None off a GPU)."""
+    out = tmp_path / "peak.json"
+    data = peak.main(["--gpu", "--tiny", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(data))
+    _check_report(data, mode="gpu-tiny", models={"tiny-qwen2-a", "tiny-qwen2-b"}, updates=2, engines={"transformers", "transformers-static"})
+    for entry in data["models"].values():
+        assert [(r["label"], r["rows"], r["n"], r["m"], r["mixed_precision"]) for r in entry["update"]] == [
+            ("GRPO(16)", 16, 16, 16, True), ("PODS(16, 4)", 4, 16, 4, True)]  # fmt: skip
+        assert all(r["peak_mib"] is None for r in entry["update"])
+    assert {r["rollouts"] for r in data["models"]["tiny-qwen2-a"]["sampler"]} == {4, 8}
+    tables = peak.results_tables(json.loads(out.read_text()))  # --table FILE: docs/results.md's tables of a saved run
+    assert "| update phase | precision | GRPO(16), 8+16: tokens/s | of peak | PODS(16, 4), 8+16: tokens/s | of peak |" in tables
+    assert tables.count("| whole update | bfloat16 autocast |") == 2 and "| sampler | precision | 4 x 8: tokens/s | of peak |" in tables
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_cpu_mode_runs_at_a_quick_size(peak, tmp_path):
+    """--quick: the update at two lengths with mixed precision off and on, the engines side by side."""
+    data = peak.main(["--quick", "--out", str(tmp_path / "peak.json")])
+    _check_report(data, mode="cpu-quick", models={"tiny-llama"}, updates=4, engines={"transformers", "transformers-static"})
+    rows = data["models"]["tiny-llama"]["update"]
+    assert [(r["completion"], r["mixed_precision"]) for r in rows] == [(8, False), (8, True), (16, False), (16, True)]
+    assert rows[0]["precision"] == {"compute": "float32", "output": "float32"} and rows[1]["precision"]["compute"] == "bfloat16"
+
+
+def test_a_budget_too_short_skips_the_parts_and_says_so(peak, tmp_path):
+    data = peak.main(["--gpu", "--tiny", "--budget", "0.001", "--out", str(tmp_path / "peak.json")])
+    for entry in data["models"].values():
+        assert entry["skipped"] == [{"part": entry["skipped"][0]["part"], "why": "budget: under 20 s of --budget left"}]
+        assert entry["skipped"][0]["part"].endswith("every part") and not entry["update"]
+    assert "nothing measured" in peak.headline(data)
