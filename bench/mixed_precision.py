@@ -28,8 +28,8 @@ The last line: ``update time mixed precision / float32: R64 at 40+64 tokens, R25
 
 On a loaded machine, ``--threads 1``: two threads then wait on each other, which inflates some
 timings more than others. Without native bfloat16 the run takes about 10 minutes (bfloat16 is the
-slow side); the figures, their date and machine: docs/distributed.md, "Mixed precision: what was
-measured".
+slow side); the figures, their date and machine: docs/results.md, "Mixed precision: what it costs and
+changes".
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ Pure string work on one completion: no model, no global state. A question's read
 options, its words) and the index of a task's answers are cached by value, since a prompt's n
 rollouts share the question and every example of a task shares its answers; a completion's
 sentences are read from its end, each when first needed. What it costs a grade: ``bench/grading.py``
-(on this project's 2-core CPU under other load, 2026-11-28: the numeric grader 1.06 ms a GSM8K
-solution, 3.8x extract_answer alone; the word rule 0.92 ms a labelled word answer).
+(its figures, dated: docs/results.md, "Benchmarks").
 
 A leaf beside :mod:`podsrl.grading.answers` (imports only it). The pieces, in reading order:
 

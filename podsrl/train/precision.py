@@ -28,7 +28,7 @@ One setting for every training path (one process, DDP, FSDP). With mixed precisi
   layer in float32 about halves the log-probs' error of a bfloat16 forward, for the output layer's
   share of the arithmetic (its 28M of SmolLM2-135M's parameters, at the completion positions only:
   a sixth to a fifth of the update's products). The figures, their command and date:
-  docs/distributed.md, "Mixed precision: what was measured".
+  docs/results.md, "Mixed precision: what it costs and changes".
 - **The sampler's gap** (``sampler_kl``) is not closed by a bfloat16 update: a bfloat16 sampler and
   the update round the weights alike, but their activations, kernels and output layers round
   differently, and the update's own bfloat16 error adds to the sampler's (measured with
@@ -40,7 +40,7 @@ One setting for every training path (one process, DDP, FSDP). With mixed precisi
 bfloat16 (``torch.cuda.is_bf16_supported(including_emulation=False)``: Ampere and later) and on a CPU
 with native bfloat16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo on x86-64, ``bf16``
 on aarch64), float32 elsewhere: without native support bfloat16 is converted for float32 arithmetic,
-several times slower than float32 itself (bench/mixed_precision.py; docs/distributed.md). Weights that are
+several times slower than float32 itself (bench/mixed_precision.py; docs/results.md). Weights that are
 not float32 (``model.dtype = "bfloat16"``: a LoRA adapter over a bfloat16 base) compute in their own
 dtype already, and "auto" leaves them so. ``"bf16"`` forces it on, ``"none"`` off. The start-up line
 says which and why, and config.toml records what "auto" resolved to.
