@@ -169,3 +169,12 @@ def test_a_budget_too_short_skips_the_parts_and_says_so(peak, tmp_path):
         assert entry["skipped"] == [{"part": entry["skipped"][0]["part"], "why": "budget: under 20 s of --budget left"}]
         assert entry["skipped"][0]["part"].endswith("every part") and not entry["update"]
     assert "nothing measured" in peak.headline(data)
+
+
+def test_every_committed_peak_run_is_in_the_results_page_as_its_tables(peak):
+    """A committed run (results/peak/*.json) appears in docs/results.md exactly as ``--table`` prints
+    it, so the page's figures cannot drift from the file (issue 68)."""
+    page = (ROOT / "docs" / "results.md").read_text()
+    for path in sorted((ROOT / "results" / "peak").glob("*.json")):
+        tables = peak.results_tables(json.loads(path.read_text()))
+        assert tables in page, f"docs/results.md lacks {path.name}'s tables: paste `python bench/peak.py --table {path.relative_to(ROOT)}`"
