@@ -4,6 +4,7 @@
     python bench/step_split.py --lengths 16 --prompts 8 --steps 3   # one length at a time (the tables of each run combine)
     python bench/step_split.py --quick                          # a tiny random model, 4 and 8 tokens: checks it runs
     python bench/step_split.py --keep runs/step-split           # also keep every arm's run directory and the steps' records
+    python bench/step_split.py --table results/step-split/step_split.json   # a saved run's tables (docs/results.md)
 
 What it measures (issue 67). The step of each arm, split into its phases, at each completion length
 L, and the gap between podsrl and TRL's GRPOTrainer at the same n split into its causes.
@@ -335,6 +336,13 @@ def gap_split(trl: dict[str, float], ours: dict[str, float]) -> dict[str, float]
     return {"gap": trl["step"] - ours["step"], **parts}
 
 
+def saved_tables(data: dict) -> str:
+    """The phase and gap tables of a saved run (``--keep``'s step_split.json; ``--table FILE``), as
+    docs/results.md shows them (tests/test_step_split.py checks that it does)."""
+    results = {int(L): {a: phases(s) for a, s in arms.items() if s} for L, arms in data["steps"].items()}
+    return f"`{data['command']}`\n\n{phase_table(results)}\n\n{gap_table(results)}"
+
+
 def phase_table(results: dict[int, dict[str, dict[str, float]]]) -> str:
     cols = ["step", "generate", "update", *UPDATE_PHASES, "update_rest"]
     head = "| L | arm | rows run | step s | generate | update | prompt fwd | completion fwd | sequence fwd | backward | optimizer | rest of update | update share |"
@@ -406,9 +414,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep each arm's run directory (without its checkpoint) under KEEP/L<length>/runs/<arm>/seed<round>/run")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a tiny random model, lengths 4,8, B = 2, 2 steps")
+    parser.add_argument("--table", type=Path, default=None, help="measure nothing: print a saved step_split.json's tables for docs/results.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.table is not None:
+        print(saved_tables(json.loads(args.table.read_text())))
+        return 0
     if args.worker:
         Path(args.result).write_text(json.dumps(worker(json.loads(args.worker))))
         return 0

@@ -6,6 +6,7 @@ config (podsrl's and the TRL arms' checks)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -60,6 +61,19 @@ def test_phases_are_medians_of_the_steps(bench):
     assert "| 16 | GRPO(16) | 8 | 11.00 | 6.00 | 4.00 | 0.50 | 1.50 | 0.00 | 1.50 | 0.25 | 0.25 | 36% |" in table
     gap = bench.gap_table({16: {"grpo16": {**x, "update_no_share": 9.0}, "trl_grpo16": {"step": 40.0, "generate": 12.0, "update": 28.0, "rest": 0.0}}})
     assert "| 16 | GRPOTrainer(16) - GRPO(16) | 29.00 | 6.00 (21%) | 3.00 (10%) | 2.00 (7%) | 19.00 (66%) | -1.00 (-3%) |" in gap
+
+
+def test_a_saved_run_gives_its_tables_and_every_committed_one_is_in_the_results_page(bench):
+    """``--table`` reads a saved step_split.json back to the tables the run printed, and every committed
+    run (results/step-split/*.json) appears in docs/results.md as ``--table`` prints it (issue 68)."""
+    step = {"time/step": 11.0, "time/generate": 6.0, "time/update": 4.0, "rows_run": 8,
+            "phases": {"prompt_fwd": 0.5, "completion_fwd": 1.5, "backward": 1.5, "optimizer": 0.25}}  # fmt: skip
+    tables = bench.saved_tables({"command": "python bench/step_split.py", "steps": {"16": {"grpo16": [step], "grpo4": []}}})
+    assert tables.startswith("`python bench/step_split.py`\n\n| L | arm |") and "| 16 | GRPO(16) | 8 | 11.00 |" in tables
+    assert "GRPO(4)" not in tables  # an arm without steps (failed) is left out, as the run leaves it out
+    page = (ROOT / "docs" / "results.md").read_text()
+    for path in sorted((ROOT / "results" / "step-split").glob("*.json")):
+        assert bench.saved_tables(json.loads(path.read_text())) in page, f"docs/results.md lacks {path.name}'s tables: paste `python bench/step_split.py --table {path.relative_to(ROOT)}`"
 
 
 def test_the_hooks_split_podsrls_update(bench, small_vocab_model_dir, one_thread):
