@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from podsrl.engines import Rollouts, Sampling
 from podsrl.errors import ConfigError
@@ -444,3 +446,36 @@ def test_numeric_reads_gsm8k_solutions_as_before():
         for completion in (body, f"{body}\nThe answer is {reference}.", body.replace("<<", "").replace(">>", " ")):
             before = float(number_value(extract_answer(completion) or "") == number_value(reference))
             assert graders.numeric(completion, Example("q", row["question"], reference)) == before, completion[-200:]
+
+
+@pytest.mark.parametrize("name", ["auto", "numeric", "text"])
+@pytest.mark.parametrize(
+    "completion, right",
+    [
+        ("First, 6 + 49 = 13² by the whole-game process. The answer is 109.", True),  # a run of issue 67 raised on the '²'
+        ("The area is 10 m², so the answer is 109.", True),
+        ("x² + 1 makes 108.", False),
+        ("The answer is ٣", False),  # another script's decimal digit is a number (3), not a crash
+    ],
+)
+def test_superscripts_and_other_digits_are_read_not_raised_on(name, completion, right):
+    """``str.isdigit`` holds for '²' where ``int`` refuses it: a grader must read such a completion (a
+    word, not a number) instead of raising, which stopped a training run at step 13 (2026-11-29)."""
+    example = Example("60+49", "What is 60 + 49?", "109")
+    assert getattr(graders, name)(completion, example) == (1.0 if right else 0.0)
+
+
+@pytest.mark.parametrize("name", ["auto", "numeric", "text"])
+def test_no_completion_makes_a_grader_raise(name):
+    """Whatever a policy writes (any Unicode but lone surrogates, digits of every kind, marks of
+    answers and LaTeX around them), the built-in graders return a grade in [0, 1]: a built-in grader
+    that raises stops the run (issue 67's run stopped on '²')."""
+    pieces = st.sampled_from(["The answer is ", "Answer: ", "\\boxed{", "}", " ", ". ", "1", "09", "²", "³", "½", "٣", "१", "Ⅻ", "-", "/", ",", "=", "x", "Paris"])
+    text = st.lists(st.one_of(pieces, st.text(st.characters(exclude_categories=("Cs",)), max_size=6)), max_size=12).map("".join)
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(text, st.sampled_from(["109", "Paris", "1/2", "-3"]))
+    def check(completion, reference):
+        assert 0.0 <= getattr(graders, name)(completion, Example("1", "What is it?", reference)) <= 1.0
+
+    check()

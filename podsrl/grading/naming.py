@@ -129,10 +129,12 @@ def tokens(text: str) -> list[Tok]:
     out = []
     for m in _TOKEN.finditer(text):
         word = m.group()
-        if not word[-1].isdigit():
+        # isdecimal, not isdigit: '²' is a digit to str.isdigit (and a word character to the pattern)
+        # but no int; a decimal digit of any script is both.
+        if not word[-1].isdecimal():
             out.append(Tok(fold(word), m.start(), m.end(), word[0].isupper(), None))
         else:  # an int where it is one: Fraction is slow to build, and equal to it where compared
-            out.append(Tok(word, m.start(), m.end(), False, int(word) if word.isdigit() else parse_number(word)))
+            out.append(Tok(word, m.start(), m.end(), False, int(word) if word.isdecimal() else parse_number(word)))
     return out
 
 
