@@ -106,6 +106,10 @@ columns are then those measured calls (W, K, T) instead of the assumed grid. The
 be the runs' (the CPU mode's is the embedded model; the GPU mode's are Qwen2.5-1.5B and 0.5B, for
 predicting those models' runs).
 
+``--same-n METHOD`` (a PODS(n, m) method of the runs) predicts GRPO(n) at the same n from that
+method's own steps (``same_n``): whether a comparison of the two at equal training time gets enough
+steps to be worth running (issue 67, item 4), before committing the hours.
+
 Last line: ``predicted time to the target as a fraction of BASELINE's, every exact saving: ...; model check: ...``.
 """
 
@@ -243,6 +247,31 @@ def time_to(runs: list[list[dict]], step: int, k: dict | None, *, gpu: tuple[flo
     return statistics.median(per_seed)
 
 
+def same_n(runs: list[list[dict]], k: dict, *, minutes: float) -> dict:
+    """GRPO(n) at a PODS(n, m) run's n, predicted from that run's own steps (``--same-n``): the same
+    sampling (``time/generate`` as measured: both sample n rollouts a prompt) and the same rest, and an
+    update of every row of the groups with a signal (exact skipping drops the others): F = the step's
+    generated completion tokens G x (1 - ``zero_variance_groups``), at the fitted u0 + u * F (no
+    scoring pass). Returns, over the seeds, the median predicted and measured step seconds and the
+    median number of steps that fit in ``minutes`` of training at each seed's mean step, predicted
+    (GRPO(n)) and measured (the PODS run itself): an extrapolation where the runs trained less long,
+    at their steps' lengths (completions that shorten over a longer run make later steps cheaper)."""
+    predicted, measured, fit_pred, fit_meas = [], [], [], []
+    for run in runs:
+        times = []
+        for st in run:
+            rest = st["time/step"] - st["time/generate"] - st["time/update"]
+            F = st["G"] * (1.0 - st["zero_variance_groups"])
+            times.append(st["time/generate"] + k["u0"] * (1.0 if F else 0.0) + k["u"] * F + rest)
+        predicted += times
+        measured += [st["time/step"] for st in run]
+        fit_pred.append(60 * minutes / statistics.mean(times))  # at the run's mean step: its steps may span less than ``minutes``
+        fit_meas.append(60 * minutes / statistics.mean(st["time/step"] for st in run))
+    return {"step_predicted": statistics.median(predicted), "step_measured": statistics.median(measured),
+            "steps_predicted": statistics.median(fit_pred), "steps_measured": statistics.median(fit_meas),
+            "seeds": len(runs)}  # fmt: skip
+
+
 def peak_inputs(peak: dict, mean_length: float, model: str | None = None) -> dict:
     """The update's and the sampler's costs from bench/peak.py's JSON (module docstring, ``--peak``):
     {"model", "u0", "u", "update": the row's label, "calls": [(engine, W, K, T)], "note"}."""
@@ -286,6 +315,9 @@ def main() -> None:
                         help="--gpu-call is a call of completions of this many tokens; a step's call scales with its mean length")  # fmt: skip
     parser.add_argument("--peak", type=Path, default=None, help="bench/peak.py's JSON: the update's cost and the samplers' calls, for the predictions")
     parser.add_argument("--peak-model", default=None, help="the model of --peak's file to read (default: its first)")
+    parser.add_argument("--same-n", default=None, metavar="METHOD",
+                        help="also predict GRPO(n) at this PODS(n, m) method's n from its steps (issue 67, item 4)")  # fmt: skip
+    parser.add_argument("--minutes", type=float, default=30.0, help="--same-n: the training budget whose steps are counted")
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     compare = json.loads((args.compare or args.runs.parent / "compare.json").read_text())
@@ -367,6 +399,14 @@ def main() -> None:
     for r in rows:
         line = [time_to(data[r["method"]], target[r["method"]], k, gpu=(w, K, T)) / time_to(data[base], target[base], k, gpu=(w, K, T)) for w, K, T in grid]
         print(f"{r['method']:>18} " + " ".join(f"{x:>14.2f}x" for x in line))
+    if args.same_n:
+        if args.same_n not in data:
+            sys.exit(f"cost_model: --same-n {args.same_n!r}: no podsrl run of it under {args.runs} for seeds {seeds}")
+        got = same_n(data[args.same_n], k, minutes=args.minutes)
+        print(f"\nGRPO(n) at {args.same_n}'s n, predicted from its {got['seeds']} runs' steps (the same sampling, every row of the "
+              f"groups with a signal updated): a step {got['step_predicted']:.1f} s against {args.same_n}'s {got['step_measured']:.1f} s "
+              f"(medians; means {60 * args.minutes / got['steps_predicted']:.1f} s and {60 * args.minutes / got['steps_measured']:.1f} s); "
+              f"steps in {args.minutes:g} training minutes at the runs' mean step: {got['steps_predicted']:.0f} against {got['steps_measured']:.0f}")  # fmt: skip
     summary = ", ".join(f"{m} {v:.2f}x" for m, v in fractions.items() if m != base)
     print(f"predicted time to the target as a fraction of {base}'s, every exact saving: {summary}; model check: training time to the "
           f"target within {100 * max(errors):.0f}% of the measured for every method")  # fmt: skip

@@ -89,3 +89,28 @@ def test_peak_feeds_the_predictions(tmp_path):
     out = _run("--peak", str(path))
     assert "predictions with the update cost given: 0.20 s + 0.0312 s/token" in out
     assert "W 640 K 8" in out and "W 160 K 8" in out and "W 8800 K 8" not in out
+
+
+def test_same_n_predicts_grpo_from_the_pods_runs_steps(cost_model):
+    """--same-n (issue 67, item 4): GRPO(n) samples what PODS(n, m) sampled and updates every row of
+    the groups with a signal. A step of 10 s sampling, 2 s updating, 1 s rest, 100 rollouts of 50
+    tokens, a quarter of the groups with a signal: GRPO(n) updates 1250 tokens, at u0 = 1 s and u =
+    0.01 s a token 13.5 s, so 10 + 13.5 + 1 = 24.5 s against 13 s measured; a step without any signal
+    runs no update. Steps in a minute follow the mean step."""
+    def step(zero):
+        return {"time/generate": 10.0, "time/update": 2.0, "time/step": 13.0, "G": 5000.0, "zero_variance_groups": zero, "train_seconds": 0.0}
+
+    k = {"u0": 1.0, "u": 0.01}
+    got = cost_model.same_n([[step(0.75), step(0.75)]], k, minutes=1.0)
+    assert got["step_predicted"] == pytest.approx(24.5) and got["step_measured"] == 13.0
+    assert got["steps_predicted"] == pytest.approx(60 / 24.5) and got["steps_measured"] == pytest.approx(60 / 13)
+    silent = cost_model.same_n([[step(1.0)]], k, minutes=1.0)
+    assert silent["step_predicted"] == pytest.approx(11.0)  # sampling and rest only
+
+
+def test_same_n_on_the_committed_long_runs():
+    """On results/compare-long: GRPO(16)'s predicted step is longer than PODS(16, 4)'s measured one."""
+    out = _run("--runs", "results/compare-long/runs", "--seeds", "0,1,2", "--baseline", "grpo_bf16_seq",
+               "--methods", "grpo_bf16_seq,pods_n16_m4", "--per-token-sampling", "--same-n", "pods_n16_m4")  # fmt: skip
+    got = re.search(r"a step ([\d.]+) s against pods_n16_m4's ([\d.]+) s", out)
+    assert got and float(got[1]) > float(got[2]), out[-2000:]
