@@ -74,6 +74,7 @@ import zlib
 from pathlib import Path
 
 from _isolated import run_isolated  # bench/_isolated.py (this script's directory is on sys.path)
+from _tiny_model import tiny_llama  # bench/_tiny_model.py
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -372,22 +373,8 @@ def gap_table(results: dict[int, dict[str, dict[str, float]]]) -> str:
 
 
 def _tiny_model(path: Path) -> str:
-    """A 2-layer random Llama with the embedded tokenizer (for --quick; heads of 64 dimensions, which
-    vLLM's CPU attention supports)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from podsrl.models import resolve_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    """The --quick model: heads of 64 dimensions, which vLLM's CPU attention supports."""
+    return str(tiny_llama(path, hidden=128, intermediate=256, heads=2, kv_heads=1))
 
 
 def _ints(text: str, what: str, parser) -> list[int]:

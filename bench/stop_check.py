@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _tiny_model import tiny_llama  # bench/_tiny_model.py (this script's directory is on sys.path)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REWARD = "def length_reward(completion, example):\n    return len(completion) / 40.0\n"
@@ -41,19 +43,7 @@ REWARD = "def length_reward(completion, example):\n    return len(completion) / 
 
 def tiny_model(path: Path) -> Path:
     """A seeded random 2-layer Llama of hidden size 32 with the embedded model's tokenizer, saved to ``path``."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from podsrl.models import resolve_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-    torch.manual_seed(1234)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return tiny_llama(path, hidden=32, intermediate=64, heads=4, kv_heads=2, seed=1234)
 
 
 def worker(out: Path, steps: int) -> None:

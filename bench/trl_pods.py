@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 from _isolated import run_isolated  # bench/_isolated.py (this script's directory is on sys.path)
+from _tiny_model import tiny_llama  # bench/_tiny_model.py
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = {
@@ -187,21 +188,8 @@ def worker(spec: dict) -> dict:
 
 
 def _tiny_model(path: Path) -> str:
-    """A 2-layer random Llama with the embedded tokenizer (for --quick)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from podsrl.models import resolve_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    """The --quick model."""
+    return str(tiny_llama(path, hidden=64, intermediate=128, heads=4, kv_heads=2))
 
 
 def run_worker(name: str, spec: dict, log_dir: Path, round_: int) -> dict:
