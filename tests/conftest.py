@@ -10,12 +10,37 @@ advantages are non-zero and an update really moves the weights.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+
+@contextmanager
+def script_module(path: Path, name: str | None = None) -> Iterator[ModuleType]:
+    """A script that is no package's module (bench/*.py, results/*/tables.py, examples/*.py) loaded
+    as module ``name`` (default: its file's stem): its folder on ``sys.path`` while it loads (bench
+    scripts import ``_isolated`` beside them), itself in ``sys.modules`` while in use (a dataclass
+    looks its module up there), both undone after."""
+    name = name or path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        sys.path.insert(0, str(path.parent))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(path.parent))
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
 
 REWARD_SOURCE = '''
 """Rewards for tests: a random model's completions differ in length, so these give signal."""

@@ -5,7 +5,6 @@ update's fixed and per-token cost and a sampling call's, from hand-written figur
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -15,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from conftest import script_module
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "cost_model.py"
 
 
 @pytest.fixture(scope="module")
 def cost_model():
-    spec = importlib.util.spec_from_file_location("cost_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with script_module(SCRIPT) as module:
+        yield module
 
 
 def _run(*args: str) -> str:

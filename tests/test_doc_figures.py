@@ -10,7 +10,6 @@ goes beyond an interval. The others pin the pieces on small made-up comparisons.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -20,6 +19,8 @@ import pytest
 from podsrl import docs_render
 from podsrl.compare.stats import Summary, value_at
 from podsrl.figures import RATIO, Comparison, claim, fraction, paired_text, verdict
+
+from conftest import script_module
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,10 +34,8 @@ def test_the_pages_hold_what_their_results_files_give():
 
 
 def _tables(name: str):
-    spec = importlib.util.spec_from_file_location(f"tables_{name.replace('-', '_')}", REPO / "results" / name / "tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with script_module(REPO / "results" / name / "tables.py", f"tables_{name.replace('-', '_')}") as module:
+        return module
 
 
 def test_grpotrainer8s_accuracy_at_ten_minutes_is_read_at_ten_minutes_not_at_its_last_evaluation():
@@ -202,3 +201,18 @@ def test_accuracy_at_a_time_reads_every_run_at_that_time(repo):
 def test_report_parts_leave_out_columns_that_hold_nothing():
     lines = ["title", "method  x  y           z", "------  -  ----------  -", "a       -  (baseline)  1", "b       -  -           2"]
     assert docs_render._drop_empty_columns(lines) == ["title", "method  z", "------  -", "a       1", "b       2"]
+
+
+def test_the_uncut_mean_is_what_the_cut_completions_leave():
+    """results/compare-loss (issue 67): 10 completions, 3 cut at 256 tokens and 7 of 100, average
+    146.8 tokens; the uncut mean gives back the 7's 100. A run that stopped before 10 minutes (its last
+    evaluation at 583 s: no step starts that is predicted not to fit) is read at that evaluation."""
+    tables = _tables("compare-loss")
+    assert tables.uncut_length((3 * 256 + 7 * 100) / 10, 0.3, 256) == pytest.approx(100.0)
+    assert tables.uncut_length(256.0, 1.0, 256) is None
+    c = Comparison(REPO / "results" / "compare-loss")
+    last = c.evals("grpo_seq", 0)[-1]
+    assert last["train_seconds"] < 600 and (c.run_dir("grpo_seq", 0) / "done.json").is_file()
+    assert tables.per_seed(c, "grpo_seq", "accuracy", 600.0)[0] == last["accuracy"]
+    assert tables.per_seed(c, "grpo_seq", "mean_length", 60.0)[0] == pytest.approx(value_at(
+        [r["train_seconds"] for r in c.evals("grpo_seq", 0)], [r["mean_length"] for r in c.evals("grpo_seq", 0)], 60.0))

@@ -10,7 +10,6 @@ three subprocesses, 18 s of the default suite's 30 s for this script (issue 45),
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import script_module
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
@@ -27,12 +28,8 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behavi
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["gpu_check"]
+    with script_module(SCRIPT) as module:
+        yield module
 
 
 def _run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:

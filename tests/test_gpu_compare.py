@@ -7,7 +7,6 @@ report under $OUT as on the GPU)."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,18 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from conftest import script_module
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_compare.py"
 
 
 @pytest.fixture(scope="module")
 def gpu_compare():
-    spec = importlib.util.spec_from_file_location("gpu_compare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_compare"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["gpu_compare"]
+    with script_module(SCRIPT) as module:
+        yield module
 
 
 def _stand_in(tmp_path: Path, size: int = 3_000_001) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ten_rollouts, update_settings
+from conftest import script_module, ten_rollouts, update_settings
 from float_bounds import gradient_rtol, logprob_atol, rel_diff, within
 from podsrl.core.importance import MODES, ImportanceMetrics, ImportanceSettings, importance_weights
 from podsrl.core.loss import LossSettings, policy_loss
@@ -868,12 +868,8 @@ def test_two_ranks_correct_as_one(tmp_path, tiny_model_dir, reward_file):
 
 
 def _bench():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("importance_gap", Path(__file__).resolve().parents[1] / "bench" / "importance_gap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with script_module(Path(__file__).resolve().parents[1] / "bench" / "importance_gap.py") as module:
+        return module
 
 
 def test_bench_figures_are_the_formulas():

@@ -6,25 +6,21 @@ tiny random Qwen2 models): the JSON's structure, and fractions of the peak in (0
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def peak():
-    spec = importlib.util.spec_from_file_location("peak", ROOT / "bench" / "peak.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["peak"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["peak"]
+    with script_module(ROOT / "bench" / "peak.py") as module:
+        yield module
 
 
 def _tiny_qwen2(peak):

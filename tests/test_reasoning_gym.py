@@ -7,7 +7,6 @@ config docs, and the TRL example's reward (issue 47)."""
 from __future__ import annotations
 
 import builtins
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,8 @@ from podsrl.grading.graders import grade, ungraded_note
 from podsrl.grading.rewards import correctness, task_values
 from podsrl.tasks import format_user_message, load_task
 from podsrl.tasks import reasoning_gym as rg_task
+
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,10 +216,8 @@ def test_config_docs_describe_every_option():
 
 
 def test_the_trl_example_builds_a_dataset_and_a_reward_that_grades_its_rows():
-    spec = importlib.util.spec_from_file_location("trl_reasoning_gym", ROOT / "examples" / "trl_reasoning_gym.py")
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    task, dataset, reward = example.build(dataset="word_sorting", config={"min_words": 3, "max_words": 3}, num_train=4, num_eval=2)
+    with script_module(ROOT / "examples" / "trl_reasoning_gym.py") as example:
+        task, dataset, reward = example.build(dataset="word_sorting", config={"min_words": 3, "max_words": 3}, num_train=4, num_eval=2)
     assert dataset.column_names == ["prompt", "answer", "id"] and len(dataset) == 4
     rows = dataset[:3]
     assert rows["prompt"][0][-1]["content"].endswith("Give your final answer between <answer> and </answer> tags.")

@@ -5,27 +5,21 @@ config (podsrl's and the TRL arms' checks)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "bench"))  # its `from _isolated import ...`
-    try:
-        spec = importlib.util.spec_from_file_location("step_split", ROOT / "bench" / "step_split.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return module
+    with script_module(ROOT / "bench" / "step_split.py") as module:
+        yield module
 
 
 def test_the_gap_is_split_into_parts_that_add_up(bench):
