@@ -1,0 +1,190 @@
+"""The tables of issue 67's comparison of the loss aggregation on long answers (docs/results.md), from
+the report and the runs' files in this directory (``python -m podsrl.docs_render --write`` puts them
+into the page; the test suite checks that it holds what this script renders):
+
+    podsrl compare configs/compare-loss.toml --out results/compare-loss --report-only
+    .venv/bin/python results/compare-loss/tables.py                 # prints the tables (podsrl importable)
+    .venv/bin/python results/compare-loss/tables.py --dir /tmp/out  # another copy of the runs and report
+
+1. Per arm (:func:`arms`): seeds, steps in 10 training minutes (mean over seeds), held-out accuracy,
+   the held-out completions' mean length and the share cut at the 256-token limit at 0, 2.5, 5, 7.5
+   and 10 training minutes (each run's evaluations read linearly at the minute, then the mean over
+   seeds), and the mean length of the completions that were *not* cut at 0 and 10 minutes.
+2. Each aggregation against ``sequence`` (:func:`pairs`), paired by seed: AUC per training minute
+   and held-out accuracy at 10 minutes (points), the held-out mean length and the uncut mean length
+   at 10 minutes (tokens), the share cut at 10 minutes (points).
+
+**What the cut-off explains.** A completion cut at ``max_new_tokens`` (256) has no final answer and
+scores 0, so a policy that learns from the reward writes fewer cut completions; that alone shortens
+the mean. The uncut mean separates it: with a share t cut at L tokens and a mean length of all
+completions of l, the completions that finished before the limit average (l - t L) / (1 - t) tokens
+(``uncut_length``: eval.jsonl keeps ``mean_length`` and ``truncated``, and a cut completion has
+exactly L tokens). Where the mean falls but the uncut mean holds, the cut-off explains the fall;
+where the uncut mean falls too, the aggregation (or what the model learns) shortens the answers
+themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tomllib
+from pathlib import Path
+
+from podsrl.compare.stats import Summary, paired_difference, value_at
+from podsrl.figures import Comparison, claim, mean, paired_text, percent, verdict
+
+HERE = Path(__file__).resolve().parent
+NAMES = {"grpo_seq": "GRPO(4), sequence", "grpo_tok": "GRPO(4), token", "grpo_const": "GRPO(4), constant",
+         "pods_seq": "PODS(16, 4), sequence", "pods_tok": "PODS(16, 4), token", "pods_const": "PODS(16, 4), constant"}  # fmt: skip
+MINUTES = (0, 2.5, 5, 7.5, 10)
+BUDGET = 600.0
+
+
+def limit(c: Comparison, method: str, seed: int) -> int:
+    """The evaluation's token limit of the run (its config.toml ``eval.max_new_tokens``, else the rollout's)."""
+    config = tomllib.loads((c.run_dir(method, seed) / "config.toml").read_text())
+    return int(config.get("eval", {}).get("max_new_tokens") or config["rollout"]["max_new_tokens"])
+
+
+def uncut_length(length: float, truncated: float, cut_at: int) -> float | None:
+    """The mean length of the completions not cut at ``cut_at`` tokens (module docstring); None when all were cut."""
+    return None if truncated >= 1.0 else (length - truncated * cut_at) / (1.0 - truncated)
+
+
+def _at(c: Comparison, method: str, seed: int, key: str, seconds: float) -> float | None:
+    """Read linearly between the run's evaluations; past its last one, that one's value when the run
+    finished (done.json): it stopped within its budget (no step starts that is predicted not to fit,
+    so its last evaluation can come before 10 minutes: 571-591 s here) and trained no further."""
+    rows = c.evals(method, seed)
+    if key == "uncut":
+        length, cut = (_at(c, method, seed, k, seconds) for k in ("mean_length", "truncated"))
+        return None if length is None else uncut_length(length, cut, limit(c, method, seed))
+    if rows and seconds > rows[-1]["train_seconds"] and (c.run_dir(method, seed) / "done.json").is_file():
+        seconds = rows[-1]["train_seconds"]
+    return value_at([r["train_seconds"] for r in rows], [r[key] for r in rows], seconds)
+
+
+def per_seed(c: Comparison, method: str, key: str, seconds: float) -> dict[int, float | None]:
+    """An eval.jsonl figure (``mean_length``, ``truncated``, ``accuracy``) or ``uncut`` at ``seconds``, by seed."""
+    return {seed: _at(c, method, seed, key, seconds) for seed in c.seeds(method)}
+
+
+def at(c: Comparison, method: str, key: str, seconds: float) -> float | None:
+    return mean(per_seed(c, method, key, seconds).values())
+
+
+def label(c: Comparison, name: str) -> str:
+    k = len(c.entry(name)["runs"])
+    return NAMES.get(name, name) + ("" if k == 3 else f" ({k} seed{'s' * (k != 1)})")
+
+
+def _arms(c: Comparison) -> list[str]:
+    return [n for n, e in c.methods.items() if e["runs"]]
+
+
+def arms(c: Comparison) -> str:
+    at_min = " / ".join(f"{m:g}" for m in MINUTES)
+    lines = [f"| arm | steps in 10 min | held-out % at {at_min} training min | held-out tokens at {at_min} | cut at 256, % | "
+             "tokens of the uncut, 0 / 10 min |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for name in _arms(c):
+        cells = [
+            label(c, name),
+            f"{statistics.fmean(c.entry(name)['steps']):.0f}",
+            " / ".join(percent(at(c, name, "accuracy", 60 * m)) for m in MINUTES),
+            " / ".join(f"{at(c, name, 'mean_length', 60 * m):.0f}" for m in MINUTES),
+            " / ".join(f"{100 * at(c, name, 'truncated', 60 * m):.0f}" for m in MINUTES),
+            " / ".join(f"{at(c, name, 'uncut', s):.0f}" for s in (0.0, BUDGET)),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tokens_text(d: Summary) -> str:
+    """A paired difference in tokens: "-66 [-120, -12]*" (* resolved), "-66 (1 pair, no CI)"."""
+    if d.mean is None:
+        return "-"
+    if d.ci95 is None:
+        return f"{d.mean:+.0f} ({len(d.seeds)} pair{'s' * (len(d.seeds) != 1)}, no CI)"
+    return f"{d.mean:+.0f} [{d.ci95[0]:+.0f}, {d.ci95[1]:+.0f}]" + ("*" if verdict(d) == "resolved" else "")
+
+
+def _starred(d: Summary) -> str:
+    return paired_text(d) + ("*" if verdict(d) == "resolved" else "")
+
+
+def paired_at(c: Comparison, method: str, other: str, key: str, seconds: float = BUDGET) -> Summary:
+    return paired_difference(per_seed(c, method, key, seconds), per_seed(c, other, key, seconds))
+
+
+def pairs(c: Comparison, reference: str = "") -> str:
+    ref = reference or c.baseline
+    lines = [f"| arm - {NAMES.get(ref, ref)} | pairs | AUC per training min, points | held-out % at 10 min, points | "
+             "held-out tokens at 10 min | tokens of the uncut at 10 min | cut at 256 at 10 min, points |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name in _arms(c):
+        if name == ref or name.split("_")[0] != ref.split("_")[0]:
+            continue  # the same method under another aggregation only
+        auc = c.paired(name, ref, "time_auc")
+        cells = [NAMES.get(name, name), str(len(auc.seeds)), _starred(auc), _starred(paired_at(c, name, ref, "accuracy")),
+                 tokens_text(paired_at(c, name, ref, "mean_length")), tokens_text(paired_at(c, name, ref, "uncut")),
+                 _starred(paired_at(c, name, ref, "truncated"))]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def reading(c: Comparison) -> str:
+    """docs/results.md: what the GRPO(4) arms say, every figure and fixed word from the files."""
+    grpo = [n for n in ("grpo_seq", "grpo_tok", "grpo_const") if n in _arms(c)]
+    others = [n for n in grpo if n != "grpo_seq"]
+    accuracy = [at(c, n, "accuracy", 60 * m) for n in grpo for m in MINUTES]
+    steps = [s for n in grpo for s in c.entry(n)["steps"]]
+    long = Comparison(HERE.parent / "compare-long")  # the same task, GRPO(4), the float32 sampler, on the avx512_bf16 CPU
+    long_steps = statistics.fmean(long.entry("grpo_f32")["steps"])
+    tests = [paired_at(c, n, "grpo_seq", "accuracy") for n in others] + [c.paired(n, "grpo_seq", "time_auc") for n in others]
+    unresolved = claim(all(verdict(d) != "resolved" for d in tests), "no aggregation's accuracy is resolved from `sequence`'s")
+    length = paired_at(c, "grpo_tok", "grpo_seq", "mean_length")
+    uncut = paired_at(c, "grpo_tok", "grpo_seq", "uncut")
+    lengths_open = claim(verdict(length) != "resolved" and verdict(uncut) != "resolved", "The lengths: not resolved")
+
+    def path(n: str, seed: int) -> str:
+        start, end = (_at(c, n, seed, "mean_length", t) for t in (0.0, BUDGET))
+        return f"{start:.0f} to {end:.0f}"
+
+    def change(n: str, seed: int) -> float:
+        return _at(c, n, seed, "mean_length", BUDGET) - _at(c, n, seed, "mean_length", 0.0)
+
+    seeds = sorted(set(c.seeds("grpo_seq")) & set(c.seeds("grpo_tok")))
+    apart = claim(change("grpo_seq", 0) > 0 > change("grpo_tok", 0), "seed 0 moved as the length bias the issue names predicts")
+    still = claim(all(abs(change(n, 1)) < 10 for n in ("grpo_seq", "grpo_tok")), "seed 1 moved neither arm by 10 tokens")
+    per_seed = "; ".join(f"seed {k}: `sequence` {path('grpo_seq', k)} tokens, `token` {path('grpo_tok', k)}" for k in seeds)
+    const = "; `constant` (seed " + ", ".join(str(k) for k in c.seeds("grpo_const")) + ") " + ", ".join(
+        path("grpo_const", k) for k in c.seeds("grpo_const")) if "grpo_const" in grpo else ""  # fmt: skip
+    return "\n".join([
+        "What the first seeds say:",
+        f"- **Accuracy cannot decide it on this CPU yet**: {min(steps)}-{max(steps)} steps in 10 training minutes "
+        f"(compare-long's GRPO(4) with the float32 sampler fit {long_steps:.0f} on the avx512_bf16 CPU of 2026-11-28), held-out "
+        f"accuracy within {min(accuracy) * 100:.1f}-{max(accuracy) * 100:.1f}% in every arm at every evaluation, and "
+        f"{unresolved} (table 2).",
+        f"- **{lengths_open}.** Held-out tokens at 10 minutes, `token` minus `sequence`: {tokens_text(length)} "
+        f"({len(length.seeds)} pairs), the uncut ones {tokens_text(uncut)}. The seeds disagree ({per_seed}{const}): "
+        f"{apart} (with almost every answer wrong, a sequence's token mean spreads a wrong answer's penalty over its "
+        f"tokens, so `sequence` penalises each token of a long wrong answer least), {still}.",
+    ])
+
+
+FIGURES = {"arms": arms, "pairs": pairs, "reading": reading}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=HERE, help="the comparison's output directory (compare.json, runs/)")
+    args = parser.parse_args()
+    c = Comparison(args.dir)
+    for table in (arms(c), pairs(c), reading(c)):
+        print(table)
+        print()
+
+
+if __name__ == "__main__":
+    main()
