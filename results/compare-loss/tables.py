@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tomllib
+from functools import cache
 from pathlib import Path
 
 from podsrl.compare.stats import Summary, paired_difference, value_at
@@ -43,7 +44,12 @@ BUDGET = 600.0
 
 def limit(c: Comparison, method: str, seed: int) -> int:
     """The evaluation's token limit of the run (its config.toml ``eval.max_new_tokens``, else the rollout's)."""
-    config = tomllib.loads((c.run_dir(method, seed) / "config.toml").read_text())
+    return _limit(str(c.run_dir(method, seed) / "config.toml"))
+
+
+@cache
+def _limit(path: str) -> int:  # each run's config.toml parsed once, not once per table cell
+    config = tomllib.loads(Path(path).read_text())
     return int(config.get("eval", {}).get("max_new_tokens") or config["rollout"]["max_new_tokens"])
 
 
