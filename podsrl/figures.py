@@ -13,8 +13,10 @@ computation over the committed files:
   filed; the older sections of docs/results.md quote them so and say so.
 - **Held-out accuracy at a training time** is each run's own evaluations read linearly at that time
   (:func:`podsrl.compare.stats.value_at`), then the mean over seeds (:meth:`Comparison.accuracy_at`):
-  every arm read at the same minute, the budget included (a run's last evaluation comes at the first
-  step end after the budget, up to a step late: 0.3-28 s in results/compare-vs-trl).
+  every arm read at the same minute, the budget included. Before issue 68 a run's last evaluation came
+  at the first step end after the budget, up to a step late (0.3-28 s in results/compare-vs-trl); since
+  then a run stops within its budget and a finished run is read at its last evaluation past it
+  (:meth:`Comparison.eval_at`).
 
 :class:`Comparison` reads one results directory (``compare.json``, ``runs/<method>/seed<k>/``) once.
 """
@@ -69,14 +71,20 @@ class Comparison:
         """A per-run summary of compare.json (``time_auc``, ``final_accuracy``, ``auc``), by seed."""
         return {r["seed"]: r.get(key) for r in self.entry(method)["runs"]}
 
+    def eval_at(self, method: str, seed: int, key: str, seconds: float) -> float | None:
+        """An eval.jsonl figure (``accuracy``, ``mean_length``, ``truncated``) of one run at ``seconds``
+        of training, linear between the run's own evaluations. Past its last evaluation: that
+        evaluation's value when the run finished (its done.json is there: it trained no further, and
+        since issue 68 a run stops within its budget, no step starting that is predicted not to fit,
+        so its last evaluation can come a step before the budget), else None (a run cut short)."""
+        rows = self.evals(method, seed)
+        if rows and seconds > rows[-1]["train_seconds"] and (self.run_dir(method, seed) / "done.json").is_file():
+            seconds = rows[-1]["train_seconds"]
+        return value_at([r["train_seconds"] for r in rows], [r[key] for r in rows], seconds)
+
     def accuracy_at(self, method: str, seconds: float) -> dict[int, float | None]:
-        """Each seed's held-out accuracy at ``seconds`` of training, linear between its own
-        evaluations (None past its last one)."""
-        out = {}
-        for seed in self.seeds(method):
-            rows = self.evals(method, seed)
-            out[seed] = value_at([r["train_seconds"] for r in rows], [r["accuracy"] for r in rows], seconds)
-        return out
+        """Each seed's held-out accuracy at ``seconds`` of training (:meth:`eval_at`)."""
+        return {seed: self.eval_at(method, seed, "accuracy", seconds) for seed in self.seeds(method)}
 
     def paired(self, method: str, other: str, key: str) -> Summary:
         """``method`` minus ``other`` by seed: ``key`` a compare.json per-run summary, or

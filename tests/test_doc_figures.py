@@ -198,6 +198,17 @@ def test_accuracy_at_a_time_reads_every_run_at_that_time(repo):
     assert c.paired("a", "b", "accuracy_at:600").mean == pytest.approx(sum(at.values()) / 3 - sum(c.accuracy_at("b", 600.0).values()) / 3)
 
 
+
+def test_a_finished_run_is_read_past_its_last_evaluation_at_it_and_a_cut_one_is_not(repo):
+    """Since issue 68 a run stops within its budget, so its last evaluation can come before the minute
+    every arm is read at: a finished run (done.json) holds its last value there, a run cut short has none."""
+    c = Comparison(repo / "results" / "toy")
+    assert c.eval_at("a", 0, "accuracy", 700.0) is None  # no done.json: it may have trained on
+    (c.run_dir("a", 0) / "done.json").write_text('{"max_seconds": 700.0, "max_steps": null}')
+    assert c.eval_at("a", 0, "accuracy", 700.0) == pytest.approx(0.30)
+    assert c.accuracy_at("a", 700.0) == {0: pytest.approx(0.30), 1: None, 2: None}
+    assert c.eval_at("a", 0, "accuracy", 300.0) == pytest.approx(0.15)  # before the last evaluation: as before
+
 def test_report_parts_leave_out_columns_that_hold_nothing():
     lines = ["title", "method  x  y           z", "------  -  ----------  -", "a       -  (baseline)  1", "b       -  -           2"]
     assert docs_render._drop_empty_columns(lines) == ["title", "method  z", "------  -", "a       1", "b       2"]

@@ -38,7 +38,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from podsrl.compare.stats import value_at
+from podsrl.compare.stats import value_at  # a curve read at a step (figures.Comparison.eval_at reads a run at a time)
 from podsrl.figures import RATIO, Comparison, claim, fraction, mean, paired_text, percent, span, verdict
 from podsrl.run.watch import ESS_BOUND
 
@@ -62,11 +62,7 @@ def label(c: Comparison, name: str) -> str:
 
 def length_at(c: Comparison, method: str, seconds: float) -> float | None:
     """The held-out completions' mean length at ``seconds``, each run read linearly, then the seed mean."""
-    per_run = []
-    for seed in c.seeds(method):
-        rows = c.evals(method, seed)
-        per_run.append(value_at([r["train_seconds"] for r in rows], [r["mean_length"] for r in rows], seconds))
-    return mean(per_run)
+    return mean(c.eval_at(method, seed, "mean_length", seconds) for seed in c.seeds(method))
 
 
 def accuracy(c: Comparison, method: str, seconds: float) -> float | None:
@@ -206,8 +202,7 @@ def samplers_reading(c: Comparison) -> str:
     best_end = []
     for a in SAMPLERS:
         seed = max(ends[a], key=ends[a].get)
-        rows = c.evals(a, seed)
-        best_end.append(value_at([r["train_seconds"] for r in rows], [r["mean_length"] for r in rows], BUDGET))
+        best_end.append(c.eval_at(a, seed, "mean_length", BUDGET))
     shortest = claim(min(SAMPLERS, key=lambda a: length_at(c, a, BUDGET)) == "grpo_bf16_seq", "`sequence_mask`'s arm shortened most")
     seq, tok = _ess(c, "grpo_bf16_seq"), _ess(c, "grpo_bf16_tok")
     return "\n".join([

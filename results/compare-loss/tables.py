@@ -32,7 +32,7 @@ import tomllib
 from functools import cache
 from pathlib import Path
 
-from podsrl.compare.stats import Summary, paired_difference, value_at
+from podsrl.compare.stats import Summary, paired_difference
 from podsrl.figures import Comparison, claim, mean, paired_text, percent, verdict
 
 HERE = Path(__file__).resolve().parent
@@ -59,16 +59,12 @@ def uncut_length(length: float, truncated: float, cut_at: int) -> float | None:
 
 
 def _at(c: Comparison, method: str, seed: int, key: str, seconds: float) -> float | None:
-    """Read linearly between the run's evaluations; past its last one, that one's value when the run
-    finished (done.json): it stopped within its budget (no step starts that is predicted not to fit,
-    so its last evaluation can come before 10 minutes: 571-591 s here) and trained no further."""
-    rows = c.evals(method, seed)
+    """:meth:`podsrl.figures.Comparison.eval_at` (a finished run past its last evaluation, which comes
+    a step before 10 minutes here, at 554-591 s, read at that evaluation), or ``uncut`` from two of them."""
     if key == "uncut":
         length, cut = (_at(c, method, seed, k, seconds) for k in ("mean_length", "truncated"))
         return None if length is None else uncut_length(length, cut, limit(c, method, seed))
-    if rows and seconds > rows[-1]["train_seconds"] and (c.run_dir(method, seed) / "done.json").is_file():
-        seconds = rows[-1]["train_seconds"]
-    return value_at([r["train_seconds"] for r in rows], [r[key] for r in rows], seconds)
+    return c.eval_at(method, seed, key, seconds)
 
 
 def per_seed(c: Comparison, method: str, key: str, seconds: float) -> dict[int, float | None]:
