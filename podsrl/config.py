@@ -274,7 +274,7 @@ class SelectConfig(DownsampleSpec):
 class LossConfig:
     eps_low: float = 0.2  # clip the probability ratio below at 1 - eps_low (PPO/GRPO clipping)
     eps_high: float | None = None  # None: same as eps_low; e.g. 0.28 for DAPO clip-higher
-    aggregation: str = "sequence"  # "sequence" (GRPO) | "token" (DAPO) | "constant" (Dr. GRPO)
+    aggregation: str = "token"  # "token" (DAPO; TRL's and verl's default) | "sequence" (GRPO) | "constant" (Dr. GRPO); issue 67
     beta: float = 0.0  # weight of the k3 KL to the initial policy; 0 = no reference model
     policy_iterations: int = 1  # optimizer steps per batch of rollouts
 

@@ -16,12 +16,14 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
 from podsrl import compare
-from podsrl.config import _toml_value, to_toml
+from podsrl import config as config_mod
+from podsrl.config import LossConfig, _toml_value, to_toml
 from podsrl.errors import ConfigError
 from podsrl.intervals import t975
 
@@ -320,6 +322,23 @@ def test_the_committed_comparisons_report_their_committed_numbers(name):
             assert new["methods"][method]["time_to_target_seconds"] == pytest.approx(d["time_to_target_seconds"]), (old["label"], method)
 
 
+
+def test_every_shipped_comparison_with_committed_runs_plans_the_loss_they_trained():
+    """Since issue 67 loss.aggregation defaults to "token"; the runs committed before trained with
+    "sequence", and each configs/<name>.toml with runs in results/<name> pins it, so that its plan
+    still means what its runs did (the report refuses a run whose config differs from the plan)."""
+    assert LossConfig().aggregation == "token"
+    runs = sorted(ROOT.glob("results/*/runs/*/seed*/config.toml"))
+    assert runs
+    plans = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # distributed.mixed_precision in the older runs' files
+        for path in runs:
+            name, method, seed = path.parts[-5], path.parts[-3], int(path.parts[-2].removeprefix("seed"))
+            plan = plans.setdefault(name, compare.load_plan(ROOT / "configs" / f"{name}.toml"))
+            trained = config_mod.load(path).loss.aggregation
+            assert plan.config(method, seed).loss.aggregation == trained, (name, method, seed)
+
 def test_the_table_reads_a_report_made_before_the_fraction_convention():
     """compare.json before issue 68 held speedup (the baseline's time over the method's) and, in its
     targets, time_ratio: the table prints them as fractions of the baseline's time, as it prints a new one."""
@@ -332,9 +351,14 @@ def test_the_table_reads_a_report_made_before_the_fraction_convention():
 
 
 def test_a_note_when_the_methods_train_with_different_losses(tmp_path):
-    """A TRL arm takes TRL's default loss (token) where the comparison sets none, a podsrl arm podsrl's."""
+    """A TRL arm takes TRL's default loss (token) where the comparison sets none, a podsrl arm podsrl's
+    (token as well since issue 67: no note) or its own (here "sequence": the note)."""
     trl = {"trainer": "trl", "select.rule": "all", "rollout.n": 4, "select.m": 4}
-    plan = _plan(tmp_path, seeds=1, table={"grpo": METHODS["grpo"], "trl_grpo": trl})
+    same = _plan(tmp_path / "same", seeds=1, table={"grpo": METHODS["grpo"], "trl_grpo": trl})
+    for name in ("grpo", "trl_grpo"):
+        _write_run(tmp_path / "same" / "out", same, name, 0, [(0, 0.2), (100, 0.4), (300, 0.6)])
+    assert not any("different losses" in n for n in compare.build_report(same, tmp_path / "same" / "out")["notes"])
+    plan = _plan(tmp_path, seeds=1, table={"grpo": {**METHODS["grpo"], "loss.aggregation": "sequence"}, "trl_grpo": trl})
     out = tmp_path / "out"
     for name in ("grpo", "trl_grpo"):
         _write_run(out, plan, name, 0, [(0, 0.2), (100, 0.4), (300, 0.6)])

@@ -22,6 +22,14 @@ Aggregations (:data:`AGGREGATIONS`), over the completion tokens (``mask``):
 - ``token`` (DAPO): sum over all completion tokens / ``total_tokens``.
 - ``constant`` (Dr. GRPO): sum over completion tokens / (``total_sequences`` * ``max_completion_len``).
 
+The default is ``token``, as in TRL's GRPOConfig (``loss_type = "dapo"``) and verl (``token-mean``):
+``sequence`` gives each token of a long completion less weight than one of a short completion, a
+short right answer more per token and a long wrong one less penalty per token (Dr. GRPO; DAPO
+section 3.3). Issue 67's runs on answers of about 150 tokens found no reason to differ
+(docs/results.md, "The loss aggregation on long answers"); ``sequence`` was podsrl's default before.
+A deviation from the papers: PODS (Sec. 3) and D3S write GRPO's objective, ``sequence``; set it to
+reproduce their setups (the shipped comparisons with committed runs pin it).
+
 **A token mask selects where the policy gradient flows, nothing else.** Token i,t's surrogate is
 multiplied by ``token_mask[i, t]``; every normaliser (|o_i| of ``sequence``, the token count of
 ``token``) stays over all completion tokens, and the KL term covers every completion token. This is
@@ -166,7 +174,7 @@ class LossSettings:
 
     eps_low: float = 0.2  # clip rho below at 1 - eps_low
     eps_high: float | None = None  # clip rho above at 1 + eps_high; None: eps_low (DAPO clip-higher: larger)
-    aggregation: str = "sequence"  # a name in AGGREGATIONS
+    aggregation: str = "token"  # a name in AGGREGATIONS (the trainer's default, podsrl.config.LossConfig)
     beta: float = 0.0  # weight of the k3 KL to the reference (needs ref_logprobs when > 0)
     max_completion_len: int | None = None  # L of the 'constant' aggregation (Dr. GRPO)
 
