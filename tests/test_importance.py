@@ -393,7 +393,8 @@ def _step(model, batch, **options):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = _Recorder(params, lr=1e-4, eps=1e-6)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
-    settings = dict(pad_id=0, temperature=TEMPERATURE, max_completion_len=16, grad_clip=0.0, micro_batch_size=3)
+    settings = dict(pad_id=0, temperature=TEMPERATURE, max_completion_len=16, grad_clip=0.0, micro_batch_size=3,
+                    aggregation="sequence")  # the hand formulas' default, GRPO's 1/|o| (podsrl's default is "token")
     settings.update(options)
     stats = run_update(model, optimizer, scheduler, batch, update_settings(**settings))
     return [p.detach().clone() for p in params], optimizer.recorded, stats

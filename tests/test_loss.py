@@ -12,7 +12,9 @@ from podsrl.core.loss import AGGREGATIONS, BatchCounts, LossMetrics, LossSetting
 
 
 def loss_of(logprobs, old, adv, mask, *, token_mask=None, ref_logprobs=None, total_sequences=None, total_tokens=None, **settings):
-    """policy_loss with the settings and the batch counts as flat keywords."""
+    """policy_loss with the settings and the batch counts as flat keywords; the aggregation, where
+    not given, GRPO's ``sequence`` (the hand values below; podsrl's default is ``token``)."""
+    settings.setdefault("aggregation", "sequence")
     batch = None if total_sequences is None and total_tokens is None else BatchCounts(
         sequences=logprobs.shape[0] if total_sequences is None else total_sequences,
         tokens=int(mask.sum()) if total_tokens is None else total_tokens,
@@ -68,6 +70,13 @@ def test_hand_computed_aggregations(aggregation, kwargs, expected):
     assert metrics.tokens == 5
     assert metrics.kl is None
 
+
+
+def test_the_default_aggregation_is_the_trainer_s_and_the_field_s():
+    """``token`` (DAPO; TRL's "dapo", verl's "token-mean") in the library and the trainer's config alike (issue 67)."""
+    from podsrl.config import LossConfig
+
+    assert LossSettings().aggregation == LossConfig().aggregation == "token"
 
 def test_asymmetric_clipping():
     # eps_high = 0.6: rho 1.5 is no longer clipped -> seq 0 sums 3.0
