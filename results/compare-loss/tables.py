@@ -189,6 +189,23 @@ def reading(c: Comparison) -> str:
     both = claim(all(moved(n, 2) < -30 for n in ("grpo_seq", "grpo_tok")), "seed 2 shortened both by more than 30")
     alike = claim(all(abs(at(c, "grpo_const", k, BUDGET) - at(c, "grpo_tok", k, BUDGET)) < 0.05 * at(c, "grpo_tok", k, BUDGET)
                       for k in ("mean_length", "truncated")), "`constant` ended within 5% of `token`'s length and share cut")  # fmt: skip
+    pods = [n for n in ("pods_seq", "pods_tok") if n in _arms(c)]
+
+    def course(n: str) -> str:
+        a0, a10 = (100 * at(c, n, "accuracy", t) for t in (0.0, BUDGET))
+        l0, l10, u0, u10 = (at(c, n, k, t) for k in ("mean_length", "uncut") for t in (0.0, BUDGET))
+        return f"{a0:.1f} to {a10:.1f}% held out, {l0:.0f} to {l10:.0f} tokens (the uncut {u0:.0f} to {u10:.0f})"
+
+    pods_line = []
+    if len(pods) == 2:
+        k = len(paired_at(c, "pods_tok", "pods_seq", "accuracy").seeds)
+        pods_line = [
+            f"- **PODS(16, 4), {k} seed{'s' * (k != 1)} of each so far** ({statistics.fmean(c.entry('pods_seq')['steps']):.0f} and "
+            f"{statistics.fmean(c.entry('pods_tok')['steps']):.0f} steps in 10 minutes): under `sequence` {course('pods_seq')}, "
+            f"under `token` {course('pods_tok')}. "
+            + (claim(k < 2, "One pair, no interval: it says nothing either way yet") + "; the other two seeds of each decide "
+               "whether PODS disagrees with GRPO(4)." if k < 2 else ""),
+        ]  # fmt: skip
     return "\n".join([
         "What the three seeds of GRPO(4) say:",
         f"- **Accuracy does not decide it on this CPU**: {min(steps)}-{max(steps)} steps in 10 training minutes "
@@ -207,6 +224,7 @@ def reading(c: Comparison) -> str:
         f"asks unless the runs say otherwise, and they do not: {unresolved}, and "
         f"{claim(verdict(own['grpo_tok']) != 'resolved', 'the uncut completions change under `token` is not resolved from 0')}. Where they could still say otherwise: {long_steps / statistics.fmean(steps):.1f}x "
         "the steps (a CPU with native bfloat16) or a GPU, where accuracy moves in 10 minutes.",
+        *pods_line,
     ])
 
 FIGURES = {"arms": arms, "pairs": pairs, "changes": changes, "reading": reading}
