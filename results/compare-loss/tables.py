@@ -173,7 +173,8 @@ def reading(c: Comparison) -> str:
     uncut = paired_at(c, "grpo_tok", "grpo_seq", "uncut")
     own = {n: change(c, n, "uncut") for n in grpo}
     lengths_open = claim(all(verdict(d) != "resolved" for d in (length, uncut, *own.values())), "The lengths: not resolved")
-    beyond = claim(verdict(own["grpo_tok"]) != "resolved", "do not show `token` shortening the answers beyond what the cut-off explains")
+    token_open = verdict(own["grpo_tok"]) != "resolved"
+    beyond = claim(token_open, "do not show `token` shortening the answers beyond what the cut-off explains")
 
     def path(n: str, seed: int) -> str:
         start, end = (_at(c, n, seed, "mean_length", t) for t in (0.0, BUDGET))
@@ -203,7 +204,7 @@ def reading(c: Comparison) -> str:
             f"- **PODS(16, 4), {k} seed{'s' * (k != 1)} of each so far** ({statistics.fmean(c.entry('pods_seq')['steps']):.0f} and "
             f"{statistics.fmean(c.entry('pods_tok')['steps']):.0f} steps in 10 minutes): under `sequence` {course('pods_seq')}, "
             f"under `token` {course('pods_tok')}. "
-            + (claim(k < 2, "One pair, no interval: it says nothing either way yet") + "; the other two seeds of each decide "
+            + ("One pair, no interval: it says nothing either way yet; the other two seeds of each decide "
                "whether PODS disagrees with GRPO(4)." if k < 2 else ""),
         ]  # fmt: skip
     return "\n".join([
@@ -222,7 +223,7 @@ def reading(c: Comparison) -> str:
         f"{alike}.",
         "- **The default is now `token`** (DAPO's per-token mean: TRL's `\"dapo\"`, verl's `token-mean`), as the issue "
         f"asks unless the runs say otherwise, and they do not: {unresolved}, and "
-        f"{claim(verdict(own['grpo_tok']) != 'resolved', 'the uncut completions change under `token` is not resolved from 0')}. Where they could still say otherwise: {long_steps / statistics.fmean(steps):.1f}x "
+        f"{claim(token_open, 'the uncut completions change under `token` is not resolved from 0')}. Where they could still say otherwise: {long_steps / statistics.fmean(steps):.1f}x "
         "the steps (a CPU with native bfloat16) or a GPU, where accuracy moves in 10 minutes.",
         *pods_line,
     ])
