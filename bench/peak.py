@@ -3,6 +3,8 @@
     python bench/peak.py                       # CPU: the embedded SmolLM2-135M at one thread: about 11 minutes (below)
     python bench/peak.py --threads 2           # the same at two threads (peak and phases at the same count)
     python bench/peak.py --quick               # CPU: a tiny random Llama, seconds: checks the script runs
+    python bench/peak.py --threads 2 --rows 16 --update-precision float32 --sampler-rollouts 8,64 --engines vllm
+                                               # at training batch sizes, float32 only: about 6 minutes
     python3 bench/peak.py --gpu --budget 3.5   # GPU: random-weight Qwen2.5-1.5B and 0.5B, 512-token completions
     python bench/peak.py --gpu --tiny          # the GPU mode's code on this CPU with tiny random Qwen2 models (tests)
 
@@ -827,6 +829,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=None, help="timed updates and sampler rounds after the warm-up")
     parser.add_argument("--sampler-rollouts", default=None, help="comma-separated rollouts per sampling call")
     parser.add_argument("--lengths", default=None, help="comma-separated completion lengths, the update's and the sampler's (a shorter check)")
+    parser.add_argument("--update-precision", choices=("both", "float32", "mixed"), default=None,
+                        help="the update with mixed precision off (float32), on (mixed) or both (the default; the GPU mode: mixed); "
+                             "float32 alone skips the emulated bfloat16 update, minutes at 16 rows, on a CPU without native bfloat16")
     parser.add_argument("--engines", default=None, help="comma-separated samplers (default: transformers, transformers-static, vllm on the CPU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default results/peak/<machine>-<date>.json; quick runs: runs/peak/)")
@@ -854,6 +859,8 @@ def main(argv: list[str] | None = None) -> dict:
         overrides["sampler_rollouts"] = tuple(int(x) for x in args.sampler_rollouts.split(","))
     if args.lengths:
         overrides["lengths"] = overrides["sampler_lengths"] = tuple(int(x) for x in args.lengths.split(","))
+    if args.update_precision:
+        overrides["mixed"] = {"both": (False, True), "float32": (False,), "mixed": (True,)}[args.update_precision]
     if args.engines:
         overrides["engines"] = tuple(x.strip() for x in args.engines.split(",") if x.strip())
     sizes = dataclasses.replace(sizes, **overrides)

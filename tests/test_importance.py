@@ -915,3 +915,19 @@ def test_bench_runs_tiny(tiny_model_dir, tmp_path, capsys):
     assert "| 4 | " in out and "| 8 | " in out
     assert all(f"| `{mode}`" in out for mode in MODES)
     assert out.strip().splitlines()[-1].startswith("ESS at 8 tokens: token_truncate ")
+
+
+def test_every_committed_gap_run_is_in_the_vllm_page_as_its_tables():
+    """A committed bench/importance_gap.py run (results/importance-gap/*.md, its stdout) appears in
+    docs/vllm.md table for table, so the page's ESS figures cannot drift from the file (issue 67)."""
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "vllm.md").read_text()
+    runs = sorted((root / "results" / "importance-gap").glob("*.md"))
+    assert runs, "results/importance-gap/ holds no run"
+    for path in runs:
+        text = path.read_text()
+        assert text.startswith("# python bench/importance_gap.py "), f"{path.name}: not the bench's output"
+        blocks = [b.strip() for b in text.split("\n\n") if b.lstrip().startswith("|")]
+        assert len(blocks) == 2, f"{path.name}: expected the gap table and the modes table"
+        for block in blocks:
+            assert block in page, f"docs/vllm.md lacks a table of {path.name}: paste it from the file"

@@ -159,6 +159,17 @@ def test_the_cpu_mode_runs_at_a_quick_size(peak, tmp_path):
     assert rows[0]["precision"] == {"compute": "float32", "output": "float32"} and rows[1]["precision"]["compute"] == "bfloat16"
 
 
+@pytest.mark.usefixtures("one_thread")
+def test_the_update_can_be_timed_in_float32_alone(peak, tmp_path):
+    """--update-precision float32: no emulated bfloat16 update (minutes at training rows on a CPU
+    without native bfloat16); --rows sets the update's rows."""
+    data = peak.main(["--quick", "--update-precision", "float32", "--rows", "3", "--engines", "transformers", "--out", str(tmp_path / "p.json")])
+    _check_report(data, mode="cpu-quick", models={"tiny-llama"}, updates=2, engines={"transformers"})
+    rows = data["models"]["tiny-llama"]["update"]
+    assert [(r["completion"], r["mixed_precision"], r["rows"]) for r in rows] == [(8, False, 3), (16, False, 3)]
+    assert "bfloat16 autocast" not in peak.results_tables(data)
+
+
 def test_a_budget_too_short_skips_the_parts_and_says_so(peak, tmp_path):
     data = peak.main(["--gpu", "--tiny", "--budget", "0.001", "--out", str(tmp_path / "peak.json")])
     for entry in data["models"].values():
