@@ -212,14 +212,14 @@ def reading(c: Comparison) -> str:
             by_seed = "; ".join(f"seed {s}: {100 * _at(c, 'pods_seq', s, 'accuracy', BUDGET):.1f} and "
                                 f"{100 * _at(c, 'pods_tok', s, 'accuracy', BUDGET):.1f}%"
                                 for s in sorted(set(c.seeds("pods_seq")) & set(c.seeds("pods_tok"))))  # fmt: skip
-            against = any(verdict(d) == "resolved" and d.mean < 0 for d in (p_auc, p_acc))
-            pods_too = ", " + claim(all(verdict(d) != "resolved" for d in (p_auc, p_acc)), "nor is PODS(16, 4)'s")
+            tie = all(verdict(d) != "resolved" for d in (p_auc, p_acc))
+            pods_too = ", " + claim(tie, "nor is PODS(16, 4)'s")
             p_own = change(c, "pods_tok", "uncut")
             pods_open, pods_own = verdict(p_own) != "resolved", f", {tokens_text(p_own)} with PODS(16, 4)"
             tail = (f"`token` minus `sequence`, {k} pairs: AUC per training minute {_starred(p_auc)}, held-out accuracy "
                     f"at 10 minutes {_starred(p_acc)} points ({by_seed}, `sequence` then `token`), the uncut "
                     f"tokens {tokens_text(p_uncut)}: "
-                    + claim(not against, "PODS does not resolve against `token` either") + ".")  # fmt: skip
+                    + claim(tie, "neither aggregation leads under PODS either") + ".")  # fmt: skip
         pods_line = [head + tail]
     uncut_open = claim(token_open and pods_open, "the uncut completions' change under `token` is not resolved from 0")
     return "\n".join([
