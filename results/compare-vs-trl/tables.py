@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import statistics
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -352,13 +354,23 @@ def checks(c: Comparison) -> str:
 GPU_CALL = 2200.0  # update-token units a sampling call costs on the GPU-like sampler: a quarter of the H100's 8800 (16-token answers)
 
 
+def _bench(root: str, name: str):
+    """The script bench/NAME.py of the checkout that holds the comparison directory ``root``."""
+    script = Path(root).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"podsrl_bench_{name}", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(script.parent))  # its siblings (bench/_isolated.py), as when it runs as a script
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(script.parent))
+    return module
+
+
 @cache
 def _cost_model(root: str) -> tuple:
     """bench/cost_model.py fitted to the podsrl arms' runs (the TRL arms are another trainer's costs)."""
-    script = Path(root).resolve().parents[1] / "bench" / "cost_model.py"
-    spec = importlib.util.spec_from_file_location("podsrl_bench_cost_model", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _bench(root, "cost_model")
     data = module.load(Path(root) / "runs", [0, 1, 2], "grpo_n16")
     return module, data, module.fit(data)
 
@@ -451,8 +463,8 @@ def readme(c: Comparison) -> str:
         f"({_all_resolved([c.paired(a, TRL8, f'accuracy_at:{BUDGET}') for a in PODSRL])}): a "
         f"GRPOTrainer(8) step takes {phase(c, TRL8, 'step'):.1f} s against podsrl GRPO(8)'s {phase(c, 'grpo_n8', 'step'):.1f} s, "
         f"updating all {per_step(c, TRL8, 'rows_run'):.0f} rows where podsrl runs the "
-        f"{per_step(c, 'grpo_n8', 'rows_run'):.1f} with a signal, each with its prompt where podsrl runs a group's once, and "
-        f"sampling with `generate` ([the split](docs/results.md#where-a-steps-time-goes-podsrl-against-trl-issue-67)). "
+        f"{per_step(c, 'grpo_n8', 'rows_run'):.1f} with a signal ([the split](docs/results.md#where-a-steps-time-goes-podsrl-against-trl-issue-67): "
+        f"{split_clause(c)}). "
         f"At n = 16, PODS(16, 4) reached 99% of GRPO(16)'s peak in "
         f"{fraction(t_p4, t_g16)} its time (AUC/min {paired_text(auc)}, {verdict(auc)}), updating "
         f"{per_step(c, 'pods_n16_m4', 'rows_run'):.1f} rows a step against {per_step(c, 'grpo_n16', 'rows_run'):.1f}; inside "
@@ -460,6 +472,35 @@ def readme(c: Comparison) -> str:
         f"minutes podsrl's five arms are within {100 * (max(ends.values()) - min(ends.values())):.1f} points "
         f"({_all_resolved(at10)} against GRPO(16)); {gpu_prediction(c)}"
     )
+
+
+@cache
+def _step_split(root: str) -> dict[int, dict[str, float]]:
+    """bench/step_split.py's committed run (results/step-split): per completion length, GRPOTrainer(16)'s
+    step against podsrl's GRPO(16), the gap and its parts (``gap_split``) and the step ratio."""
+    module = _bench(root, "step_split")
+    data = json.loads((Path(root).resolve().parent / "step-split" / "step_split.json").read_text())
+    out = {}
+    for length, arms in data["steps"].items():
+        theirs, ours = module.phases(arms["trl_grpo16"]), module.phases(arms["grpo16"])
+        out[int(length)] = {**module.gap_split(theirs, ours), "ratio": ours["step"] / theirs["step"]}
+    return out
+
+
+def split_clause(c: Comparison) -> str:
+    """What TRL's extra step time owes to each part at the shortest and the longest completions
+    (README; the tables are docs/results.md's): every share from results/step-split."""
+    split = _step_split(str(c.root))
+    short, long = split[min(split)], split[max(split)]
+    share = lambda g, part: 100 * g[part] / g["gap"]  # noqa: E731
+    gone = claim(share(long, "prompt_sharing") < 5, "the prompt's share is gone")
+    grows = claim(share(long, "engine") > share(short, "engine"), "the engine's grows")
+    return (f"at {min(split)} tokens TRL's extra {short['gap']:.0f} s a GRPO(16) step is {share(short, 'prompt_sharing'):.0f}% "
+            f"prompts recomputed per row, {share(short, 'per_token_cost'):.0f}% per-token update cost, "
+            f"{share(short, 'zero_adv_rows'):.0f}% zero-advantage rows, {share(short, 'engine'):.0f}% engine; at {max(split)} "
+            f"{gone} ({share(long, 'prompt_sharing'):.0f}%, single timed steps) and {grows} to {share(long, 'engine'):.0f}%: "
+            f"podsrl's step {short['ratio']:.2f} of TRL's at {min(split)} tokens, {long['ratio']:.2f} at {max(split)}, "
+            "so expect less of a lead on long answers")  # fmt: skip
 
 
 def last_evaluation(c: Comparison, arm: str = TRL8) -> str:
