@@ -50,7 +50,6 @@ checked with :func:`podsrl.figures.claim`.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import sys
 import textwrap
@@ -61,7 +60,7 @@ from pathlib import Path
 
 from podsrl.compare.stats import paired_difference
 from podsrl.compare.table import format_table
-from podsrl.figures import Comparison, fraction, mean, paired_text, span, verdict
+from podsrl.figures import Comparison, fraction, load_script, mean, paired_text, span, verdict
 
 PAGES = ("README.md", "docs/results.md")
 
@@ -270,9 +269,7 @@ def _tables_figures(root: str) -> dict[str, Callable[..., str]]:
     script = Path(root) / "tables.py"
     if not script.is_file():
         return {}
-    spec = importlib.util.spec_from_file_location(f"podsrl_tables_{Path(root).name.replace('-', '_')}", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(script, f"podsrl_tables_{Path(root).name.replace('-', '_')}")
     return getattr(module, "FIGURES", {})
 
 

@@ -23,11 +23,14 @@ computation over the committed files:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
+import sys
 from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from podsrl.compare.stats import Summary, paired_difference, value_at
@@ -118,6 +121,19 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------- wording
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script that is no package's module (results/*/tables.py, bench/*.py) loaded as module ``name``,
+    its folder on ``sys.path`` while it loads (bench scripts import ``_isolated`` beside them)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
 
 
 def verdict(d: Summary | dict[str, Any] | None) -> str:

@@ -33,15 +33,13 @@ GRPOTrainer(8), with the report's own paired_difference. The cost model's figure
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
-import sys
 from functools import cache
 from pathlib import Path
 
 from podsrl.compare.table import difference
-from podsrl.figures import Comparison, claim, fraction, mean, minutes, paired_text, percent, span, verdict
+from podsrl.figures import Comparison, claim, fraction, load_script, mean, minutes, paired_text, percent, span, verdict
 
 HERE = Path(__file__).resolve().parent
 NAMES = {"grpo_n4": "GRPO(4)", "grpo_n8": "GRPO(8)", "grpo_n16": "GRPO(16)", "pods_n16_m4": "PODS(16, 4)", "pods_n16_m8": "PODS(16, 8)",
@@ -356,15 +354,7 @@ GPU_CALL = 2200.0  # update-token units a sampling call costs on the GPU-like sa
 
 def _bench(root: str, name: str):
     """The script bench/NAME.py of the checkout that holds the comparison directory ``root``."""
-    script = Path(root).resolve().parents[1] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"podsrl_bench_{name}", script)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(script.parent))  # its siblings (bench/_isolated.py), as when it runs as a script
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(script.parent))
-    return module
+    return load_script(Path(root).resolve().parents[1] / "bench" / f"{name}.py", f"podsrl_bench_{name}")
 
 
 @cache
