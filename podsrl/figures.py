@@ -124,13 +124,19 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def load_script(path: Path, name: str) -> ModuleType:
-    """A script that is no package's module (results/*/tables.py, bench/*.py) loaded as module ``name``,
-    its folder on ``sys.path`` while it loads (bench scripts import ``_isolated`` beside them)."""
+    """A script that is no package's module (results/*/tables.py, bench/*.py, examples/*.py) loaded as
+    module ``name``: its folder on ``sys.path`` while it loads (bench scripts import ``_isolated``
+    beside them), itself in ``sys.modules`` from then on (a dataclass looks its module up there; the
+    caller may pop it)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     finally:
         sys.path.remove(str(path.parent))
     return module

@@ -10,7 +10,6 @@ advantages are non-zero and an update really moves the weights.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -21,6 +20,9 @@ from typing import Any
 
 import pytest
 
+from podsrl.figures import load_script
+
+
 @contextmanager
 def script_module(path: Path, name: str | None = None) -> Iterator[ModuleType]:
     """A script that is no package's module (bench/*.py, results/*/tables.py, examples/*.py) loaded
@@ -28,16 +30,8 @@ def script_module(path: Path, name: str | None = None) -> Iterator[ModuleType]:
     scripts import ``_isolated`` beside them), itself in ``sys.modules`` while in use (a dataclass
     looks its module up there), both undone after."""
     name = name or path.stem
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     try:
-        sys.path.insert(0, str(path.parent))
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            sys.path.remove(str(path.parent))
-        yield module
+        yield load_script(path, name)  # podsrl.figures: the same loader the pages' renderer uses
     finally:
         sys.modules.pop(name, None)
 
