@@ -5,6 +5,8 @@
     python bench/peak.py --quick               # CPU: a tiny random Llama, seconds: checks the script runs
     python bench/peak.py --threads 2 --rows 16 --update-precision float32 --sampler-rollouts 8,64 --engines vllm
                                                # at training batch sizes, float32 only: about 6 minutes
+    python bench/peak.py --threads 2 --update-precision none --sampler-rollouts 64,128,256 --engines vllm
+                                               # vLLM at the calls a PODS step makes, no update
     python3 bench/peak.py --gpu --budget 3.5   # GPU: random-weight Qwen2.5-1.5B and 0.5B, 512-token completions
     python bench/peak.py --gpu --tiny          # the GPU mode's code on this CPU with tiny random Qwen2 models (tests)
 
@@ -75,7 +77,13 @@ reported), then ``--repeats`` rounds, the engines' order alternating; medians. F
 (:func:`sampling_flop`): each distinct prompt's prefill (layers and attention over P tokens), then per
 row G - 1 decode steps (a token through the layers, attention over P + j positions) and G logits;
 its fraction of the peak in the sampler's own precision (``transformers``: the policy's float32;
-``transformers-static`` and ``vllm``: the resolved sampler dtype).
+``transformers-static`` and ``vllm``: the resolved sampler dtype). Beside it, **the rate of a decode
+step's products** at the call's size (:func:`decode_rate`: every product of a forward at M = the
+call's rollouts, one token a row, timed as the peak's; their FLOP over their summed time) and the
+engine's rate over it: a decode step multiplies far fewer rows than the update, and this says how much
+of the gap to the peak is the call's shape, which no engine escapes, and how much the engine's own
+(attention over the cache, sampling, scheduling). vLLM's KV cache is sized to hold the largest call at
+once (:func:`kv_cache_gib`).
 
 ``--budget MINUTES``: the parts run in order (peaks; GPU: the update at 1.5B, at 0.5B, then the
 sampler, one size after the other) and one that would start with less than ``MIN_PART_SECONDS`` left
@@ -352,6 +360,25 @@ def matmul_peak(shapes: Shapes, tokens: list[int], dtype_name: str, device, *, e
             "how": "2MKN over the median of the 3 fastest of 3-7 timed products; the peak is the best product's"}  # fmt: skip
 
 
+def decode_rate(shapes: Shapes, rows: int, dtype_name: str, device) -> dict:
+    """The rate the machine multiplies one decode step's products at: ``rows`` tokens (one a row)
+    through every product of a forward in ``dtype_name`` (a layer's L times, the output layer once),
+    their FLOP over the time they take, each product timed as the peak's are (:func:`product_gflops`).
+    What an engine could reach at that call size if it did nothing but those products."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    rates: dict[tuple[int, int], float] = {}
+    flop = seconds = 0.0
+    for k, n, count in [*((k, n, shapes.layers) for _, k, n in shapes.layer_products()), (shapes.hidden, shapes.vocab, 1)]:
+        if (k, n) not in rates:
+            rates[(k, n)] = product_gflops(rows, k, n, dtype, device)
+        f = 2.0 * rows * k * n * count
+        flop, seconds = flop + f, seconds + f / (rates[(k, n)] * 1e9)
+    return {"rows": rows, "dtype": dtype_name, "gflops": flop / seconds / 1e9,
+            "how": "a forward's products at M = the call's rollouts, each timed as the peak's; FLOP over their summed time"}  # fmt: skip
+
+
 def machine(device, threads: int) -> dict:
     """What the run ran on: the device, the CPU's model and bfloat16 support (podsrl's reading), versions."""
     import torch
@@ -522,9 +549,19 @@ class _FixedLength:
         podsrl_vllm._import_vllm = with_min_tokens
 
 
-def make_engines(names, model, tokenizer, path, *, max_len: int, threads: int | None, fixed: _FixedLength) -> tuple[dict, dict, list]:
+def kv_cache_gib(shapes: Shapes, *, rollouts: int, max_len: int, dtype_bytes: int = 4) -> float:
+    """vLLM's KV cache for a call of ``rollouts`` sequences of ``max_len`` tokens to run at once (keys
+    and values of every layer, a quarter more for the blocks' rounding): at least bench/samplers.py's
+    2 GiB. At 2 GiB 256 rollouts of 40 + 256 float32 tokens of SmolLM2-135M would not fit, and vLLM
+    would run fewer at a time: another measurement than the call's."""
+    need = 2 * shapes.layers * shapes.d_kv * dtype_bytes * rollouts * max_len * 1.25
+    return max(2.0, need / (1 << 30))
+
+
+def make_engines(names, model, tokenizer, path, *, max_len: int, threads: int | None, fixed: _FixedLength,
+                 kv_gib: float | None = None) -> tuple[dict, dict, list]:  # fmt: skip
     """(engine name -> engine, engine name -> its precision name, skipped parts): bench/samplers.py's
-    construction, each engine's completions held at ``fixed.length``."""
+    construction (vLLM's KV cache ``kv_gib``, default 2), each engine's completions held at ``fixed.length``."""
     import importlib.util
 
     import torch
@@ -539,7 +576,8 @@ def make_engines(names, model, tokenizer, path, *, max_len: int, threads: int | 
             skipped.append({"part": "sampler vllm", "why": "vLLM is not installed here, or the model is not on disk"})
             continue
         kept.append(name)
-    args = argparse.Namespace(engines=",".join(kept), batch_size=128, sampler_dtype="fast", max_new_tokens=max_len, threads=threads)
+    args = argparse.Namespace(engines=",".join(kept), batch_size=128, sampler_dtype="fast", max_new_tokens=max_len, threads=threads,
+                              kv_cache_gib=kv_gib)  # fmt: skip
     engines = samplers.make_engines(args, model, tokenizer, [[0] * 40], path)
     if "transformers" in engines:
         fixed.wrap_generate(model)
@@ -572,6 +610,7 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
         return time.perf_counter() - start, sum(map(len, result.completion_ids)), list(getattr(engine, "calls", []))
 
     warm: dict[tuple[str, int], float] = {}
+    rates: dict[tuple[int, str], dict] = {}  # (rollouts, dtype) -> decode_rate
     for size in sizes:
         for name, engine in engines.items():
             if not (warm_each_size or size == sizes[0]):  # a GPU compiles per shape; a CPU only warms its allocator
@@ -600,10 +639,14 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
             k = min(PROMPTS, size) if size % min(PROMPTS, size) == 0 else 1
             flop = sampling_flop(shapes, prompt=len(prompts[0]), generated=length, rows=size, prompts=k)
             peak = peaks.get(dtypes[name], {}).get("gflops")
+            if (size, dtypes[name]) not in rates:
+                rates[(size, dtypes[name])] = decode_rate(shapes, size, dtypes[name], device)
+            decode = rates[(size, dtypes[name])]["gflops"]
             out.append({"engine": name, "dtype": dtypes[name], "rollouts": size, "completion": length, "prompt": len(prompts[0]), "prompts": k,
                         "seconds": seconds, "tokens": tokens, "calls": values[-1][2] or None, "warmup_seconds": warm.get((name, size)),
                         "tokens_per_second": tokens / seconds, "rollouts_per_second": size / seconds, "flop": flop.total,
-                        "gflops": flop.total / seconds / 1e9, "fraction": fraction(flop, seconds, peak, peak)})  # fmt: skip
+                        "gflops": flop.total / seconds / 1e9, "fraction": fraction(flop, seconds, peak, peak),
+                        "decode_gflops": decode, "of_decode_rate": flop.total / seconds / 1e9 / decode})  # fmt: skip
 
 
 class _Rows(list):
@@ -713,8 +756,9 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
                 tokenizer = samplers.StubTokenizer(pad=pad_id, eos=vocab - 1)
                 model.generation_config.eos_token_id = tokenizer.eos_token_id
             model.eval()
-            engines, dtypes, more = make_engines(sizes.engines, model, tokenizer, path, max_len=max(sizes.sampler_lengths) + sizes.prompt,
-                                                 threads=args.threads or None, fixed=fixed)  # fmt: skip
+            max_len = max(sizes.sampler_lengths) + sizes.prompt
+            engines, dtypes, more = make_engines(sizes.engines, model, tokenizer, path, max_len=max_len, threads=args.threads or None, fixed=fixed,
+                                                 kv_gib=kv_cache_gib(shapes, rollouts=max(sizes.sampler_rollouts), max_len=max_len))  # fmt: skip
             skipped += more
             sample_prompts = [torch.randint(3, vocab - 1, (sizes.prompt,), generator=gen).tolist() for _ in range(PROMPTS)]
             entry["sampler"] = rows = _Rows(report)  # a list to JSON; the report rewritten at each row
@@ -794,6 +838,11 @@ def results_tables(data: dict) -> str:
                 dtype = next(iter(rows.values()))["dtype"]
                 cells = [c for key in calls for c in ((num(rows[key]["tokens_per_second"], ".0f"), num(rows[key]["fraction"], ".2f")) if key in rows else ("-", "-"))]
                 out.append(f"| {engine} | {dtype} | " + " | ".join(cells) + " |")
+            decode = [r for r in entry["sampler"] if r.get("decode_gflops")]
+            if decode:  # runs since 2026-11-29 (bench/peak.py's decode_rate)
+                out += ["", "| sampler | call | GFLOP/s | a decode step's products at its rollouts: GFLOP/s | of that rate |", "|---|---|---:|---:|---:|"]
+                out += [f"| {r['engine']} | {r['rollouts']} x {r['completion']} | {r['gflops']:.1f} | {r['decode_gflops']:.1f} | {r['of_decode_rate']:.2f} |"
+                        for r in decode]  # fmt: skip
         if entry["skipped"]:
             out += ["", "Skipped: " + "; ".join(f"{s['part']} ({s['why']})" for s in entry["skipped"])]
     return "\n".join(out)
@@ -829,9 +878,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=None, help="timed updates and sampler rounds after the warm-up")
     parser.add_argument("--sampler-rollouts", default=None, help="comma-separated rollouts per sampling call")
     parser.add_argument("--lengths", default=None, help="comma-separated completion lengths, the update's and the sampler's (a shorter check)")
-    parser.add_argument("--update-precision", choices=("both", "float32", "mixed"), default=None,
+    parser.add_argument("--update-precision", choices=("both", "float32", "mixed", "none"), default=None,
                         help="the update with mixed precision off (float32), on (mixed) or both (the default; the GPU mode: mixed); "
-                             "float32 alone skips the emulated bfloat16 update, minutes at 16 rows, on a CPU without native bfloat16")
+                             "float32 alone skips the emulated bfloat16 update, minutes at 16 rows, on a CPU without native bfloat16; "
+                             "none times no update (the peaks and the samplers only)")
     parser.add_argument("--engines", default=None, help="comma-separated samplers (default: transformers, transformers-static, vllm on the CPU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default results/peak/<machine>-<date>.json; quick runs: runs/peak/)")
@@ -860,7 +910,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.lengths:
         overrides["lengths"] = overrides["sampler_lengths"] = tuple(int(x) for x in args.lengths.split(","))
     if args.update_precision:
-        overrides["mixed"] = {"both": (False, True), "float32": (False,), "mixed": (True,)}[args.update_precision]
+        overrides["mixed"] = {"both": (False, True), "float32": (False,), "mixed": (True,), "none": ()}[args.update_precision]
     if args.engines:
         overrides["engines"] = tuple(x.strip() for x in args.engines.split(",") if x.strip())
     sizes = dataclasses.replace(sizes, **overrides)

@@ -152,7 +152,7 @@ def make_engines(args, model, tokenizer, prompts, path) -> dict:
                 continue
             from podsrl.engines.vllm import VLLMEngine, VLLMOptions
 
-            options = VLLMOptions(dtype=sampler.dtype, max_model_len=max(map(len, prompts)) + args.max_new_tokens + 16, kv_cache_gib=2.0)
+            options = VLLMOptions(dtype=sampler.dtype, max_model_len=max(map(len, prompts)) + args.max_new_tokens + 16, kv_cache_gib=getattr(args, "kv_cache_gib", None) or 2.0)
             engines[name] = VLLMEngine(path, tokenizer, options, eos_token_ids={tokenizer.eos_token_id})
             torch.set_num_threads(args.threads or torch.get_num_threads())  # vLLM's CPU worker may lower it
         elif name == "transformers-cb":

@@ -129,6 +129,7 @@ def _check_report(data: dict, *, mode: str, models: set[str], updates: int, engi
     for r in sampled[0]["sampler"]:
         assert r["tokens"] == r["rollouts"] * r["completion"]  # every completion its full length
         assert 0 < r["fraction"] <= 1.5
+        assert r["decode_gflops"] > 0 and r["of_decode_rate"] == pytest.approx(r["gflops"] / r["decode_gflops"])
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -168,6 +169,46 @@ def test_the_update_can_be_timed_in_float32_alone(peak, tmp_path):
     rows = data["models"]["tiny-llama"]["update"]
     assert [(r["completion"], r["mixed_precision"], r["rows"]) for r in rows] == [(8, False, 3), (16, False, 3)]
     assert "bfloat16 autocast" not in peak.results_tables(data)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_samplers_alone_against_the_peak_and_their_decode_products(peak, tmp_path):
+    """--update-precision none: the peaks and the samplers, no update; each sampler row beside the rate
+    of a decode step's products at its rollouts, in a table of its own (older runs' tables unchanged)."""
+    data = peak.main(["--quick", "--update-precision", "none", "--engines", "transformers", "--sampler-rollouts", "2,4",
+                      "--out", str(tmp_path / "p.json")])  # fmt: skip
+    _check_report(data, mode="cpu-quick", models={"tiny-llama"}, updates=0, engines={"transformers"})
+    rows = data["models"]["tiny-llama"]["sampler"]
+    assert sorted({r["rollouts"] for r in rows}) == [2, 4]
+    tables = peak.results_tables(data)
+    assert "| update phase |" not in tables
+    assert "| sampler | call | GFLOP/s | a decode step's products at its rollouts: GFLOP/s | of that rate |" in tables
+    assert tables.count("| transformers | ") == len(rows) + 1  # one row per call, and the engine's row of the first table
+
+
+def test_the_decode_rate_weighs_each_product_by_its_flop(peak, monkeypatch):
+    """hidden 4, intermediate 8, vocabulary 10, 2 layers, 2 heads of 2, 1 KV head, each product timed at
+    K x N GFLOP/s: each takes 2M x count / 1e9 s (7 a layer, 2 layers, and the output layer: 15 of them),
+    their FLOP are 2M (2 x 144 + 40): the rate is 328 / 15 GFLOP/s, each distinct shape timed once at M."""
+    timed = []
+
+    def fake(m, k, n, dtype, device, **_):
+        timed.append((m, k, n))
+        return float(k * n)
+
+    monkeypatch.setattr(peak, "product_gflops", fake)
+    s = peak.Shapes(hidden=4, intermediate=8, vocab=10, layers=2, heads=2, kv_heads=1, head_dim=2)
+    rate = peak.decode_rate(s, 3, "float32", torch.device("cpu"))
+    assert rate["gflops"] == pytest.approx(328 / 15) and rate["rows"] == 3
+    assert sorted(timed) == [(3, 4, 2), (3, 4, 4), (3, 4, 8), (3, 4, 10), (3, 8, 4)]
+
+
+def test_vllms_kv_cache_holds_the_whole_call(peak):
+    """SmolLM2-135M in float32: keys and values of 30 layers x 3 KV heads x 64 = 46080 bytes a token; 256
+    rollouts of 40 + 256 tokens, a quarter more: 4.07 GiB; a small call keeps bench/samplers.py's 2."""
+    s = peak.Shapes.of(peak.SMOLLM2_135M)
+    assert peak.kv_cache_gib(s, rollouts=256, max_len=296) == pytest.approx(256 * 296 * 46080 * 1.25 / 2**30)
+    assert peak.kv_cache_gib(s, rollouts=8, max_len=296) == 2.0
 
 
 def test_a_budget_too_short_skips_the_parts_and_says_so(peak, tmp_path):
