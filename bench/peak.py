@@ -5,8 +5,10 @@
     python bench/peak.py --quick               # CPU: a tiny random Llama, seconds: checks the script runs
     python bench/peak.py --threads 2 --rows 16 --update-precision float32 --sampler-rollouts 8,64 --engines vllm
                                                # at training batch sizes, float32 only: about 6 minutes
-    python bench/peak.py --threads 2 --update-precision none --sampler-rollouts 64,128,256 --engines vllm
-                                               # vLLM at the calls a PODS step makes, no update
+    python bench/peak.py --threads 2 --update-precision none --sampler-rollouts 8,64,128,256 --engines vllm
+                                               # vLLM at the calls a PODS step makes, no update: about 10 minutes
+    python bench/peak.py --threads 2 --update-precision none --sampler-rollouts 128 --lengths 64 --engines vllm --profile 128x64
+                                               # and where one call's time goes (torch's profiler, CPU)
     python3 bench/peak.py --gpu --budget 3.5   # GPU: random-weight Qwen2.5-1.5B and 0.5B, 512-token completions
     python bench/peak.py --gpu --tiny          # the GPU mode's code on this CPU with tiny random Qwen2 models (tests)
 
@@ -83,7 +85,9 @@ call's rollouts, one token a row, timed as the peak's; their FLOP over their sum
 engine's rate over it: a decode step multiplies far fewer rows than the update, and this says how much
 of the gap to the peak is the call's shape, which no engine escapes, and how much the engine's own
 (attention over the cache, sampling, scheduling). vLLM's KV cache is sized to hold the largest call at
-once (:func:`kv_cache_gib`).
+once (:func:`kv_cache_gib`). ``--profile RxC`` (CPU) then profiles one call of R rollouts of C tokens
+per engine with torch's profiler (:func:`profile_call`): the operators with the most self CPU time,
+which names the rest of the gap (the products' kernels, sampling, attention, elementwise work).
 
 ``--budget MINUTES``: the parts run in order (peaks; GPU: the update at 1.5B, at 0.5B, then the
 sampler, one size after the other) and one that would start with less than ``MIN_PART_SECONDS`` left
@@ -649,6 +653,31 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
                         "decode_gflops": decode, "of_decode_rate": flop.total / seconds / 1e9 / decode})  # fmt: skip
 
 
+PROFILE_OPS = 12  # the operators a profiled call lists, by their own (self) CPU time
+
+
+def profile_call(engine, name: str, prompts: list[list[int]], *, rollouts: int, length: int, fixed: _FixedLength) -> dict:
+    """Where one sampling call's time goes (``--profile RxC``, CPU): torch's profiler around a call of
+    ``rollouts`` x ``length`` tokens, the operators with the most self CPU time (summed over threads:
+    shares of the profiled total, not of the wall clock)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from podsrl.engines import Sampling
+
+    k = min(PROMPTS, rollouts) if rollouts % min(PROMPTS, rollouts) == 0 else 1
+    fixed.length = length
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.generate(prompts[:k], Sampling(n=rollouts // k, temperature=1.0, top_p=1.0, max_new_tokens=length, seed=7))
+    seconds = time.perf_counter() - start
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    ops = [{"op": e.key, "self_seconds": e.self_cpu_time_total / 1e6, "share": e.self_cpu_time_total / total, "calls": e.count}
+           for e in events[:PROFILE_OPS]]  # fmt: skip
+    print(f"  profile {name} {rollouts} x {length}: " + ", ".join(f"{o['op']} {o['share']:.0%}" for o in ops[:5]), flush=True)
+    return {"engine": name, "rollouts": rollouts, "completion": length, "seconds": seconds, "profiled_cpu_seconds": total / 1e6, "ops": ops}
+
+
 class _Rows(list):
     """A list that rewrites the report whenever a row is appended."""
 
@@ -765,6 +794,10 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
             time_sampler(engines, dtypes, shapes, sample_prompts, sizes=list(sizes.sampler_rollouts), lengths=list(sizes.sampler_lengths),
                          repeats=sizes.sampler_repeats, device=device, peaks=entry["peak"], fixed=fixed, deadline=deadline, skipped=skipped,
                          warm_each_size=gpu, out=rows)  # fmt: skip
+            if args.profile:
+                rollouts, length = args.profile
+                entry["profile"] = [profile_call(engine, name, sample_prompts, rollouts=rollouts, length=length, fixed=fixed)
+                                    for name, engine in engines.items()]  # fmt: skip
             for engine in engines.values():
                 engine.close()
             del engines
@@ -832,7 +865,8 @@ def results_tables(data: dict) -> str:
                 out.append("| peak memory (MiB) | | " + " | ".join(f"{num(v, '.0f')} | " for v in memory).rstrip(" |") + " |")
         calls = list(dict.fromkeys((r["rollouts"], r["completion"]) for r in entry["sampler"]))
         if calls:
-            out += ["", "| sampler | precision | " + " | ".join(f"{k} x {c}: tokens/s | of peak" for k, c in calls) + " |", "|---|---|" + "---:|---:|" * len(calls)]
+            out += [""] * (out[-1] != "") + ["| sampler | precision | " + " | ".join(f"{k} x {c}: tokens/s | of peak" for k, c in calls) + " |",
+                                              "|---|---|" + "---:|---:|" * len(calls)]  # fmt: skip
             for engine in dict.fromkeys(r["engine"] for r in entry["sampler"]):
                 rows = {(r["rollouts"], r["completion"]): r for r in entry["sampler"] if r["engine"] == engine}
                 dtype = next(iter(rows.values()))["dtype"]
@@ -843,6 +877,11 @@ def results_tables(data: dict) -> str:
                 out += ["", "| sampler | call | GFLOP/s | a decode step's products at its rollouts: GFLOP/s | of that rate |", "|---|---|---:|---:|---:|"]
                 out += [f"| {r['engine']} | {r['rollouts']} x {r['completion']} | {r['gflops']:.1f} | {r['decode_gflops']:.1f} | {r['of_decode_rate']:.2f} |"
                         for r in decode]  # fmt: skip
+        for prof in entry.get("profile", []):  # --profile (runs since 2026-11-29)
+            out += ["", f"Where a call of {prof['rollouts']} x {prof['completion']} tokens goes, **{prof['engine']}** (torch's profiler, "
+                        f"self CPU time over all threads, {prof['profiled_cpu_seconds']:.1f} s in a call of {prof['seconds']:.1f} s):", "",
+                    "| operator | self CPU s | share | calls |", "|---|---:|---:|---:|"]  # fmt: skip
+            out += [f"| `{o['op']}` | {o['self_seconds']:.2f} | {o['share']:.1%} | {o['calls']} |" for o in prof["ops"]]
         if entry["skipped"]:
             out += ["", "Skipped: " + "; ".join(f"{s['part']} ({s['why']})" for s in entry["skipped"])]
     return "\n".join(out)
@@ -883,6 +922,8 @@ def main(argv: list[str] | None = None) -> dict:
                              "float32 alone skips the emulated bfloat16 update, minutes at 16 rows, on a CPU without native bfloat16; "
                              "none times no update (the peaks and the samplers only)")
     parser.add_argument("--engines", default=None, help="comma-separated samplers (default: transformers, transformers-static, vllm on the CPU)")
+    parser.add_argument("--profile", type=_call_size, default=None, metavar="RxC",
+                        help="CPU: after the timed calls, profile one call of R rollouts of C tokens per engine (where its time goes)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default results/peak/<machine>-<date>.json; quick runs: runs/peak/)")
     parser.add_argument("--out-dir", type=Path, default=None, help="the JSON file's directory, named as by default")
@@ -892,6 +933,8 @@ def main(argv: list[str] | None = None) -> dict:
         data = json.loads(args.table.read_text())
         print(results_tables(data))
         return data
+    if args.profile and args.gpu:
+        parser.error("--profile is the CPU mode's: torch's CPU profiler would not see a GPU's kernels")
     if args.tiny and not args.gpu:
         parser.error("--tiny is the GPU mode's code on the CPU: give --gpu too (the CPU mode's quick check is --quick)")
     import torch
@@ -946,6 +989,17 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\n# {data['command']}\n# {data['date']}, {data['seconds']:.0f} s; {path}")
     print(headline(data))
     return data
+
+
+def _call_size(text: str) -> tuple[int, int]:
+    """``--profile RxC``: rollouts and completion tokens of the profiled call."""
+    try:
+        rollouts, length = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give rollouts x tokens, e.g. 128x64") from None
+    if rollouts < 1 or length < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: rollouts and tokens must be at least 1")
+    return rollouts, length
 
 
 @contextlib.contextmanager

@@ -25,7 +25,8 @@ random prompts and an EOS that random weights do not sample, so every rollout ru
 --max-new-tokens. --threads (default 1 on the CPU: the machine is shared) sets torch's threads.
 
 Last lines: ``<engine> / transformers at R rollouts: X.XXx rollouts per second`` per other engine
-and size (the ratio of the medians). --out FILE also writes the figures as JSON.
+and size (the ratio of the medians). --out FILE also writes the figures as JSON (results/samplers/);
+``--table FILE`` prints a saved one's table for docs/engines.md (tests/test_peak.py checks the page).
 """
 
 from __future__ import annotations
@@ -165,6 +166,22 @@ def make_engines(args, model, tokenizer, prompts, path) -> dict:
     return engines
 
 
+def doc_table(data: dict) -> str:
+    """docs/engines.md's table of a saved run (``--table FILE``): a row per size, the transformers
+    engine's rollouts a second and each other engine's ratio to it (the medians')."""
+    engines = list(dict.fromkeys(r["engine"] for r in data["rows"]))
+    rows = {(r["engine"], r["rollouts"]): r for r in data["rows"]}
+    lines = ["| rollouts | " + " | ".join(engines) + " |", "|---:|" + "---:|" * len(engines)]
+    for size in dict.fromkeys(r["rollouts"] for r in data["rows"]):
+        cells = []
+        for name in engines:
+            r = rows.get((name, size))
+            cells.append("-" if r is None else f"{r['rollouts_per_second']:.1f} rollouts/s" if name == "transformers"
+                         else f"{r['vs_transformers']:.2f}x" if r["vs_transformers"] else "-")  # fmt: skip
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu", action="store_true", help="on the GPU, SmolLM2-135M's architecture with random weights")
@@ -179,7 +196,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 on the CPU, torch's on a GPU)")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
     parser.add_argument("--budget", type=float, default=None, help="minutes: a call that would start past them is left out (and named)")
+    parser.add_argument("--table", type=Path, default=None, help="measure nothing: print docs/engines.md's table of this JSON file")
     args = parser.parse_args(argv)
+    if args.table:
+        data = json.loads(args.table.read_text())
+        print(doc_table(data))
+        return data
     import torch
 
     if args.gpu and not torch.cuda.is_available():
@@ -207,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
         sync()
         return time.perf_counter() - start, sum(map(len, out.completion_ids)), list(getattr(engine, "calls", []))
 
-    result = {"model": what, "device": device, "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+    result = {"command": "python bench/samplers.py " + " ".join(argv if argv is not None else sys.argv[1:]), "model": what, "device": device, "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
               "sampler_dtype": args.sampler_dtype, "batch_size": args.batch_size, "rows": [], "left_out": []}  # fmt: skip
     deadline = time.monotonic() + 60 * args.budget if args.budget else float("inf")
     left_out: list[str] = []  # the calls --budget left out

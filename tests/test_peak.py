@@ -2,7 +2,8 @@
 model computes (torch's own counter around podsrl's forward, backward and a ``generate`` call of a
 tiny random Qwen2), hand numbers for attention and the micro-batches, a fraction against the peaks
 of the precision each part runs in, and both modes at tiny sizes on this CPU (the GPU mode's code with
-tiny random Qwen2 models): the JSON's structure, and fractions of the peak in (0, 1.5]."""
+tiny random Qwen2 models): the JSON's structure, and fractions of the peak in (0, 1.5]; the pages
+carry every committed run's tables (this bench's and bench/samplers.py's)."""
 
 from __future__ import annotations
 
@@ -186,6 +187,24 @@ def test_the_samplers_alone_against_the_peak_and_their_decode_products(peak, tmp
     assert tables.count("| transformers | ") == len(rows) + 1  # one row per call, and the engine's row of the first table
 
 
+@pytest.mark.usefixtures("one_thread")
+def test_a_profiled_call_says_where_its_time_goes(peak, tmp_path):
+    """--profile 2x8: one call per engine under torch's profiler, its operators by self CPU time
+    (shares of the profiled total, largest first: a matrix product among them), in the tables."""
+    data = peak.main(["--quick", "--update-precision", "none", "--engines", "transformers", "--sampler-rollouts", "2", "--lengths", "8",
+                      "--profile", "2x8", "--out", str(tmp_path / "p.json")])  # fmt: skip
+    (prof,) = data["models"]["tiny-llama"]["profile"]
+    assert (prof["engine"], prof["rollouts"], prof["completion"]) == ("transformers", 2, 8)
+    shares = [o["share"] for o in prof["ops"]]
+    assert 0 < len(shares) <= peak.PROFILE_OPS and shares == sorted(shares, reverse=True) and sum(shares) <= 1 + 1e-9
+    assert any(o["op"] in ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm") for o in prof["ops"]), prof["ops"]
+    assert "Where a call of 2 x 8 tokens goes, **transformers**" in peak.results_tables(data)
+    with pytest.raises(SystemExit):
+        peak.main(["--gpu", "--tiny", "--profile", "2x8"])
+    with pytest.raises(SystemExit):
+        peak.main(["--quick", "--profile", "2by8"])
+
+
 def test_the_decode_rate_weighs_each_product_by_its_flop(peak, monkeypatch):
     """hidden 4, intermediate 8, vocabulary 10, 2 layers, 2 heads of 2, 1 KV head, each product timed at
     K x N GFLOP/s: each takes 2M x count / 1e9 s (7 a layer, 2 layers, and the output layer: 15 of them),
@@ -226,3 +245,13 @@ def test_every_committed_peak_run_is_in_the_results_page_as_its_tables(peak):
     for path in sorted((ROOT / "results" / "peak").glob("*.json")):
         tables = peak.results_tables(json.loads(path.read_text()))
         assert tables in page, f"docs/results.md lacks {path.name}'s tables: paste `python bench/peak.py --table {path.relative_to(ROOT)}`"
+
+
+def test_every_committed_samplers_run_is_in_the_engines_page_as_its_table():
+    """bench/samplers.py's committed runs (results/samplers/*.json) appear in docs/engines.md exactly as
+    ``--table`` prints them."""
+    with script_module(ROOT / "bench" / "samplers.py") as samplers:
+        page = (ROOT / "docs" / "engines.md").read_text()
+        for path in sorted((ROOT / "results" / "samplers").glob("*.json")):
+            table = samplers.doc_table(json.loads(path.read_text()))
+            assert table in page, f"docs/engines.md lacks {path.name}'s table: paste `python bench/samplers.py --table {path.relative_to(ROOT)}`"
