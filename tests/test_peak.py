@@ -115,6 +115,8 @@ def _check_report(data: dict, *, mode: str, models: set[str], updates: int, engi
     assert data["machine"]["native_bf16"] in (True, False) and data["machine"]["bf16_reason"]
     for name, entry in data["models"].items():
         assert set(entry["peak"]) == {"float32", "bfloat16"}
+        for p, v in entry["peak"].items():  # the higher of the measurements before and after the phases
+            assert v["gflops"] == max(entry["peak_before"][p]["gflops"], entry["peak_after"][p]["gflops"])
         assert entry["peak"]["bfloat16"]["emulated"] is (not data["machine"]["native_bf16"])
         assert all(p["gflops"] > 0 for precision in entry["peak"].values() for p in precision["products"])
         assert len(entry["update"]) == updates, name
@@ -203,6 +205,26 @@ def test_a_profiled_call_says_where_its_time_goes(peak, tmp_path):
         peak.main(["--gpu", "--tiny", "--profile", "2x8"])
     with pytest.raises(SystemExit):
         peak.main(["--quick", "--profile", "2by8"])
+
+
+def test_the_fractions_are_against_the_higher_of_two_peak_measurements(peak):
+    """A float32 peak of 50 GFLOP/s before the phases and 100 after: the fractions measured against 50
+    halve; a bfloat16 peak lower after keeps its first figure. A float32 update row recomputed from its
+    seconds and FLOP; a sampler row from its GFLOP/s; the tables say both measurements."""
+    f = peak.Flop(layers=0.6e9, attention=0.4e9, output=1e9)
+    measured = {"seconds": {"forward": 0.06, "backward": 0.12, "optimizer": 0.01, "rest": 0.01, "update": 0.2}}
+    first = {"float32": {"gflops": 50.0, "emulated": False}, "bfloat16": {"gflops": 40.0, "emulated": True}}
+    row = {"label": "2 rows", "prompt": 4, "completion": 8, "tokens": 100, "mixed_precision": False, "peak_mib": None, **measured,
+           **peak.update_figures(measured, f, 100, first, mixed=False)}  # fmt: skip
+    sampled = {"engine": "vllm", "dtype": "float32", "rollouts": 8, "completion": 8, "gflops": 20.0, "fraction": 0.4, "tokens_per_second": 1.0}
+    entry = {"peak": first, "update": [row], "sampler": [sampled], "skipped": [], "weights": "random"}
+    before = row["fraction"]["forward"]
+    peak.settle_peaks(entry, {"float32": {"gflops": 100.0, "emulated": False}, "bfloat16": {"gflops": 30.0, "emulated": True}})
+    assert entry["peak"]["float32"]["gflops"] == 100.0 and entry["peak"]["bfloat16"]["gflops"] == 40.0
+    assert row["fraction"]["forward"] == pytest.approx(before / 2) and sampled["fraction"] == pytest.approx(0.2)
+    data = {"machine": {"cpu": "cpu", "threads": 1, "torch": "t", "native_bf16": False}, "date": "2026-11-29", "command": "c",
+            "models": {"m": entry}}  # fmt: skip
+    assert "float32 50.0 and 100.0; bfloat16 40.0 and 30.0" in peak.results_tables(data)
 
 
 def test_the_decode_rate_weighs_each_product_by_its_flop(peak, monkeypatch):
