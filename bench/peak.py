@@ -387,7 +387,7 @@ def settle_peaks(entry: dict, after: dict) -> None:
     """The peaks measured again after the phases (``after``): each precision's higher of the two is the
     peak every fraction is against, and the rows' fractions are recomputed. The machine reached that
     rate; a peak measured low (the machine slowed or busy for that minute: this project's runs measured
-    149-177 GFLOP/s on the same CPU and day) would flatter every fraction."""
+    144-177 GFLOP/s on the same CPU and day) would flatter every fraction."""
     before = entry["peak"]
     entry["peak_before"], entry["peak_after"] = before, after
     entry["peak"] = {p: max(before[p], after[p], key=lambda v: v["gflops"]) for p in before}
