@@ -392,7 +392,8 @@ def settle_peaks(entry: dict, after: dict) -> None:
     entry["peak_before"], entry["peak_after"] = before, after
     entry["peak"] = {p: max(before[p], after[p], key=lambda v: v["gflops"]) for p in before}
     for row in entry["update"]:
-        row["fraction"] = update_figures(row, Flop(**row["flop"]["forward_parts"]), row["tokens"], entry["peak"], mixed=row["mixed_precision"])["fraction"]
+        figures = update_figures(row, Flop(**row["flop"]["forward_parts"]), row["tokens"], entry["peak"], mixed=row["mixed_precision"])
+        row["fraction"] = figures["fraction"]
     for row in entry["sampler"]:
         peak = entry["peak"].get(row["dtype"], {}).get("gflops")
         row["fraction"] = row["gflops"] / peak if peak else None

@@ -153,7 +153,8 @@ def make_engines(args, model, tokenizer, prompts, path) -> dict:
                 continue
             from podsrl.engines.vllm import VLLMEngine, VLLMOptions
 
-            options = VLLMOptions(dtype=sampler.dtype, max_model_len=max(map(len, prompts)) + args.max_new_tokens + 16, kv_cache_gib=getattr(args, "kv_cache_gib", None) or 2.0)
+            options = VLLMOptions(dtype=sampler.dtype, max_model_len=max(map(len, prompts)) + args.max_new_tokens + 16,
+                                  kv_cache_gib=getattr(args, "kv_cache_gib", None) or 2.0)  # bench/peak.py sizes it to its largest call
             engines[name] = VLLMEngine(path, tokenizer, options, eos_token_ids={tokenizer.eos_token_id})
             torch.set_num_threads(args.threads or torch.get_num_threads())  # vLLM's CPU worker may lower it
         elif name == "transformers-cb":
@@ -229,8 +230,9 @@ def main(argv: list[str] | None = None) -> dict:
         sync()
         return time.perf_counter() - start, sum(map(len, out.completion_ids)), list(getattr(engine, "calls", []))
 
-    result = {"command": "python bench/samplers.py " + " ".join(argv if argv is not None else sys.argv[1:]), "model": what, "device": device, "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
-              "sampler_dtype": args.sampler_dtype, "batch_size": args.batch_size, "rows": [], "left_out": []}  # fmt: skip
+    result = {"command": "python bench/samplers.py " + " ".join(argv if argv is not None else sys.argv[1:]), "model": what, "device": device,
+              "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(), "sampler_dtype": args.sampler_dtype,
+              "batch_size": args.batch_size, "rows": [], "left_out": []}  # fmt: skip
     deadline = time.monotonic() + 60 * args.budget if args.budget else float("inf")
     left_out: list[str] = []  # the calls --budget left out
     warm: dict[tuple[str, int], float] = {}
