@@ -1,8 +1,10 @@
 """Rollouts with transformers ``generate`` on the policy model itself (no weight sync needed).
 
 Prompts are left-padded, each repeated n times, and generated in chunks of ``batch_size``
-sequences. Sampling log-probs are not returned (``logprobs=None``): the trainer recomputes them in
-its own forward pass, which it needs anyway.
+sequences. Tokens are drawn by :class:`podsrl.engines.draw.DrawTokens` (softmax of the scores after
+temperature and top-p, transformers' own warpers; the law of ``generate``'s ``torch.multinomial`` at
+a fraction of its cost on a CPU). Sampling log-probs are not returned (``logprobs=None``): the
+trainer recomputes them in its own forward pass, which it needs anyway.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from podsrl.engines.base import Rollouts, Sampling
+from podsrl.engines.draw import generate_kwargs
 
 
 class TransformersEngine:
@@ -38,9 +41,6 @@ class TransformersEngine:
                 width = max(len(ids) for ids in chunk)
                 input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=device)
                 attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=device)
-                kwargs = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-                if sampling.temperature == 0:
-                    kwargs = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention,
@@ -48,7 +48,7 @@ class TransformersEngine:
                     pad_token_id=pad,
                     eos_token_id=sorted(eos),
                     synced_gpus=self.synced_gpus,
-                    **kwargs,
+                    **generate_kwargs(sampling),
                 )
                 for row in out[:, width:].tolist():
                     completions.append(cut_at_eos(row, eos))

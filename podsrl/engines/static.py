@@ -29,12 +29,13 @@ times one. This engine does what vLLM does, with transformers alone:
   small CPU). Transformers' continuous batching (``generate_batch``, paged attention) was tried
   too: far slower on this project's CPU in a scratch run, and its internals moved between
   transformers 5.17 and 5.19 (docs/engines.md: why, and what a GPU run must still measure).
-- **The law**: the decode loop of ``generate`` that TransformersEngine runs (transformers'
-  ``_sample``, identical in 5.17 and 5.19: softmax of the processed scores, then ``torch.multinomial``),
-  with the same processors in the same order: the model's own (its generation_config), then
-  ``TemperatureLogitsWarper`` and ``TopPLogitsWarper``. They are passed as explicit processors,
-  with ``temperature=1, top_p=1`` so that transformers adds none of its own, so that a last one
-  (:class:`SampledLogprobs`) sees the scores each token is drawn from.
+- **The law**: the decode loop of ``generate`` that TransformersEngine runs, with the same processors
+  in the same order (:func:`podsrl.engines.draw.generate_kwargs`): the model's own (its
+  generation_config), then ``TemperatureLogitsWarper`` and ``TopPLogitsWarper``, then
+  :class:`SampledLogprobs` (which sees the scores each token is drawn from), then
+  :class:`podsrl.engines.draw.DrawTokens`, which draws each token from the softmax of those scores
+  (the law of transformers' own ``torch.multinomial``, at a uniform a row instead of an exponential a
+  vocabulary entry) under greedy decoding, so that transformers adds no warper of its own.
 - **Log-probs**: ``Rollouts.logprobs`` holds each completion token's log-prob under the distribution
   it was drawn from: log softmax(logits / T), for top_p < 1 renormalised over the nucleus (vLLM's
   ``processed_logprobs``), of the sampler's float32 copy of its logits; what
@@ -54,6 +55,7 @@ import time
 import torch
 
 from podsrl.engines.base import Rollouts, Sampling
+from podsrl.engines.draw import generate_kwargs
 from podsrl.engines.dtype import SamplerDtype, resolve_sampler_dtype
 from podsrl.engines.hf import cut_at_eos, eos_ids
 
@@ -199,24 +201,13 @@ class StaticCacheEngine:
     def _generate_call(self, chunk: list[list[int]], sampling: Sampling, cache_len: int):
         """One ``generate`` call over ``chunk`` (left-padded): the new ids [rows] (padding after EOS
         included) and, when sampling, their log-probs [rows]."""
-        from transformers import CompileConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+        from transformers import CompileConfig
 
         pad = self.tokenizer.pad_token_id
         width = max(len(ids) for ids in chunk)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=self.device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=self.device)
-        recorder = None
-        if sampling.temperature == 0:
-            kwargs = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            # transformers' own warpers, in the order generate would add them, then the recorder;
-            # temperature 1 and top_p 1 keep generate from adding a second set.
-            processors = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1.0 else []
-            if sampling.top_p < 1.0:
-                processors.append(TopPLogitsWarper(sampling.top_p))
-            recorder = SampledLogprobs()
-            processors.append(recorder)
-            kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, logits_processor=LogitsProcessorList(processors))
+        recorder = None if sampling.temperature == 0 else SampledLogprobs()
         out = self.sampler.generate(
             input_ids=input_ids,
             attention_mask=attention,
@@ -226,7 +217,7 @@ class StaticCacheEngine:
             cache_implementation="static",
             max_cache_len=cache_len,
             compile_config=self._compile_config(CompileConfig) if self.compiled else None,
-            **kwargs,
+            **generate_kwargs(sampling, recorder),
         )
         new_ids = out[:, width:]
         lps = None if recorder is None else recorder.columns(new_ids).float().tolist()

@@ -1,0 +1,166 @@
+"""Benchmark: podsrl's token draw (podsrl/engines/draw.py, inverse transform) against transformers'
+``torch.multinomial``, side by side in one run (issue 66).
+
+    python bench/draw.py --threads 2            # the embedded model, 128 rollouts x 64 tokens
+    python bench/draw.py --quick                # a tiny random model, seconds: checks the script runs
+
+1. **The draw alone**: milliseconds to draw one token a row from [R, V] scores (the embedded model's
+   vocabulary, V = 49,152) for R = 8, 64, 128, 256 rows: softmax then ``torch.multinomial`` (what
+   ``generate`` does under sampling) against :func:`podsrl.engines.draw.draw` (which includes its
+   softmax); medians of --repeats x 5 draws, alternating.
+2. **A sampling call**: the transformers engine (``rollout.engine = "transformers"``, the CPU's
+   sampler without vLLM) on the embedded SmolLM2-135M-Instruct in float32, one call of --rollouts
+   rollouts (16 random 40-token prompts x n) of exactly --length tokens (``min_new_tokens``: EOS
+   suppressed), temperature 1: with podsrl's draw (``DrawTokens`` under greedy decoding, today's
+   engine) and with transformers' own sampling (``do_sample=True``: the engine before this change),
+   --repeats rounds after one warm-up call of each, the order alternating within each round.
+
+Last lines: the ratio of the medians, ``multinomial / draw`` in milliseconds for part 1 and
+``draw / multinomial`` in tokens a second for part 2. --out FILE writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # _tiny_model, when imported from a test
+
+PROMPTS, PROMPT_LEN = 16, 40
+
+
+def cpu_name() -> str:
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    return next((line.partition(":")[2].strip() for line in lines if line.startswith("model name")), "unknown CPU")
+
+
+def median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def time_draws(vocab: int, rows_list: list[int], repeats: int) -> list[dict]:
+    from podsrl.engines.draw import draw
+
+    out = []
+    for rows in rows_list:
+        scores = torch.randn(rows, vocab)
+        multinomial = lambda: torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)  # noqa: E731
+        ours = lambda: draw(scores)  # noqa: E731
+        multinomial(), ours()  # warm-up
+        times = {"multinomial": [], "draw": []}
+        for r in range(repeats):
+            for name, fn in (("multinomial", multinomial), ("draw", ours))[:: 1 if r % 2 == 0 else -1]:
+                times[name].append(median_ms(fn, 5))
+        row = {"rows": rows, "vocab": vocab, **{f"{k}_ms": statistics.median(v) for k, v in times.items()}}
+        row["ratio"] = row["multinomial_ms"] / row["draw_ms"]
+        out.append(row)
+        print(f"  draw alone, {rows:>3} x {vocab}: multinomial {row['multinomial_ms']:7.1f} ms, draw {row['draw_ms']:6.1f} ms: {row['ratio']:.2f}x")
+    return out
+
+
+def load(quick: bool):
+    """(model, tokenizer): the embedded model in float32, or a tiny random Llama with its tokenizer."""
+    from podsrl.models import load_tokenizer, resolve_model_path
+
+    from transformers import AutoModelForCausalLM
+
+    if quick:
+        import tempfile
+
+        from _tiny_model import tiny_llama
+
+        path = tiny_llama(Path(tempfile.mkdtemp(prefix="podsrl-draw-")), hidden=32, intermediate=64, heads=4, kv_heads=2)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), load_tokenizer(str(path))
+
+    path = resolve_model_path("smollm2-135m-instruct")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), load_tokenizer(path)
+
+
+def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int) -> dict:
+    import podsrl.engines.hf as hf
+    from podsrl.engines import Sampling
+
+    ours = hf.generate_kwargs
+
+    def transformers_own(sampling, recorder=None):  # the engine before podsrl's draw
+        if sampling.temperature == 0:
+            return ours(sampling)
+        return dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+
+    plain = model.generate
+    model.generate = lambda *a, **k: plain(*a, **{**k, "min_new_tokens": length})
+    engine = hf.TransformersEngine(model, tokenizer, batch_size=rollouts)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(3, vocab - 1, (PROMPT_LEN,), generator=gen).tolist() for _ in range(PROMPTS)]
+    k = PROMPTS if rollouts % PROMPTS == 0 else 1
+    variants = {"draw": ours, "multinomial": transformers_own}
+
+    def call(name: str, seed: int) -> tuple[float, int]:
+        hf.generate_kwargs = variants[name]
+        try:
+            start = time.perf_counter()
+            out = engine.generate(prompts[:k], Sampling(n=rollouts // k, temperature=1.0, top_p=1.0, max_new_tokens=length, seed=seed))
+            return time.perf_counter() - start, sum(map(len, out.completion_ids))
+        finally:
+            hf.generate_kwargs = ours
+
+    for name in variants:
+        seconds, _ = call(name, 0)
+        print(f"  warm-up {name:<11} {rollouts} x {length}: {seconds:6.2f} s")
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(repeats):
+        for name in list(variants)[:: 1 if r % 2 == 0 else -1]:
+            seconds, tokens = call(name, 1 + r)
+            rates[name].append(tokens / seconds)
+            print(f"  round {r + 1} {name:<11} {rollouts} x {length}: {tokens} tokens in {seconds:6.2f} s, {tokens / seconds:6.1f} tokens/s")
+    model.generate = plain
+    result = {"rollouts": rollouts, "length": length, "tokens_per_s": {n: statistics.median(v) for n, v in rates.items()}, "rounds": rates}
+    result["ratio"] = result["tokens_per_s"]["draw"] / result["tokens_per_s"]["multinomial"]
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tiny random model: checks the script runs")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
+    parser.add_argument("--rollouts", type=int, default=128, help="rollouts of the sampling call (default 128: a PODS(16, 4) step of 8 prompts)")
+    parser.add_argument("--length", type=int, default=64, help="tokens each rollout generates")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds of each part")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rollouts, args.length, args.repeats = min(args.rollouts, 16), min(args.length, 4), min(args.repeats, 2)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load(args.quick)
+    vocab = model.config.vocab_size
+    print(f"draw: {cpu_name()}, {args.threads} thread(s), torch {torch.__version__}, vocabulary {vocab}")
+    draws = time_draws(vocab, [8, 64, 128, 256] if not args.quick else [8, 16], args.repeats)
+    calls = time_calls(model, tokenizer, rollouts=args.rollouts, length=args.length, repeats=args.repeats)
+    command = "python bench/draw.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        record = {"command": command.strip(), "cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
+                  "date": time.strftime("%Y-%m-%d"), "draws": draws, "call": calls}  # fmt: skip
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    for row in draws:
+        print(f"multinomial / draw at {row['rows']} rows: {row['ratio']:.2f}x the milliseconds")
+    print(f"draw / multinomial, transformers engine {calls['rollouts']} x {calls['length']}: {calls['ratio']:.2f}x tokens per second")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

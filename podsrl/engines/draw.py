@@ -1,0 +1,92 @@
+"""One token a row from processed scores, by inverse transform: the law of ``torch.multinomial`` on
+their softmax, at one random number a row instead of one a vocabulary entry.
+
+Why: transformers' ``generate`` samples with ``torch.multinomial(softmax(scores), 1)``, which on a
+CPU draws an exponential variate for every entry of the vocabulary (``aten::exponential_``: 128 rows
+x 49,152 entries in 141-158 ms on this project's 2-core EPYC, 18% of a 128 x 64 sampling call of the
+embedded model under torch's profiler; results/peak/, issue 66). Inverse transform sampling needs a
+uniform a row and a cumulative sum: about 10 ms there.
+
+How, for scores [R, V] (float32 logits after every processor; -inf for tokens a processor excluded):
+
+1. ``p = softmax(scores)`` in float32 (as ``generate`` computes it), padded with zeros to a multiple
+   of ``BLOCK`` entries and cut into blocks [R, K, BLOCK].
+2. The cumulative sums within each block in float32, each block's total (its last one) and the
+   cumulative sums of the totals across blocks in float64: the row's CDF in two levels.
+3. ``u`` uniform on [0, total) (float64, the global generator); the block whose cumulative range holds
+   ``u``, then the entry of that block whose range holds ``u`` minus the block's start.
+
+Exactness: each token's chance is its interval of the two-level CDF, of width p_i up to the float32
+rounding of the sums within its block (at most half an ulp of the block's total per entry, so at
+most ``BLOCK`` half-ulps, about 1.5e-5 of the block's mass, over a block, in total variation; far
+less in practice). A token of probability 0 (excluded) has an empty interval and is never drawn.
+``torch.multinomial`` is itself exact only up to float32 rounding. The law test of both transformers
+engines (tests/test_static_engine.py) and tests/test_draw.py check it.
+
+Non-finite or all-zero probabilities (a NaN logit, every token excluded) stop the call with an error,
+as ``torch.multinomial`` does: checked on the device (``torch._assert_async``), so a GPU's decode
+loop is not synchronised for it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["BLOCK", "DrawTokens", "draw", "generate_kwargs"]
+
+BLOCK = 256  # vocabulary entries a block of the two-level CDF
+
+
+def draw(scores: torch.Tensor) -> torch.Tensor:
+    """[R, V] scores (logits after processors; -inf excluded) -> [R] int64: one token a row, drawn from
+    softmax(scores) (module docstring)."""
+    rows, vocab = scores.shape
+    p = torch.softmax(scores.float(), dim=-1)
+    pad = (-vocab) % BLOCK
+    if pad:
+        p = torch.nn.functional.pad(p, (0, pad))
+    within = p.view(rows, -1, BLOCK).cumsum(-1)  # [R, K, BLOCK] float32
+    totals = within[..., -1].double()  # [R, K]
+    ends = totals.cumsum(-1)  # [R, K] float64: where each block's range ends
+    total = ends[:, -1:]  # [R, 1]
+    torch._assert_async(torch.isfinite(total).all() & (total > 0).all(), "draw: the probabilities are not finite or sum to 0")
+    u = torch.rand(rows, 1, dtype=torch.float64, device=scores.device) * total  # [R, 1] in [0, total)
+    block = torch.searchsorted(ends, u, right=True).clamp_(max=ends.shape[1] - 1)  # [R, 1]
+    start = ends.gather(1, block) - totals.gather(1, block)  # [R, 1]
+    inner = within.gather(1, block[:, :, None].expand(rows, 1, BLOCK)).squeeze(1).double()  # [R, BLOCK]
+    entry = torch.searchsorted(inner, u - start, right=True)  # [R, 1]
+    # u - start can round past the block's own total (by ~1e-16): then the block's last positive entry.
+    last = torch.searchsorted(inner, inner[:, -1:].contiguous(), right=False)  # the first index that reaches the total
+    entry = torch.minimum(entry, last)
+    return (block * BLOCK + entry).squeeze(1)
+
+
+class DrawTokens:
+    """A logits processor that goes last, under greedy decoding (``do_sample=False``): it draws each
+    row's token (:func:`draw`) and returns scores that are 0 there and -inf elsewhere, so that
+    ``generate``'s argmax picks the drawn token. transformers' decode loop is otherwise unchanged."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        token = draw(scores)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, token[:, None], 0.0)
+
+
+def generate_kwargs(sampling, recorder=None) -> dict:
+    """``generate``'s decoding arguments for :class:`podsrl.engines.base.Sampling`: greedy at temperature
+    0; otherwise transformers' own ``TemperatureLogitsWarper`` and ``TopPLogitsWarper`` (in the order
+    ``generate`` adds them under sampling), then ``recorder`` (a processor that sees the scores each
+    token is drawn from) and :class:`DrawTokens`, under greedy decoding so that ``generate`` adds no
+    warper of its own (nor the model's generation_config's top_k) and draws nothing itself."""
+    greedy = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if sampling.temperature == 0:
+        return greedy
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    processors = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1.0 else []
+    if sampling.top_p < 1.0:
+        processors.append(TopPLogitsWarper(sampling.top_p))
+    if recorder is not None:
+        processors.append(recorder)
+    processors.append(DrawTokens())
+    return dict(greedy, logits_processor=LogitsProcessorList(processors))
