@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from podsrl.engines.draw import BLOCK, DrawTokens, draw
+from podsrl.engines.draw import BLOCK, CPU_SLICE_BYTES, DrawTokens, draw
 
 FALSE_ALARM = 1e-6  # each law test's chance of failing a correct draw (McDiarmid's bound below)
 
@@ -71,13 +71,17 @@ def test_a_smooth_law_over_a_vocabulary_of_several_blocks(one_thread, temperatur
     assert tv <= _threshold(exact, n), f"total variation {tv:.4f} above {_threshold(exact, n):.4f}"
 
 
-def test_one_token_left_is_always_drawn_and_rows_are_independent(one_thread):
+@pytest.mark.parametrize("vocab", [3 * BLOCK, 49_152])
+def test_one_token_left_is_always_drawn_and_rows_are_independent(one_thread, vocab):
     """Rows with a single token left (a top-p nucleus of one) draw it, whichever block it is in, and
-    each row draws from its own scores."""
-    vocab = 3 * BLOCK
-    scores = torch.full((vocab, vocab), float("-inf"))
-    scores[torch.arange(vocab), torch.arange(vocab)] = 0.0
-    assert draw(scores).tolist() == list(range(vocab))
+    each row draws from its own scores; at the embedded model's vocabulary a CPU draws 170 rows in
+    slices of 42 (CPU_SLICE_BYTES), which keep the rows' order."""
+    rows = min(vocab, 170)
+    want = torch.randperm(vocab, generator=torch.Generator().manual_seed(4))[:rows]
+    assert rows > CPU_SLICE_BYTES // (4 * vocab) or vocab < 1000
+    scores = torch.full((rows, vocab), float("-inf"))
+    scores[torch.arange(rows), want] = 0.0
+    assert draw(scores).tolist() == want.tolist()
 
 
 def test_tiny_probabilities_beside_a_dominant_token(one_thread):
@@ -120,23 +124,24 @@ def test_probabilities_that_are_not_finite_stop_the_call(bad):
 
 
 def test_the_benchmark_runs(tmp_path):
-    """bench/draw.py --quick: both parts measured, the engine's draw restored after its calls."""
+    """bench/hf_engine.py --quick: both parts measured, the engine's draw and prefill restored after."""
     import importlib.util
     import json
     from pathlib import Path
 
     import podsrl.engines.hf as hf
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "draw.py"
+    script = Path(__file__).resolve().parents[1] / "bench" / "hf_engine.py"
     spec = importlib.util.spec_from_file_location("bench_draw", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    before = hf.generate_kwargs
+    before = hf.generate_kwargs, hf.TransformersEngine._shared_prefill
     threads = torch.get_num_threads()
     assert bench.main(["--quick", "--out", str(tmp_path / "draw.json")]) == 0
     torch.set_num_threads(threads)
     data = json.loads((tmp_path / "draw.json").read_text())
     assert [row["rows"] for row in data["draws"]] == [8, 16]
-    assert set(data["call"]["tokens_per_s"]) == {"draw", "multinomial"} and data["call"]["ratio"] > 0
-    assert data["command"].startswith("python bench/draw.py --quick")
-    assert hf.generate_kwargs is before
+    assert set(data["call"]["tokens_per_s"]) == {"today", "multinomial", "before"}
+    assert data["call"]["ratio"] > 0 and data["call"]["draw_ratio"] > 0
+    assert data["command"].startswith("python bench/hf_engine.py --quick")
+    assert (hf.generate_kwargs, hf.TransformersEngine._shared_prefill) == before

@@ -1,5 +1,5 @@
 """The transformers-static engine (podsrl/engines/static.py): a sampler of its own with a static KV
-cache. On the CPU, beside today's TransformersEngine: the same tokens under greedy decoding, the same
+cache; and the transformers engine's prefill shared by a prompt's rows (podsrl/engines/hf.py). On the CPU, beside today's TransformersEngine: the same tokens under greedy decoding, the same
 law under sampling (a test against the model's exact probabilities that can fail), log-probs equal to
 the trainer's, the weights following the policy after each optimizer step, and a whole training run
 through the importance correction; and how ``rollout.engine = "auto"`` chooses."""
@@ -88,6 +88,73 @@ def _smallest_greedy_margin(model, prompt_rows, completions) -> float:
             top2 = logits.topk(2, dim=-1).values
             smallest = min(smallest, float((top2[:, 0] - top2[:, 1]).min()))
     return smallest
+
+
+# ------------------------------------------------------------------ the transformers engine's shared prefill
+
+
+def _forward_shapes(model) -> list[tuple[int, int]]:
+    """Record [rows, tokens] of every forward of ``model`` from now on."""
+    import functools
+
+    shapes, plain = [], model.forward
+
+    @functools.wraps(plain)  # generate reads the forward's signature (position_ids)
+    def recording(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        shapes.append(tuple(ids.shape))
+        return plain(*args, **kwargs)
+
+    model.forward = recording
+    return shapes
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_prompts_rows_share_one_prefill(tokenizer, one_thread, lora, monkeypatch):
+    """Prompts of 1 to 14 tokens, 3 rows each, calls of 8 rows (a prompt's rows split across calls):
+    each call's prefill runs once per distinct prompt over all but the last prompt token, generate then
+    runs one token a row; the greedy completions are those of a prefill per row (the engine without
+    sharing), by margins far above float32 rounding; under LoRA too."""
+    model = varied_model(tokenizer)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    ps = prompts(len(tokenizer))
+    greedy = Sampling(n=3, temperature=0, top_p=1.0, max_new_tokens=6)
+    engine = TransformersEngine(model, tokenizer, batch_size=8)
+    base = model.get_base_model() if lora else model
+    shapes = _forward_shapes(base)
+    shared = engine.generate(ps, greedy)
+    rows = [p for p in ps for _ in range(3)]
+    calls = [rows[i : i + 8] for i in range(0, len(rows), 8)]
+    width = [max(map(len, call)) for call in calls]
+    distinct = [len({tuple(r) for r in call}) for call in calls]
+    prefills = [s for s in shapes if s[1] > 1]
+    assert prefills == [(d, w - 1) for d, w in zip(distinct, width)]  # one a call, distinct prompts only
+    assert not any(s[0] == len(call) and s[1] > 1 for s, call in zip(shapes, calls))  # no prefill of every row
+
+    shapes.clear()
+    monkeypatch.setattr(TransformersEngine, "_shared_prefill", lambda self, *a: None)
+    alone = engine.generate(ps, greedy)
+    assert [s for s in shapes if s[1] > 1] == [(len(call), w) for call, w in zip(calls, width)]  # the engine before
+    assert shared.completion_ids == alone.completion_ids
+    assert _smallest_greedy_margin(model, rows, alone.completion_ids) > 1e-3
+
+
+def test_no_shared_prefill_where_nothing_repeats_or_under_fsdp(tokenizer, one_thread):
+    """Distinct prompts (n = 1) and FSDP's lockstep (synced_gpus) keep generate's own prefill."""
+    model = varied_model(tokenizer)
+    ps = prompts(len(tokenizer))
+    engine = TransformersEngine(model, tokenizer, batch_size=16)
+    ids = torch.ones(2, 3, dtype=torch.long)
+    assert engine._shared_prefill([[5, 6, 7], [8, 9, 10]], ids, ids) is None
+    engine.synced_gpus = True
+    assert engine._shared_prefill([[5, 6, 7], [5, 6, 7]], ids, ids) is None
+    engine.synced_gpus = False
+    assert engine._shared_prefill([[5, 6, 7], [5, 6, 7]], ids, ids).get_seq_length() == 2
+    assert engine._shared_prefill([[5], [5]], ids[:, :1], ids[:, :1]) is None  # one token: nothing to cache
+    assert len(engine.generate(ps, Sampling(n=1, temperature=0, top_p=1.0, max_new_tokens=3)).completion_ids) == len(ps)
 
 
 # ------------------------------------------------------------------ the law under sampling

@@ -2,10 +2,10 @@
 their softmax, at one random number a row instead of one a vocabulary entry.
 
 Why: transformers' ``generate`` samples with ``torch.multinomial(softmax(scores), 1)``, which on a
-CPU draws an exponential variate for every entry of the vocabulary (``aten::exponential_``: 128 rows
-x 49,152 entries in 141-158 ms on this project's 2-core EPYC, 18% of a 128 x 64 sampling call of the
-embedded model under torch's profiler; results/peak/, issue 66). Inverse transform sampling needs a
-uniform a row and a cumulative sum: about 10 ms there.
+CPU draws an exponential variate for every entry of the vocabulary (``aten::exponential_``: 18% of a
+128 x 64 sampling call of the embedded model under torch's profiler on this project's 2-core EPYC,
+issue 66). Inverse transform sampling needs a uniform a row and a cumulative sum; bench/hf_engine.py
+measures both side by side (results/hf-engine/, docs/engines.md).
 
 How, for scores [R, V] (float32 logits after every processor; -inf for tokens a processor excluded):
 
@@ -35,11 +35,22 @@ import torch
 __all__ = ["BLOCK", "DrawTokens", "draw", "generate_kwargs"]
 
 BLOCK = 256  # vocabulary entries a block of the two-level CDF
+CPU_SLICE_BYTES = 8 << 20  # a CPU draws in slices of rows whose float32 scores take about this many bytes
 
 
 def draw(scores: torch.Tensor) -> torch.Tensor:
     """[R, V] scores (logits after processors; -inf excluded) -> [R] int64: one token a row, drawn from
-    softmax(scores) (module docstring)."""
+    softmax(scores) (module docstring). On a CPU in slices of rows of about ``CPU_SLICE_BYTES`` a
+    working tensor, which stay in the processor's cache (a scratch run at 256 x 49,152 on this
+    project's EPYC: 70 ms at once, 21 ms in slices)."""
+    if scores.device.type == "cpu":
+        step = max(1, CPU_SLICE_BYTES // (4 * scores.shape[1]))
+        if scores.shape[0] > step:
+            return torch.cat([_draw(scores[i : i + step]) for i in range(0, scores.shape[0], step)])
+    return _draw(scores)
+
+
+def _draw(scores: torch.Tensor) -> torch.Tensor:
     rows, vocab = scores.shape
     p = torch.softmax(scores.float(), dim=-1)
     pad = (-vocab) % BLOCK

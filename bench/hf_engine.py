@@ -1,8 +1,9 @@
-"""Benchmark: podsrl's token draw (podsrl/engines/draw.py, inverse transform) against transformers'
-``torch.multinomial``, side by side in one run (issue 66).
+"""Benchmark: the transformers engine's token draw (podsrl/engines/draw.py, inverse transform) and its
+shared prefill (podsrl/engines/hf.py) against transformers' ``torch.multinomial`` and a prefill per
+row, the engine before them, side by side in one run (issue 66).
 
-    python bench/draw.py --threads 2            # the embedded model, 128 rollouts x 64 tokens
-    python bench/draw.py --quick                # a tiny random model, seconds: checks the script runs
+    python bench/hf_engine.py --threads 2       # the embedded model, 128 rollouts x 64 tokens
+    python bench/hf_engine.py --quick           # a tiny random model, seconds: checks the script runs
 
 1. **The draw alone**: milliseconds to draw one token a row from [R, V] scores (the embedded model's
    vocabulary, V = 49,152) for R = 8, 64, 128, 256 rows: softmax then ``torch.multinomial`` (what
@@ -11,12 +12,14 @@
 2. **A sampling call**: the transformers engine (``rollout.engine = "transformers"``, the CPU's
    sampler without vLLM) on the embedded SmolLM2-135M-Instruct in float32, one call of --rollouts
    rollouts (16 random 40-token prompts x n) of exactly --length tokens (``min_new_tokens``: EOS
-   suppressed), temperature 1: with podsrl's draw (``DrawTokens`` under greedy decoding, today's
-   engine) and with transformers' own sampling (``do_sample=True``: the engine before this change),
-   --repeats rounds after one warm-up call of each, the order alternating within each round.
+   suppressed), temperature 1, three ways: ``today`` (podsrl's draw, a prompt's rows sharing one
+   prefill), ``multinomial`` (transformers' own sampling, ``do_sample=True``; the prefill shared) and
+   ``before`` (transformers' sampling and a prefill per row: the engine before both changes). One
+   warm-up call, then --repeats rounds of the three, their order rotating from round to round.
 
-Last lines: the ratio of the medians, ``multinomial / draw`` in milliseconds for part 1 and
-``draw / multinomial`` in tokens a second for part 2. --out FILE writes the figures as JSON.
+Last lines: the ratio of the medians, ``multinomial / draw`` in milliseconds for part 1, and
+``today / multinomial`` (the draw's share) and ``today / before`` (both changes) in tokens a second for
+part 2. --out FILE writes the figures as JSON.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def load(quick: bool):
 
         from _tiny_model import tiny_llama
 
-        path = tiny_llama(Path(tempfile.mkdtemp(prefix="podsrl-draw-")), hidden=32, intermediate=64, heads=4, kv_heads=2)
+        path = tiny_llama(Path(tempfile.mkdtemp(prefix="podsrl-hf-engine-")), hidden=32, intermediate=64, heads=4, kv_heads=2)
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), load_tokenizer(str(path))
 
     path = resolve_model_path("smollm2-135m-instruct")
@@ -93,13 +96,14 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int) ->
     import podsrl.engines.hf as hf
     from podsrl.engines import Sampling
 
-    ours = hf.generate_kwargs
+    ours, shared = hf.generate_kwargs, hf.TransformersEngine._shared_prefill
 
-    def transformers_own(sampling, recorder=None):  # the engine before podsrl's draw
+    def transformers_own(sampling, recorder=None):  # generate's own sampling: torch.multinomial
         if sampling.temperature == 0:
             return ours(sampling)
         return dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
 
+    variants = {"today": (ours, shared), "multinomial": (transformers_own, shared), "before": (transformers_own, lambda self, *a: None)}
     plain = model.generate
     model.generate = lambda *a, **k: plain(*a, **{**k, "min_new_tokens": length})
     engine = hf.TransformersEngine(model, tokenizer, batch_size=rollouts)
@@ -107,30 +111,31 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int) ->
     vocab = model.config.vocab_size
     prompts = [torch.randint(3, vocab - 1, (PROMPT_LEN,), generator=gen).tolist() for _ in range(PROMPTS)]
     k = PROMPTS if rollouts % PROMPTS == 0 else 1
-    variants = {"draw": ours, "multinomial": transformers_own}
 
     def call(name: str, seed: int) -> tuple[float, int]:
-        hf.generate_kwargs = variants[name]
+        hf.generate_kwargs, hf.TransformersEngine._shared_prefill = variants[name]
         try:
             start = time.perf_counter()
             out = engine.generate(prompts[:k], Sampling(n=rollouts // k, temperature=1.0, top_p=1.0, max_new_tokens=length, seed=seed))
             return time.perf_counter() - start, sum(map(len, out.completion_ids))
         finally:
-            hf.generate_kwargs = ours
+            hf.generate_kwargs, hf.TransformersEngine._shared_prefill = ours, shared
 
-    for name in variants:
-        seconds, _ = call(name, 0)
-        print(f"  warm-up {name:<11} {rollouts} x {length}: {seconds:6.2f} s")
-    rates: dict[str, list[float]] = {name: [] for name in variants}
-    for r in range(repeats):
-        for name in list(variants)[:: 1 if r % 2 == 0 else -1]:
-            seconds, tokens = call(name, 1 + r)
-            rates[name].append(tokens / seconds)
-            print(f"  round {r + 1} {name:<11} {rollouts} x {length}: {tokens} tokens in {seconds:6.2f} s, {tokens / seconds:6.1f} tokens/s")
-    model.generate = plain
-    result = {"rollouts": rollouts, "length": length, "tokens_per_s": {n: statistics.median(v) for n, v in rates.items()}, "rounds": rates}
-    result["ratio"] = result["tokens_per_s"]["draw"] / result["tokens_per_s"]["multinomial"]
-    return result
+    try:
+        seconds, _ = call("today", 0)
+        print(f"  warm-up today       {rollouts} x {length}: {seconds:6.2f} s")
+        rates: dict[str, list[float]] = {name: [] for name in variants}
+        names = list(variants)
+        for r in range(repeats):
+            for name in names[r % 3 :] + names[: r % 3]:
+                seconds, tokens = call(name, 1 + r)
+                rates[name].append(tokens / seconds)
+                print(f"  round {r + 1} {name:<11} {rollouts} x {length}: {tokens} tokens in {seconds:6.2f} s, {tokens / seconds:6.1f} tokens/s")
+    finally:
+        model.generate = plain
+    medians = {n: statistics.median(v) for n, v in rates.items()}
+    return {"rollouts": rollouts, "length": length, "prompts": k, "tokens_per_s": medians, "rounds": rates,
+            "draw_ratio": medians["today"] / medians["multinomial"], "ratio": medians["today"] / medians["before"]}  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -143,14 +148,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rollouts, args.length, args.repeats = min(args.rollouts, 16), min(args.length, 4), min(args.repeats, 2)
+        args.rollouts, args.length, args.repeats = min(args.rollouts, 32), min(args.length, 4), min(args.repeats, 2)  # 16 prompts x 2
     torch.set_num_threads(args.threads)
     model, tokenizer = load(args.quick)
     vocab = model.config.vocab_size
     print(f"draw: {cpu_name()}, {args.threads} thread(s), torch {torch.__version__}, vocabulary {vocab}")
     draws = time_draws(vocab, [8, 64, 128, 256] if not args.quick else [8, 16], args.repeats)
     calls = time_calls(model, tokenizer, rollouts=args.rollouts, length=args.length, repeats=args.repeats)
-    command = "python bench/draw.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python bench/hf_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {"command": command.strip(), "cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
@@ -158,7 +163,9 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     for row in draws:
         print(f"multinomial / draw at {row['rows']} rows: {row['ratio']:.2f}x the milliseconds")
-    print(f"draw / multinomial, transformers engine {calls['rollouts']} x {calls['length']}: {calls['ratio']:.2f}x tokens per second")
+    what = f"transformers engine {calls['rollouts']} x {calls['length']}"
+    print(f"today / multinomial (the draw), {what}: {calls['draw_ratio']:.2f}x tokens per second")
+    print(f"today / before (the draw and the shared prefill), {what}: {calls['ratio']:.2f}x tokens per second")
     return 0
 
 
