@@ -138,6 +138,34 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int) ->
             "draw_ratio": medians["today"] / medians["multinomial"], "ratio": medians["today"] / medians["before"]}  # fmt: skip
 
 
+LABELS = {
+    "today": "today: podsrl's draw, a prompt's rows share one prefill",
+    "multinomial": "transformers' `torch.multinomial`, the prefill shared",
+    "before": "before: transformers' `torch.multinomial`, a prefill per row",
+}
+
+
+def doc_table(record: dict) -> str:
+    """docs/engines.md's tables of a saved run (tests/test_draw.py checks the page against every
+    committed one)."""
+    call = record["call"]
+    lines = [
+        f"{record['cpu']}, {record['threads']} threads, torch {record['torch']}; {record['date']}; `{record['command']}`",
+        "",
+        "| draw: rows x vocabulary | softmax + `torch.multinomial`: ms | podsrl's draw: ms | ratio |",
+        "|---|---:|---:|---:|",
+        *(f"| {r['rows']} x {r['vocab']} | {r['multinomial_ms']:.1f} | {r['draw_ms']:.1f} | {r['ratio']:.1f}x |" for r in record["draws"]),
+        "",
+        f"| transformers engine, one call of {call['rollouts']} x {call['length']} tokens ({call['prompts']} prompts) | tokens/s, median of {len(call['rounds']['today'])} | today / it |",
+        "|---|---:|---:|",
+    ]
+    for name, label in LABELS.items():
+        rate = call["tokens_per_s"][name]
+        ratio = "-" if name == "today" else f"{call['tokens_per_s']['today'] / rate:.2f}x"
+        lines.append(f"| {label} | {rate:.0f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tiny random model: checks the script runs")
@@ -146,13 +174,17 @@ def main(argv=None) -> int:
     parser.add_argument("--length", type=int, default=64, help="tokens each rollout generates")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds of each part")
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
+    parser.add_argument("--table", type=Path, help="measure nothing: print docs/engines.md's tables of this JSON file")
     args = parser.parse_args(argv)
+    if args.table:
+        print(doc_table(json.loads(args.table.read_text())), end="")
+        return 0
     if args.quick:
         args.rollouts, args.length, args.repeats = min(args.rollouts, 32), min(args.length, 4), min(args.repeats, 2)  # 16 prompts x 2
     torch.set_num_threads(args.threads)
     model, tokenizer = load(args.quick)
     vocab = model.config.vocab_size
-    print(f"draw: {cpu_name()}, {args.threads} thread(s), torch {torch.__version__}, vocabulary {vocab}")
+    print(f"hf_engine: {cpu_name()}, {args.threads} thread(s), torch {torch.__version__}, vocabulary {vocab}")
     draws = time_draws(vocab, [8, 64, 128, 256] if not args.quick else [8, 16], args.repeats)
     calls = time_calls(model, tokenizer, rollouts=args.rollouts, length=args.length, repeats=args.repeats)
     command = "python bench/hf_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])

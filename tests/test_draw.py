@@ -145,3 +145,21 @@ def test_the_benchmark_runs(tmp_path):
     assert data["call"]["ratio"] > 0 and data["call"]["draw_ratio"] > 0
     assert data["command"].startswith("python bench/hf_engine.py --quick")
     assert (hf.generate_kwargs, hf.TransformersEngine._shared_prefill) == before
+
+
+def test_every_committed_run_is_in_the_engines_page_as_its_table():
+    """bench/hf_engine.py's committed runs (results/hf-engine/*.json) appear in docs/engines.md exactly
+    as ``--table`` prints them."""
+    import json
+    from pathlib import Path
+
+    from conftest import script_module
+
+    root = Path(__file__).resolve().parents[1]
+    runs = sorted((root / "results" / "hf-engine").glob("*.json"))
+    assert runs, "no committed run of bench/hf_engine.py"
+    page = (root / "docs" / "engines.md").read_text()
+    with script_module(root / "bench" / "hf_engine.py") as bench:
+        for path in runs:
+            table = bench.doc_table(json.loads(path.read_text()))
+            assert table in page, f"docs/engines.md lacks {path.name}'s tables: paste `python bench/hf_engine.py --table {path.relative_to(root)}`"
