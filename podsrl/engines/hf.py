@@ -2,9 +2,8 @@
 
 Prompts are left-padded, each repeated n times, and generated in chunks of ``batch_size``
 sequences. A prompt's n rows share one prefill: its KV cache is computed once and copied to them
-(:meth:`TransformersEngine._shared_prefill`), as vLLM's prefix caching does; before, each row ran its
-prompt through the model again (a 40-token prompt and 64-token completions: a third of a call's
-products). Tokens are drawn by :class:`podsrl.engines.draw.DrawTokens` (softmax of the scores after
+(:meth:`TransformersEngine._shared_prefill`), as vLLM's prefix caching does, instead of each row
+running its prompt through the model again. Tokens are drawn by :class:`podsrl.engines.draw.DrawTokens` (softmax of the scores after
 temperature and top-p, transformers' own warpers; the law of ``generate``'s ``torch.multinomial`` at
 a fraction of its cost on a CPU). Sampling log-probs are not returned (``logprobs=None``): the
 trainer recomputes them in its own forward pass, which it needs anyway.
