@@ -40,11 +40,6 @@ sys.path.insert(0, str(ROOT / "bench"))  # _tiny_model, when imported from a tes
 PROMPTS, PROMPT_LEN = 16, 40
 
 
-def cpu_name() -> str:
-    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    return next((line.partition(":")[2].strip() for line in lines if line.startswith("model name")), "unknown CPU")
-
-
 def median_ms(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -182,15 +177,17 @@ def main(argv=None) -> int:
     if args.quick:
         args.rollouts, args.length, args.repeats = min(args.rollouts, 32), min(args.length, 4), min(args.repeats, 2)  # 16 prompts x 2
     torch.set_num_threads(args.threads)
+    from podsrl.engines.dtype import cpu_model
+
     model, tokenizer = load(args.quick)
     vocab = model.config.vocab_size
-    print(f"hf_engine: {cpu_name()}, {args.threads} thread(s), torch {torch.__version__}, vocabulary {vocab}")
+    print(f"hf_engine: {cpu_model()}, {args.threads} thread(s), torch {torch.__version__}, vocabulary {vocab}")
     draws = time_draws(vocab, [8, 64, 128, 256] if not args.quick else [8, 16], args.repeats)
     calls = time_calls(model, tokenizer, rollouts=args.rollouts, length=args.length, repeats=args.repeats)
     command = "python bench/hf_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": command.strip(), "cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
+        record = {"command": command.strip(), "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
                   "date": time.strftime("%Y-%m-%d"), "draws": draws, "call": calls}  # fmt: skip
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     for row in draws:

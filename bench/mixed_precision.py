@@ -35,7 +35,6 @@ changes".
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -162,15 +161,10 @@ def logprob_error(model, tokenizer) -> None:
 
 def cpu_line() -> tuple[str, bool]:
     """The CPU's model name and flags that matter, and whether it has native bfloat16 (podsrl's reading)."""
-    from podsrl.engines.dtype import cpu_bf16
+    from podsrl.engines.dtype import cpu_bf16, cpu_model
 
-    model = platform.processor() or platform.machine()
-    try:
-        model = next(line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     native, why = cpu_bf16()
-    return f"{model}, {why}", native
+    return f"{cpu_model()}, {why}", native
 
 
 def main() -> None:

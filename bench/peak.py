@@ -148,6 +148,13 @@ EMBEDDED = "smollm2-135m-instruct"  # the CPU mode's model: its weights, its arc
 PRECISIONS = ("float32", "bfloat16")
 MIN_PART_SECONDS = 20.0  # a part that would start with less of --budget left is skipped
 PROMPTS = 16  # distinct prompts of a sampling call, when they divide its rollouts
+
+
+def distinct_prompts(rollouts: int) -> int:
+    """The distinct prompts of a sampling call of ``rollouts``: ``PROMPTS`` (or fewer, for fewer
+    rollouts) when they divide it, else 1."""
+    k = min(PROMPTS, rollouts)
+    return k if rollouts % k == 0 else 1
 # GPU mode: (label, n, m) of the update's methods, B prompts each
 METHODS = (("GRPO(16)", 16, 16), ("PODS(16, 4)", 16, 4))
 
@@ -404,12 +411,9 @@ def machine(device, threads: int) -> dict:
     import torch
     import transformers
 
-    from podsrl.engines.dtype import cpu_bf16, gpu_bf16
+    from podsrl.engines.dtype import cpu_bf16, cpu_model, gpu_bf16
 
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
-    info = {"device": device.type, "cpu": cpu, "cpus": os.cpu_count(), "threads": threads, "torch": torch.__version__,
+    info = {"device": device.type, "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": threads, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "float32_matmul_precision": torch.get_float32_matmul_precision()}  # fmt: skip
     if device.type == "cuda":
@@ -419,7 +423,7 @@ def machine(device, threads: int) -> dict:
         info["name"] = _slug(info["gpu"])
     else:
         native, why = cpu_bf16()
-        info.update(native_bf16=native, bf16_reason=why, name=_slug(f"cpu {cpu}"))
+        info.update(native_bf16=native, bf16_reason=why, name=_slug(f"cpu {info['cpu']}"))
     return info
 
 
@@ -621,7 +625,7 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
     from podsrl.engines import Sampling
 
     def call(engine, size: int, length: int, seed: int) -> tuple[float, int, list[int]]:
-        k = min(PROMPTS, size) if size % min(PROMPTS, size) == 0 else 1
+        k = distinct_prompts(size)
         fixed.length = length
         _sync(device)
         start = time.perf_counter()
@@ -656,7 +660,7 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
         for (name, length), values in times.items():
             seconds = statistics.median(v[0] for v in values)
             tokens = statistics.median(v[1] for v in values)
-            k = min(PROMPTS, size) if size % min(PROMPTS, size) == 0 else 1
+            k = distinct_prompts(size)
             flop = sampling_flop(shapes, prompt=len(prompts[0]), generated=length, rows=size, prompts=k)
             peak = peaks.get(dtypes[name], {}).get("gflops")
             if (size, dtypes[name]) not in rates:
@@ -680,7 +684,7 @@ def profile_call(engine, name: str, prompts: list[list[int]], *, rollouts: int, 
 
     from podsrl.engines import Sampling
 
-    k = min(PROMPTS, rollouts) if rollouts % min(PROMPTS, rollouts) == 0 else 1
+    k = distinct_prompts(rollouts)
     fixed.length = length
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -27,12 +27,13 @@ reads the same evidence (:func:`cpu_bf16`, :func:`gpu_bf16`; :mod:`podsrl.train.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["CPUINFO", "NOT_NAMED", "SamplerDtype", "cpu_bf16", "gpu_bf16", "resolve_sampler_dtype"]
+__all__ = ["CPUINFO", "NOT_NAMED", "SamplerDtype", "cpu_bf16", "cpu_model", "gpu_bf16", "resolve_sampler_dtype"]
 
 CPUINFO = "/proc/cpuinfo"
 NOT_NAMED = ("auto", "fast")  # the settings that name no dtype: an engine that samples with the policy itself takes them
@@ -85,6 +86,15 @@ def gpu_bf16() -> bool:
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     except TypeError:  # torch < 2.3: native support only
         return bool(torch.cuda.is_bf16_supported())
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo's "model name" line (the benchmarks' records), else what
+    ``platform`` says."""
+    with contextlib.suppress(OSError, StopIteration):
+        with open(CPUINFO, encoding="utf-8", errors="replace") as f:
+            return next(line.partition(":")[2].strip() for line in f if line.startswith("model name"))
+    return platform.processor() or platform.machine()
 
 
 def cpu_bf16(cpuinfo: str | None = None, machine: str | None = None) -> tuple[bool, str]:
