@@ -11,20 +11,27 @@ row, the engine before them, side by side in one run (issue 66).
    softmax); medians of --repeats x 5 draws, alternating.
 2. **A sampling call**: the transformers engine (``rollout.engine = "transformers"``, the CPU's
    sampler without vLLM) on the embedded SmolLM2-135M-Instruct in float32, one call of --rollouts
-   rollouts (16 random 40-token prompts x n) of exactly --length tokens (``min_new_tokens``: EOS
-   suppressed), temperature 1, three ways: ``today`` (podsrl's draw, a prompt's rows sharing one
-   prefill), ``multinomial`` (transformers' own sampling, ``do_sample=True``; the prefill shared) and
-   ``before`` (transformers' sampling and a prefill per row: the engine before both changes). One
-   warm-up call, then --repeats rounds of the three, their order rotating from round to round.
+   rollouts (16 random prompts of 36 to 44 tokens x n, left-padded as a real call's: bench/peak.py's
+   ``prompt_lengths``) of exactly --length tokens (EOS suppressed in place: bench/_fixed_length.py),
+   temperature 1, four ways: ``today`` (podsrl's draw, a prompt's rows sharing one prefill, the
+   KV cache's shared heads read in place: podsrl/engines/attention.py), ``copied heads`` (today's
+   but transformers' ``sdpa`` as it is, which copies every key/value head to its query heads when a
+   mask is passed), ``multinomial`` (today's but transformers' own sampling, ``do_sample=True``)
+   and ``before`` (transformers' sampling, a prefill per row, the heads copied: the engine before
+   the three changes). One warm-up call, then --repeats rounds of the four, their order rotating
+   from round to round.
 
 Last lines: the ratio of the medians, ``multinomial / draw`` in milliseconds for part 1, and
-``today / multinomial`` (the draw's share) and ``today / before`` (both changes) in tokens a second for
-part 2. --out FILE writes the figures as JSON.
+``today / multinomial`` (the draw's share), ``today / copied heads`` (the heads' share) and ``today /
+before`` (the three changes) in tokens a second for part 2. Runs of 2026-11-29 and before had three
+ways (no ``copied heads``), 16 prompts of 40 tokens (no padding, so transformers copied no heads) and
+``min_new_tokens`` for the fixed length. --out FILE writes the figures as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -91,30 +98,36 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int) ->
     import podsrl.engines.hf as hf
     from podsrl.engines import Sampling
 
-    ours, shared = hf.generate_kwargs, hf.TransformersEngine._shared_prefill
+    from _fixed_length import hold_length
+    from peak import prompt_lengths
+
+    ours, shared, heads = hf.generate_kwargs, hf.TransformersEngine._shared_prefill, hf.shared_kv_heads
 
     def transformers_own(sampling, recorder=None):  # generate's own sampling: torch.multinomial
         if sampling.temperature == 0:
             return ours(sampling)
         return dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
 
-    variants = {"today": (ours, shared), "multinomial": (transformers_own, shared), "before": (transformers_own, lambda self, *a: None)}
-    plain = model.generate
-    model.generate = lambda *a, **k: plain(*a, **{**k, "min_new_tokens": length})
+    def copied_heads(model):  # transformers' sdpa as it is: the KV cache copied per query head
+        return contextlib.nullcontext()
+
+    variants = {"today": (ours, shared, heads), "copied heads": (ours, shared, copied_heads),
+                "multinomial": (transformers_own, shared, heads), "before": (transformers_own, lambda self, *a: None, copied_heads)}  # fmt: skip
+    plain = hold_length(model)
     engine = hf.TransformersEngine(model, tokenizer, batch_size=rollouts)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    prompts = [torch.randint(3, vocab - 1, (PROMPT_LEN,), generator=gen).tolist() for _ in range(PROMPTS)]
+    prompts = [torch.randint(3, vocab - 1, (n,), generator=gen).tolist() for n in prompt_lengths(PROMPT_LEN, PROMPTS)]
     k = PROMPTS if rollouts % PROMPTS == 0 else 1
 
     def call(name: str, seed: int) -> tuple[float, int]:
-        hf.generate_kwargs, hf.TransformersEngine._shared_prefill = variants[name]
+        hf.generate_kwargs, hf.TransformersEngine._shared_prefill, hf.shared_kv_heads = variants[name]
         try:
             start = time.perf_counter()
             out = engine.generate(prompts[:k], Sampling(n=rollouts // k, temperature=1.0, top_p=1.0, max_new_tokens=length, seed=seed))
             return time.perf_counter() - start, sum(map(len, out.completion_ids))
         finally:
-            hf.generate_kwargs, hf.TransformersEngine._shared_prefill = ours, shared
+            hf.generate_kwargs, hf.TransformersEngine._shared_prefill, hf.shared_kv_heads = ours, shared, heads
 
     try:
         seconds, _ = call("today", 0)
@@ -122,21 +135,28 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int) ->
         rates: dict[str, list[float]] = {name: [] for name in variants}
         names = list(variants)
         for r in range(repeats):
-            for name in names[r % 3 :] + names[: r % 3]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 seconds, tokens = call(name, 1 + r)
                 rates[name].append(tokens / seconds)
                 print(f"  round {r + 1} {name:<11} {rollouts} x {length}: {tokens} tokens in {seconds:6.2f} s, {tokens / seconds:6.1f} tokens/s")
     finally:
         model.generate = plain
     medians = {n: statistics.median(v) for n, v in rates.items()}
-    return {"rollouts": rollouts, "length": length, "prompts": k, "tokens_per_s": medians, "rounds": rates,
-            "draw_ratio": medians["today"] / medians["multinomial"], "ratio": medians["today"] / medians["before"]}  # fmt: skip
+    return {"rollouts": rollouts, "length": length, "prompts": k, "prompt_lengths": [len(p) for p in prompts[:k]], "tokens_per_s": medians,
+            "rounds": rates, "draw_ratio": medians["today"] / medians["multinomial"], "heads_ratio": medians["today"] / medians["copied heads"],
+            "ratio": medians["today"] / medians["before"]}  # fmt: skip
 
 
-LABELS = {
+LABELS_BEFORE_HEADS = {  # runs without "copied heads" (2026-11-29 and before)
     "today": "today: podsrl's draw, a prompt's rows share one prefill",
     "multinomial": "transformers' `torch.multinomial`, the prefill shared",
     "before": "before: transformers' `torch.multinomial`, a prefill per row",
+}
+LABELS = {
+    "today": "today: podsrl's draw, a prompt's rows share one prefill, the KV heads read in place",
+    "copied heads": "the KV cache copied per query head (transformers' `sdpa` with a mask)",
+    "multinomial": "transformers' `torch.multinomial`",
+    "before": "before: `torch.multinomial`, a prefill per row, the KV cache copied",
 }
 
 
@@ -154,7 +174,7 @@ def doc_table(record: dict) -> str:
         f"| transformers engine, one call of {call['rollouts']} x {call['length']} tokens ({call['prompts']} prompts) | tokens/s, median of {len(call['rounds']['today'])} | today / it |",
         "|---|---:|---:|",
     ]
-    for name, label in LABELS.items():
+    for name, label in (LABELS if "copied heads" in call["tokens_per_s"] else LABELS_BEFORE_HEADS).items():
         rate = call["tokens_per_s"][name]
         ratio = "-" if name == "today" else f"{call['tokens_per_s']['today'] / rate:.2f}x"
         lines.append(f"| {label} | {rate:.0f} | {ratio} |")
@@ -194,7 +214,8 @@ def main(argv=None) -> int:
         print(f"multinomial / draw at {row['rows']} rows: {row['ratio']:.2f}x the milliseconds")
     what = f"transformers engine {calls['rollouts']} x {calls['length']}"
     print(f"today / multinomial (the draw), {what}: {calls['draw_ratio']:.2f}x tokens per second")
-    print(f"today / before (the draw and the shared prefill), {what}: {calls['ratio']:.2f}x tokens per second")
+    print(f"today / copied heads (the KV heads read in place), {what}: {calls['heads_ratio']:.2f}x tokens per second")
+    print(f"today / before (the draw, the shared prefill, the heads in place), {what}: {calls['ratio']:.2f}x tokens per second")
     return 0
 
 

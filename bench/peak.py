@@ -73,10 +73,11 @@ included: what a step pays). Tokens a second: the update's completion tokens ove
 ``transformers-static`` (rollout.sampler_dtype "fast") and ``vllm`` (CPU build, eager) where
 installed; GPU: ``transformers`` against ``transformers-static`` on Qwen2.5-0.5B at 128 and 512
 rollouts): ``--sampler-rollouts`` rollouts (CPU 8) of exactly C generated tokens (end-of-sequence
-suppressed: transformers' ``min_new_tokens``, vLLM's ``min_tokens``), 40-token random prompts, a
+suppressed: in place for transformers, bench/_fixed_length.py; vLLM's ``min_tokens``), random prompts
+of P - 4 to P + 4 tokens (:func:`prompt_lengths`, P = 40 on a CPU: left-padded, as a real call's), a
 warm-up call per engine (on a GPU one per size: the static engine compiles per shape, its seconds
 reported), then ``--repeats`` rounds, the engines' order alternating; medians. FLOP of a call
-(:func:`sampling_flop`): each distinct prompt's prefill (layers and attention over P tokens), then per
+(:func:`sampling_flop`): each distinct prompt's prefill (layers and attention over its P tokens), then per
 row G - 1 decode steps (a token through the layers, attention over P + j positions) and G logits;
 its fraction of the peak in the sampler's own precision (``transformers``: the policy's float32;
 ``transformers-static`` and ``vllm``: the resolved sampler dtype). Beside it, **the rate of a decode
@@ -148,6 +149,15 @@ EMBEDDED = "smollm2-135m-instruct"  # the CPU mode's model: its weights, its arc
 PRECISIONS = ("float32", "bfloat16")
 MIN_PART_SECONDS = 20.0  # a part that would start with less of --budget left is skipped
 PROMPTS = 16  # distinct prompts of a sampling call, when they divide its rollouts
+PROMPT_SPREAD = 4  # the sampler's prompts are P - 4 to P + 4 tokens long: a real call's differ (left padding, a mask)
+
+
+def prompt_lengths(prompt: int, count: int) -> list[int]:
+    """The lengths of the sampler's ``count`` prompts around ``prompt`` tokens: P + 1, P - 3, P + 4, ...
+    (every offset in [-PROMPT_SPREAD, PROMPT_SPREAD] before any repeats, so a call of 2 or more prompts
+    is padded)."""
+    width = 2 * PROMPT_SPREAD + 1
+    return [max(1, prompt + (5 * i + PROMPT_SPREAD + 1) % width - PROMPT_SPREAD) for i in range(count)]
 
 
 def distinct_prompts(rollouts: int) -> int:
@@ -551,14 +561,16 @@ def _settings(completion: int, pad_id: int, micro_batch: int, mixed: bool):
 
 class _FixedLength:
     """Every completion exactly ``length`` tokens: the policy's and the static engine's ``generate``
-    get ``min_new_tokens`` (end-of-sequence suppressed), vLLM's SamplingParams ``min_tokens``."""
+    suppress end-of-sequence in place (bench/_fixed_length.py: not ``min_new_tokens``, whose
+    ``torch.where`` over the scores real calls do not pay), vLLM's SamplingParams get ``min_tokens``."""
 
     def __init__(self):
         self.length = 0
 
     def wrap_generate(self, model) -> None:
-        plain = model.generate
-        model.generate = lambda *a, **k: plain(*a, **{**k, "min_new_tokens": self.length})
+        from _fixed_length import hold_length
+
+        hold_length(model)
 
     @staticmethod
     def patch_vllm() -> None:
@@ -661,12 +673,12 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
             seconds = statistics.median(v[0] for v in values)
             tokens = statistics.median(v[1] for v in values)
             k = distinct_prompts(size)
-            flop = sampling_flop(shapes, prompt=len(prompts[0]), generated=length, rows=size, prompts=k)
+            flop = sum((sampling_flop(shapes, prompt=len(p), generated=length, rows=size // k, prompts=1) for p in prompts[:k]), Flop())
             peak = peaks.get(dtypes[name], {}).get("gflops")
             if (size, dtypes[name]) not in rates:
                 rates[(size, dtypes[name])] = decode_rate(shapes, size, dtypes[name], device)
             decode = rates[(size, dtypes[name])]["gflops"]
-            out.append({"engine": name, "dtype": dtypes[name], "rollouts": size, "completion": length, "prompt": len(prompts[0]), "prompts": k,
+            out.append({"engine": name, "dtype": dtypes[name], "rollouts": size, "completion": length, "prompt": statistics.mean(len(p) for p in prompts[:k]), "prompts": k,
                         "seconds": seconds, "tokens": tokens, "calls": values[-1][2] or None, "warmup_seconds": warm.get((name, size)),
                         "tokens_per_second": tokens / seconds, "rollouts_per_second": size / seconds, "flop": flop.total,
                         "gflops": flop.total / seconds / 1e9, "fraction": fraction(flop, seconds, peak, peak),
@@ -809,7 +821,7 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
             engines, dtypes, more = make_engines(sizes.engines, model, tokenizer, path, max_len=max_len, threads=args.threads or None, fixed=fixed,
                                                  kv_gib=kv_cache_gib(shapes, rollouts=max(sizes.sampler_rollouts), max_len=max_len))  # fmt: skip
             skipped += more
-            sample_prompts = [torch.randint(3, vocab - 1, (sizes.prompt,), generator=gen).tolist() for _ in range(PROMPTS)]
+            sample_prompts = [torch.randint(3, vocab - 1, (n,), generator=gen).tolist() for n in prompt_lengths(sizes.prompt, PROMPTS)]
             entry["sampler"] = rows = _Rows(report)  # a list to JSON; the report rewritten at each row
             time_sampler(engines, dtypes, shapes, sample_prompts, sizes=list(sizes.sampler_rollouts), lengths=list(sizes.sampler_lengths),
                          repeats=sizes.sampler_repeats, device=device, peaks=entry["peak"], fixed=fixed, deadline=deadline, skipped=skipped,

@@ -5,7 +5,9 @@ sequences. A prompt's n rows share one prefill: its KV cache is computed once an
 (:meth:`TransformersEngine._shared_prefill`), as vLLM's prefix caching does, instead of each row
 running its prompt through the model again. Tokens are drawn by :class:`podsrl.engines.draw.DrawTokens` (softmax of the scores after
 temperature and top-p, transformers' own warpers; the law of ``generate``'s ``torch.multinomial`` at
-a fraction of its cost on a CPU). Sampling log-probs are not returned (``logprobs=None``): the
+a fraction of its cost on a CPU). On a CPU its attention reads the KV cache's shared key/value heads
+in place (:func:`podsrl.engines.attention.shared_kv_heads`) where transformers' ``sdpa`` would copy
+them to every query head at every step. Sampling log-probs are not returned (``logprobs=None``): the
 trainer recomputes them in its own forward pass, which it needs anyway.
 """
 
@@ -15,6 +17,7 @@ import inspect
 
 import torch
 
+from podsrl.engines.attention import shared_kv_heads
 from podsrl.engines.base import Rollouts, Sampling
 from podsrl.engines.draw import generate_kwargs
 
@@ -40,23 +43,24 @@ class TransformersEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(repeated), self.batch_size):
-                chunk = repeated[start : start + self.batch_size]
-                width = max(len(ids) for ids in chunk)
-                input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=device)
-                attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=device)
-                out = self.model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention,
-                    past_key_values=self._shared_prefill(chunk, input_ids, attention),
-                    max_new_tokens=sampling.max_new_tokens,
-                    pad_token_id=pad,
-                    eos_token_id=sorted(eos),
-                    synced_gpus=self.synced_gpus,
-                    **generate_kwargs(sampling),
-                )
-                for row in out[:, width:].tolist():
-                    completions.append(cut_at_eos(row, eos))
+            with shared_kv_heads(self.model):  # no copy of the KV cache per query head on a CPU (attention.py)
+                for start in range(0, len(repeated), self.batch_size):
+                    chunk = repeated[start : start + self.batch_size]
+                    width = max(len(ids) for ids in chunk)
+                    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=device)
+                    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=device)
+                    out = self.model.generate(
+                        input_ids=input_ids,
+                        attention_mask=attention,
+                        past_key_values=self._shared_prefill(chunk, input_ids, attention),
+                        max_new_tokens=sampling.max_new_tokens,
+                        pad_token_id=pad,
+                        eos_token_id=sorted(eos),
+                        synced_gpus=self.synced_gpus,
+                        **generate_kwargs(sampling),
+                    )
+                    for row in out[:, width:].tolist():
+                        completions.append(cut_at_eos(row, eos))
         finally:
             self.model.train(was_training)
         truncated = [not (ids and ids[-1] in eos) for ids in completions]

@@ -26,7 +26,8 @@ times one. This engine does what vLLM does, with transformers alone:
   is rounded up to ``CACHE_BUCKET`` tokens so that a batch of other prompt lengths reuses the compiled
   step (transformers keeps the longest cache length it has seen); on a CPU it runs eager (transformers
   compiles only on accelerators, and inductor's C++ build of a 30-layer model takes many minutes on a
-  small CPU). Transformers' continuous batching (``generate_batch``, paged attention) was tried
+  small CPU), its attention reading the static cache's shared key/value heads in place
+  (:func:`podsrl.engines.attention.shared_kv_heads`). Transformers' continuous batching (``generate_batch``, paged attention) was tried
   too: far slower on this project's CPU in a scratch run, and its internals moved between
   transformers 5.17 and 5.19 (docs/engines.md: why, and what a GPU run must still measure).
 - **The law**: the decode loop of ``generate`` that TransformersEngine runs, with the same processors
@@ -54,6 +55,7 @@ import time
 
 import torch
 
+from podsrl.engines.attention import shared_kv_heads
 from podsrl.engines.base import Rollouts, Sampling
 from podsrl.engines.draw import generate_kwargs
 from podsrl.engines.dtype import SamplerDtype, resolve_sampler_dtype
@@ -208,17 +210,18 @@ class StaticCacheEngine:
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=self.device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=self.device)
         recorder = None if sampling.temperature == 0 else SampledLogprobs()
-        out = self.sampler.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            max_new_tokens=sampling.max_new_tokens,
-            pad_token_id=pad,
-            eos_token_id=sorted(self.eos),
-            cache_implementation="static",
-            max_cache_len=cache_len,
-            compile_config=self._compile_config(CompileConfig) if self.compiled else None,
-            **generate_kwargs(sampling, recorder),
-        )
+        with shared_kv_heads(self.sampler):  # on a CPU: no copy of the KV cache per query head
+            out = self.sampler.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=sampling.max_new_tokens,
+                pad_token_id=pad,
+                eos_token_id=sorted(self.eos),
+                cache_implementation="static",
+                max_cache_len=cache_len,
+                compile_config=self._compile_config(CompileConfig) if self.compiled else None,
+                **generate_kwargs(sampling, recorder),
+            )
         new_ids = out[:, width:]
         lps = None if recorder is None else recorder.columns(new_ids).float().tolist()
         return new_ids.tolist(), lps

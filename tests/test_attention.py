@@ -1,0 +1,142 @@
+"""Grouped-query attention over the KV cache as it is (podsrl/engines/attention.py): the same logits
+and the same sampled tokens as transformers' ``sdpa``, no copy of the cache per query head in the
+engines' calls (a test that fails with the copy), and the switch only where it applies, restored
+afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from podsrl.engines import Sampling
+from podsrl.engines.attention import NAME, applies, shared_kv_heads
+from podsrl.engines.dtype import resolve_sampler_dtype
+from podsrl.engines.hf import TransformersEngine
+from podsrl.engines.static import StaticCacheEngine
+
+PROMPT_LENGTHS = (2, 5, 9, 13)  # left padding in every call
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from offline_tokenizer import build
+
+    return build()
+
+
+def gqa_model(tokenizer, *, kv_heads: int = 2, attn: str = "sdpa"):
+    """A tiny Llama with 4 query heads sharing ``kv_heads`` key/value heads, weights large enough
+    (initializer_range 0.4) that its greedy completions vary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=kv_heads, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.4,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        attn_implementation=attn,
+    )  # fmt: skip
+    torch.manual_seed(1234)
+    return LlamaForCausalLM(config).eval()
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (k,), generator=g).tolist() for k in PROMPT_LENGTHS]
+
+
+@pytest.fixture
+def no_repeat_kv(monkeypatch):
+    """transformers' copy of the key/value heads (``repeat_kv``) made to fail when it is called."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    def refuse(hidden_states, n_rep):
+        if n_rep > 1:
+            raise AssertionError("repeat_kv called: the KV cache was copied per query head")
+        return hidden_states
+
+    monkeypatch.setattr(sdpa, "repeat_kv", refuse)
+
+
+def test_logits_equal_sdpa_at_prefill_and_decode(tokenizer, one_thread):
+    """Left-padded prompts, then 6 greedy steps on the dynamic cache: every step's logits under the
+    shared heads equal ``sdpa``'s (the same kernel on the same numbers; float32 tolerance)."""
+    model = gqa_model(tokenizer)
+    ps = prompts(len(tokenizer))
+    width = max(map(len, ps))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in ps])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    want = model.generate(**kwargs)
+    with shared_kv_heads(model):
+        assert model.config._attn_implementation == NAME
+        got = model.generate(**kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    for step_got, step_want in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(step_got, step_want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_engine_copies_no_kv_heads_and_samples_the_same_tokens(tokenizer, one_thread, monkeypatch, lora):
+    """The transformers engine (shared prefill and decode, with or without LoRA) calls no ``repeat_kv``
+    and draws the same tokens under a seed as with transformers' ``sdpa``; without the switch the same
+    call copies the heads (so the check can fail)."""
+    import podsrl.engines.hf as hf
+
+    model = gqa_model(tokenizer)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(0)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    ps = prompts(len(tokenizer))
+    sampling = Sampling(n=3, temperature=1.0, top_p=1.0, max_new_tokens=10, seed=7)
+    want = TransformersEngine(model, tokenizer, batch_size=6).generate(ps, sampling)
+
+    import transformers.integrations.sdpa_attention as sdpa
+
+    real = sdpa.repeat_kv
+    calls = []
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda h, n: calls.append(n) or real(h, n))
+    got = TransformersEngine(model, tokenizer, batch_size=6).generate(ps, sampling)
+    assert calls == [], f"repeat_kv called {len(calls)} times"
+    assert got.completion_ids == want.completion_ids
+
+    monkeypatch.setattr(hf, "shared_kv_heads", lambda model: contextlib.nullcontext())
+    TransformersEngine(model, tokenizer, batch_size=6).generate(ps, sampling)
+    assert calls, "without the switch transformers should copy the heads: the check above would not fail"
+    base = model.get_base_model() if lora else model
+    assert base.config._attn_implementation == "sdpa"
+
+
+def test_static_engine_copies_no_kv_heads(tokenizer, one_thread, no_repeat_kv):
+    """The static engine's sampler on a CPU: its static cache read without copies, greedy tokens as
+    the transformers engine's."""
+    model = gqa_model(tokenizer)
+    ps = prompts(len(tokenizer))
+    greedy = Sampling(n=2, temperature=0, top_p=1.0, max_new_tokens=8)
+    engine = StaticCacheEngine(model, tokenizer, sampler_dtype=resolve_sampler_dtype("auto", torch.float32), batch_size=4)
+    got = engine.generate(ps, greedy)
+    assert got.completion_ids == TransformersEngine(model, tokenizer, batch_size=4).generate(ps, greedy).completion_ids
+
+
+def test_switch_restored_on_error(tokenizer):
+    model = gqa_model(tokenizer)
+    with pytest.raises(RuntimeError, match="inside"), shared_kv_heads(model):
+        assert model.config._attn_implementation == NAME
+        raise RuntimeError("inside")
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_applies_only_where_it_helps(tokenizer):
+    """On a CPU with sdpa and shared heads; not with eager attention, not with a key/value head per
+    query head, not off the CPU (a meta-device model stands in for an accelerator), where the
+    model is left exactly as it was."""
+    assert applies(gqa_model(tokenizer))
+    for model in (gqa_model(tokenizer, attn="eager"), gqa_model(tokenizer, kv_heads=4), gqa_model(tokenizer).to("meta")):
+        before = model.config._attn_implementation
+        assert not applies(model)
+        with shared_kv_heads(model):
+            assert model.config._attn_implementation == before
