@@ -4,6 +4,8 @@ row, the engine before them, side by side in one run (issue 66).
 
     python bench/hf_engine.py --threads 2       # the embedded model, 128 rollouts x 64 tokens
     python bench/hf_engine.py --quick           # a tiny random model, seconds: checks the script runs
+    python bench/hf_engine.py --threads 2 --rollouts 64 --length 256 --repeats 1 --ways today,copied-heads
+                                                # long completions, two of part 2's ways
 
 1. **The draw alone**: milliseconds to draw one token a row from [R, V] scores (the embedded model's
    vocabulary, V = 49,152) for R = 8, 64, 128, 256 rows: softmax then ``torch.multinomial`` (what
@@ -94,7 +96,10 @@ def load(quick: bool):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), load_tokenizer(path)
 
 
-def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int) -> dict:
+WAYS = ("today", "copied heads", "multinomial", "before")
+
+
+def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, ways=WAYS) -> dict:
     import podsrl.engines.hf as hf
     from podsrl.engines import Sampling
 
@@ -132,8 +137,8 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int) ->
     try:
         seconds, _ = call("today", 0)
         print(f"  warm-up today       {rollouts} x {length}: {seconds:6.2f} s")
-        rates: dict[str, list[float]] = {name: [] for name in variants}
-        names = list(variants)
+        names = [name for name in variants if name in ways]
+        rates: dict[str, list[float]] = {name: [] for name in names}
         for r in range(repeats):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 seconds, tokens = call(name, 1 + r)
@@ -142,9 +147,9 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int) ->
     finally:
         model.generate = plain
     medians = {n: statistics.median(v) for n, v in rates.items()}
+    ratio = lambda way: medians["today"] / medians[way] if way in medians else None  # noqa: E731
     return {"rollouts": rollouts, "length": length, "prompts": k, "prompt_lengths": [len(p) for p in prompts[:k]], "tokens_per_s": medians,
-            "rounds": rates, "draw_ratio": medians["today"] / medians["multinomial"], "heads_ratio": medians["today"] / medians["copied heads"],
-            "ratio": medians["today"] / medians["before"]}  # fmt: skip
+            "rounds": rates, "draw_ratio": ratio("multinomial"), "heads_ratio": ratio("copied heads"), "ratio": ratio("before")}  # fmt: skip
 
 
 LABELS_BEFORE_HEADS = {  # runs without "copied heads" (2026-11-29 and before)
@@ -175,6 +180,8 @@ def doc_table(record: dict) -> str:
         "|---|---:|---:|",
     ]
     for name, label in (LABELS if "copied heads" in call["tokens_per_s"] else LABELS_BEFORE_HEADS).items():
+        if name not in call["tokens_per_s"]:  # --ways left it out
+            continue
         rate = call["tokens_per_s"][name]
         ratio = "-" if name == "today" else f"{call['tokens_per_s']['today'] / rate:.2f}x"
         lines.append(f"| {label} | {rate:.0f} | {ratio} |")
@@ -188,6 +195,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rollouts", type=int, default=128, help="rollouts of the sampling call (default 128: a PODS(16, 4) step of 8 prompts)")
     parser.add_argument("--length", type=int, default=64, help="tokens each rollout generates")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds of each part")
+    parser.add_argument("--ways", default=",".join(w.replace(" ", "-") for w in WAYS),
+                        help="the sampling call's ways to time, comma-separated, 'today' first (default all: " + ", ".join(w.replace(" ", "-") for w in WAYS) + ")")
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     parser.add_argument("--table", type=Path, help="measure nothing: print docs/engines.md's tables of this JSON file")
     args = parser.parse_args(argv)
@@ -203,7 +212,10 @@ def main(argv=None) -> int:
     vocab = model.config.vocab_size
     print(f"hf_engine: {cpu_model()}, {args.threads} thread(s), torch {torch.__version__}, vocabulary {vocab}")
     draws = time_draws(vocab, [8, 64, 128, 256] if not args.quick else [8, 16], args.repeats)
-    calls = time_calls(model, tokenizer, rollouts=args.rollouts, length=args.length, repeats=args.repeats)
+    ways = [w.strip().replace("-", " ") for w in args.ways.split(",")]
+    if ways[0] != "today" or not set(ways) <= set(WAYS):
+        parser.error(f"--ways: 'today' first, then any of {', '.join(w.replace(' ', '-') for w in WAYS[1:])}; got {args.ways!r}")
+    calls = time_calls(model, tokenizer, rollouts=args.rollouts, length=args.length, repeats=args.repeats, ways=ways)
     command = "python bench/hf_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -213,9 +225,10 @@ def main(argv=None) -> int:
     for row in draws:
         print(f"multinomial / draw at {row['rows']} rows: {row['ratio']:.2f}x the milliseconds")
     what = f"transformers engine {calls['rollouts']} x {calls['length']}"
-    print(f"today / multinomial (the draw), {what}: {calls['draw_ratio']:.2f}x tokens per second")
-    print(f"today / copied heads (the KV heads read in place), {what}: {calls['heads_ratio']:.2f}x tokens per second")
-    print(f"today / before (the draw, the shared prefill, the heads in place), {what}: {calls['ratio']:.2f}x tokens per second")
+    for key, name, why in (("draw_ratio", "multinomial", "the draw"), ("heads_ratio", "copied heads", "the KV heads read in place"),
+                           ("ratio", "before", "the draw, the shared prefill, the heads in place")):  # fmt: skip
+        if calls[key] is not None:
+            print(f"today / {name} ({why}), {what}: {calls[key]:.2f}x tokens per second")
     return 0
 
 
