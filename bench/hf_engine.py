@@ -169,6 +169,7 @@ def doc_table(record: dict) -> str:
     """docs/engines.md's tables of a saved run (tests/test_draw.py checks the page against every
     committed one)."""
     call = record["call"]
+    lengths = f" of {min(call['prompt_lengths'])}-{max(call['prompt_lengths'])} tokens" if "prompt_lengths" in call else ""
     lines = [
         f"{record['cpu']}, {record['threads']} threads, torch {record['torch']}; {record['date']}; `{record['command']}`",
         "",
@@ -176,7 +177,7 @@ def doc_table(record: dict) -> str:
         "|---|---:|---:|---:|",
         *(f"| {r['rows']} x {r['vocab']} | {r['multinomial_ms']:.1f} | {r['draw_ms']:.1f} | {r['ratio']:.1f}x |" for r in record["draws"]),
         "",
-        f"| transformers engine, one call of {call['rollouts']} x {call['length']} tokens ({call['prompts']} prompts) | tokens/s, median of {len(call['rounds']['today'])} | today / it |",
+        f"| transformers engine, one call of {call['rollouts']} x {call['length']} tokens ({call['prompts']} prompts{lengths}) | tokens/s, median of {len(call['rounds']['today'])} | today / it |",
         "|---|---:|---:|",
     ]
     for name, label in (LABELS if "copied heads" in call["tokens_per_s"] else LABELS_BEFORE_HEADS).items():

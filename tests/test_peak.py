@@ -72,6 +72,30 @@ def test_the_counted_products_are_the_ones_a_sampling_call_computes(peak):
     assert _product_flop(counter) == flop.layers + flop.output
 
 
+def test_the_samplers_prompts_differ_in_length_and_its_completions_hold_theirs(peak):
+    """The sampler's prompts are P - 4 to P + 4 tokens, every offset before any repeats (a call of 2 or
+    more is left-padded, as a training step's); bench/_fixed_length.py gives every row its
+    max_new_tokens where the model would stop at an EOS, by that EOS's scores alone."""
+    lengths = peak.prompt_lengths(40, 16)
+    assert set(lengths[:9]) == set(range(36, 45)) and lengths[0] != lengths[1]
+    from _fixed_length import SuppressEos, hold_length
+
+    model, shapes = _tiny_qwen2(peak)
+    model.eval()
+    ids = torch.randint(3, shapes.vocab - 1, (3, 6), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=7, do_sample=False, pad_token_id=0)
+    stop = int(model.generate(ids, eos_token_id=shapes.vocab - 1, **kwargs)[0, 6])  # row 0's first greedy token
+    assert model.generate(ids, eos_token_id=[stop], **kwargs)[0, 7:].eq(0).all(), "without it row 0 ends at once"
+    plain = hold_length(model)
+    try:
+        held = model.generate(ids, eos_token_id=[stop], **kwargs)
+    finally:
+        model.generate = plain
+    assert held.shape == (3, 13) and held[:, 6:].ne(stop).all()
+    scores = torch.zeros(2, 5)
+    assert SuppressEos([1, 3])(None, scores) is scores and scores.isinf().sum() == 4
+
+
 def test_attention_and_the_layers_by_hand(peak):
     """hidden 4, intermediate 8, vocabulary 10, 2 layers, 2 heads of 2, 1 KV head: D = 2 x (4 x (4 + 2 x 2)
     + 4 x 4 + 3 x 4 x 8) = 2 x 144 = 288. One prompt of 3 tokens shared by 2 rows of 2 completion
