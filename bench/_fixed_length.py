@@ -6,8 +6,8 @@ in place (a few entries a row).
 Why not transformers' ``min_new_tokens``: its processor (``MinNewTokensLengthLogitsProcessor``)
 rebuilds the whole [rows, vocabulary] scores with ``torch.where`` at every step, about 10% of a 128 x
 64 call of the embedded model on a CPU (results/peak/cpu-amd-epyc-2026-11-29-transformers-today.log,
-``aten::where``): a cost that real calls, which stop at EOS, never pay, and that the benchmarks of
-2026-11-29 and before counted in the engines' time."""
+``aten::where``): a cost that real calls, which stop at EOS, never pay, and that these benchmarks'
+runs before commit 9a86a53 counted in the engines' time."""
 
 from __future__ import annotations
 

@@ -25,9 +25,9 @@ row, the engine before them, side by side in one run (issue 66).
 
 Last lines: the ratio of the medians, ``multinomial / draw`` in milliseconds for part 1, and
 ``today / multinomial`` (the draw's share), ``today / copied heads`` (the heads' share) and ``today /
-before`` (the three changes) in tokens a second for part 2. Runs of 2026-11-29 and before had three
-ways (no ``copied heads``), 16 prompts of 40 tokens (no padding, so transformers copied no heads) and
-``min_new_tokens`` for the fixed length. --out FILE writes the figures as JSON.
+before`` (the three changes) in tokens a second for part 2. Runs before commit 9a86a53
+(results/hf-engine/cpu-amd-epyc-2026-11-29.json) had three ways (no ``copied heads``), 16 prompts of
+40 tokens (no padding, so transformers copied no heads) and ``min_new_tokens`` for the fixed length. --out FILE writes the figures as JSON.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, wa
             "rounds": rates, "draw_ratio": ratio("multinomial"), "heads_ratio": ratio("copied heads"), "ratio": ratio("before")}  # fmt: skip
 
 
-LABELS_BEFORE_HEADS = {  # runs without "copied heads" (2026-11-29 and before)
+LABELS_BEFORE_HEADS = {  # runs without "copied heads" (before commit 9a86a53)
     "today": "today: podsrl's draw, a prompt's rows share one prefill",
     "multinomial": "transformers' `torch.multinomial`, the prefill shared",
     "before": "before: transformers' `torch.multinomial`, a prefill per row",

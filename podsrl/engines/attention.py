@@ -7,10 +7,11 @@ do the sharing (``enable_gqa``) only where no attention mask is passed
 back to the slow math kernel). Otherwise it first copies every key/value head to each of its query
 heads (``repeat_kv``). A sampling call has a mask whenever its prompts differ in length (they are
 left-padded), so each decode step copied every layer's whole KV cache, three times over for
-SmolLM2, a cost that grows with the completion: in a profile of 128 x 16 rollouts these copies
-(``aten::clone`` of [R, 9, L, 64] per layer) were the largest item after the matrix products. On a
-CPU, PyTorch's flash attention kernel (``_scaled_dot_product_flash_attention_for_cpu``) takes the mask
-and the shared heads together, so nothing needs copying.
+SmolLM2 (``aten::clone`` of [R, 9, L, 64] per layer), a cost that grows with the completion: reading
+the heads in place makes the transformers engine 1.37x faster at 128 rollouts x 64 tokens and 2.33x
+at 64 x 256 on a 2-core EPYC (bench/hf_engine.py, docs/engines.md). On a CPU, PyTorch's flash
+attention kernel (``_scaled_dot_product_flash_attention_for_cpu``) takes the mask and the shared
+heads together, so nothing needs copying.
 
 What: :func:`sdpa_gqa_forward` is transformers' ``sdpa`` attention with ``enable_gqa`` whatever the mask,
 registered under :data:`NAME` through transformers' public extension points (``AttentionInterface``,
