@@ -15,6 +15,7 @@ from podsrl.engines.attention import NAME, applies, shared_kv_heads
 from podsrl.engines.dtype import resolve_sampler_dtype
 from podsrl.engines.hf import TransformersEngine
 from podsrl.engines.static import StaticCacheEngine
+from test_static_engine import varied_model
 
 PROMPT_LENGTHS = (2, 5, 9, 13)  # left padding in every call
 
@@ -27,18 +28,9 @@ def tokenizer():
 
 
 def gqa_model(tokenizer, *, kv_heads: int = 2, attn: str = "sdpa"):
-    """A tiny Llama with 4 query heads sharing ``kv_heads`` key/value heads, weights large enough
-    (initializer_range 0.4) that its greedy completions vary."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=kv_heads, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.4,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        attn_implementation=attn,
-    )  # fmt: skip
-    torch.manual_seed(1234)
-    return LlamaForCausalLM(config).eval()
+    """test_static_engine's tiny Llama (4 query heads sharing ``kv_heads`` key/value heads, weights
+    large enough that its greedy completions vary) with ``attn`` attention."""
+    return varied_model(tokenizer, kv_heads=kv_heads, attn=attn)
 
 
 def prompts(vocab: int) -> list[list[int]]:

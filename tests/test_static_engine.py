@@ -31,18 +31,21 @@ def tokenizer():
     return build()  # 686 tokens
 
 
-def varied_model(tokenizer, initializer_range: float = 0.4):
+def varied_model(tokenizer, initializer_range: float = 0.4, *, kv_heads: int = 2, attn: str | None = None):
     """The conftest tiny Llama, by default with weights 20x larger (initializer_range 0.4): the
     conftest's logits are nearly uniform and its greedy completions repeat one token, this one's
     greedy completions vary and its next-token distributions are peaked enough for a law test of few
     categories. With 0.02 it is the conftest's model (its float32 rounding is the one
-    float_bounds.py's bounds were derived for: small weights, little amplification through layers)."""
+    float_bounds.py's bounds were derived for: small weights, little amplification through layers).
+    ``kv_heads``: key/value heads shared by its 4 query heads; ``attn``: its attention implementation
+    (transformers' default when None)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=initializer_range,
+        num_key_value_heads=kv_heads, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=initializer_range,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        **({"attn_implementation": attn} if attn else {}),
     )  # fmt: skip
     torch.manual_seed(1234)
     return LlamaForCausalLM(config).eval()
