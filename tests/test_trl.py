@@ -481,6 +481,28 @@ def test_trl_importance_metrics_leave_out_padding_rows(small_vocab_model_dir, tm
     assert metrics["sampling/importance_sampling_ratio/max"][-1] == pytest.approx(float(ratio[mask].max()), rel=1e-6)
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_native_bfloat16_warns_once_at_the_config(tmp_path, monkeypatch, native):
+    """TRL's default bf16=True runs emulated bfloat16 autocast on such a CPU: PODSConfig says so, with
+    the evidence, where the config is built; bf16=False, or a CPU that computes bfloat16, is silent."""
+    import warnings
+
+    from podsrl.engines import dtype
+
+    monkeypatch.setattr(dtype, "cpu_bf16", lambda: (native, "the flags of a made-up CPU"))
+    base = dict(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, use_cpu=True, report_to="none")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        PODSConfig(**base)  # bf16 left at TRL's default
+        PODSConfig(**base, bf16=False)
+    ours = [w for w in caught if "bfloat16 autocast" in str(w.message)]
+    if native:
+        assert not ours
+    else:
+        assert len(ours) == 1 and ours[0].filename == __file__
+        assert "the flags of a made-up CPU" in str(ours[0].message) and "Pass bf16=False" in str(ours[0].message)
+
+
 def test_config_validation(tmp_path):
     base = dict(output_dir=str(tmp_path), num_generations=8, per_device_train_batch_size=8, use_cpu=True, report_to="none")
     assert PODSConfig(**base, pods_rule="max_variance").pods_spec().m_start(8) == 2  # n // 4, as podsrl train

@@ -285,6 +285,7 @@ class PODSConfig(GRPOConfig):
         self._check_pods()
         if self.use_vllm:
             _warn_unsupported_vllm()
+        _warn_emulated_bf16(self)
 
     def _check_pods(self) -> None:
         """Validate the pods_ fields against TRL's (a ConfigError, which is a ValueError, naming the field)."""
@@ -327,6 +328,29 @@ class PODSConfig(GRPOConfig):
             raise TypeError(f"unknown PODS settings: {', '.join(sorted(pods))}; valid: {', '.join(_SPEC_FIELDS)}")
         converted._check_pods()
         return converted
+
+
+def _warn_emulated_bf16(args: GRPOConfig) -> None:
+    """TRL's ``bf16`` defaults to True, and with ``use_cpu`` (or no accelerator) HF's Trainer then
+    computes under CPU bfloat16 autocast. On a CPU without native bfloat16 arithmetic every product
+    is emulated, several times slower than float32 (``python bench/peak.py`` measures both peaks):
+    say so once, at the config, as ``podsrl train``'s ``model.mixed_precision = "auto"`` decides."""
+    if not args.bf16:
+        return
+    accelerator = torch.cuda.is_available() or torch.backends.mps.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    if accelerator and not args.use_cpu:
+        return
+    from podsrl.engines.dtype import cpu_bf16
+
+    native, why = cpu_bf16()
+    if not native:
+        warnings.warn(
+            f"bf16=True on the CPU computes under bfloat16 autocast, and {why}: every matrix product is emulated, several "
+            "times slower than in float32 (python bench/peak.py measures both). Pass bf16=False to train in float32, as "
+            "podsrl train's model.mixed_precision = 'auto' does on this CPU.",
+            UserWarning,
+            stacklevel=4,  # the line that built the config (past __post_init__ and the dataclass __init__)
+        )
 
 
 def _warn_unsupported_vllm() -> None:
