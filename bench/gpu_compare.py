@@ -20,7 +20,9 @@ The plan (:func:`plan`, printed by ``pack`` and ``plan``) with its minutes, for 
 1. part 1, then ``bench/peak.py --gpu --budget 2.75`` (3 minutes): the matrix-product peaks in float32
    and bfloat16 at Qwen2.5-1.5B's and 0.5B's shapes, the update (forward, backward, optimizer) of
    GRPO(16) and PODS(16, 4) at 512-token completions with mixed precision, time, peak memory and
-   fractions of the bfloat16 peak, then the samplers at 0.5B as the budget allows; into ``$OUT/peak``;
+   fractions of the bfloat16 peak, then at 0.5B a decode step's attention three ways (bench/attention.py:
+   the KV cache copied per query head as transformers' ``sdpa`` does with a mask, ``enable_gqa``, the
+   query heads grouped) and the samplers, as the budget allows; into ``$OUT/peak``;
 2. part 2, then ``bench/samplers.py --gpu --budget 1.75`` (2 minutes): ``transformers`` against
    ``transformers-static`` at 128 and 512 rollouts of 64 tokens (SmolLM2-135M's architecture, random
    weights), each shape's compile reported; into ``$OUT/samplers`` (and ``.gpu-model/`` for the next call);
@@ -226,7 +228,7 @@ class Measurement:
 MEASURE_SLACK = 0.25  # minutes a measurement's own --budget leaves for its start and its report, within its share
 MEASUREMENTS = (
     Measurement("peak", 3.0, "bench/peak.py --gpu: matrix-product peaks, the update's phases (GRPO(16), PODS(16, 4), 512 tokens, "
-                "mixed precision) at Qwen2.5-1.5B and 0.5B as fractions of them, then the samplers at 0.5B", _peak_command),
+                "mixed precision) at Qwen2.5-1.5B and 0.5B as fractions of them, then at 0.5B attention three ways and the samplers", _peak_command),
     Measurement("samplers", 2.0, "bench/samplers.py --gpu: transformers vs transformers-static, 128 and 512 rollouts of 64 tokens",
                 _samplers_command),
 )  # fmt: skip

@@ -89,6 +89,10 @@ of the gap to the peak is the call's shape, which no engine escapes, and how muc
 once (:func:`kv_cache_gib`). ``--profile RxC`` (CPU) then profiles one call of R rollouts of C tokens
 per engine with torch's profiler (:func:`profile_call`): the operators with the most self CPU time,
 which names the rest of the gap (the products' kernels, sampling, attention, elementwise work).
+Before the sampler, where its model shares key/value heads, **a decode step's attention three ways**
+(:func:`attention_ways`, bench/attention.py) at the sampler's calls and precision: the KV cache copied
+per query head (transformers' ``sdpa`` with a mask: a GPU's engines today), PyTorch's ``enable_gqa``
+(the CPU engines'), and the query heads grouped (the candidate for CUDA), each over every layer.
 
 ``--budget MINUTES``: the parts run in order (peaks; GPU: the update at 1.5B, at 0.5B, then the
 sampler, one size after the other) and one that would start with less than ``MIN_PART_SECONDS`` left
@@ -739,6 +743,25 @@ class Report:
         os.replace(tmp, self.path)
 
 
+def attention_ways(name: str, shapes: Shapes, sizes: Sizes, device, deadline: float) -> list[dict]:
+    """A decode step's attention over the sampler's calls (rollouts x prompt + completion positions) in the
+    sampler's precision, three ways (bench/attention.py: the KV cache copied per query head, as
+    transformers' ``sdpa`` does with a mask; PyTorch's ``enable_gqa``; the query heads grouped)."""
+    import torch
+
+    import attention
+
+    from podsrl.engines.dtype import resolve_sampler_dtype
+
+    heads = attention.Heads(name, shapes.heads, shapes.kv_heads, shapes.head_dim, shapes.layers)
+    dtype = resolve_sampler_dtype("fast", torch.float32).name
+    rows = attention.measure(heads, list(sizes.sampler_rollouts), [sizes.prompt + c for c in sizes.sampler_lengths], dtype, device, deadline=deadline)
+    for r in rows:
+        print(f"{name}: attention of a decode step at {r['rows']} x {r['positions']} ({dtype}): "
+              + ", ".join(f"{way} {1e3 * f['step_seconds']:.3g} ms ({f['vs_copied']:.2f}x)" for way, f in r["ways"].items()), flush=True)  # fmt: skip
+    return rows
+
+
 def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float) -> None:
     """Every model of ``sizes`` in order: its peaks, the update per length and precision (CPU) or per
     method (GPU), then the sampler where this model samples."""
@@ -809,6 +832,9 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
             report.write()
         optimizer.zero_grad(set_to_none=True)
         del optimizer, scheduler
+        if sizes.sampler_model in (None, name) and shapes.kv_heads < shapes.heads and left(f"{name}: attention"):
+            entry["attention"] = attention_ways(name, shapes, sizes, device, deadline - MIN_PART_SECONDS)
+            report.write()
         if sizes.sampler_model in (None, name) and left(f"{name}: sampler"):
             fixed = _FixedLength()
             if tokenizer is None:
@@ -917,6 +943,10 @@ def results_tables(data: dict) -> str:
                 out += ["", "| sampler | call | GFLOP/s | a decode step's products at its rollouts: GFLOP/s | of that rate |", "|---|---|---:|---:|---:|"]
                 out += [f"| {r['engine']} | {r['rollouts']} x {r['completion']} | {r['gflops']:.1f} | {r['decode_gflops']:.1f} | {r['of_decode_rate']:.2f} |"
                         for r in decode]  # fmt: skip
+        if entry.get("attention"):  # runs since bench/attention.py (its three ways)
+            import attention
+
+            out += ["", "A decode step's attention over every layer, three ways (bench/attention.py):", "", attention.table({"rows": entry["attention"]})]
         for prof in entry.get("profile", []):  # --profile (runs since 2026-11-29)
             out += ["", f"Where a call of {prof['rollouts']} x {prof['completion']} tokens goes, **{prof['engine']}** (torch's profiler, "
                         f"self CPU time over all threads, {prof['profiled_cpu_seconds']:.1f} s in a call of {prof['seconds']:.1f} s):", "",

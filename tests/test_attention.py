@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from podsrl.engines import Sampling
-from podsrl.engines.attention import NAME, applies, shared_kv_heads
+from podsrl.engines.attention import GROUPED, NAME, applies, register, shared_kv_heads
 from podsrl.engines.dtype import resolve_sampler_dtype
 from podsrl.engines.hf import TransformersEngine
 from podsrl.engines.static import StaticCacheEngine
@@ -38,17 +38,19 @@ def prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (k,), generator=g).tolist() for k in PROMPT_LENGTHS]
 
 
+def refuse_repeat_kv(hidden_states, n_rep):
+    """transformers' ``repeat_kv`` made to fail where it would copy the key/value heads."""
+    if n_rep > 1:
+        raise AssertionError("repeat_kv called: the KV cache was copied per query head")
+    return hidden_states
+
+
 @pytest.fixture
 def no_repeat_kv(monkeypatch):
     """transformers' copy of the key/value heads (``repeat_kv``) made to fail when it is called."""
     import transformers.integrations.sdpa_attention as sdpa
 
-    def refuse(hidden_states, n_rep):
-        if n_rep > 1:
-            raise AssertionError("repeat_kv called: the KV cache was copied per query head")
-        return hidden_states
-
-    monkeypatch.setattr(sdpa, "repeat_kv", refuse)
+    monkeypatch.setattr(sdpa, "repeat_kv", refuse_repeat_kv)
 
 
 def test_logits_equal_sdpa_at_prefill_and_decode(tokenizer, one_thread):
@@ -65,6 +67,30 @@ def test_logits_equal_sdpa_at_prefill_and_decode(tokenizer, one_thread):
     with shared_kv_heads(model):
         assert model.config._attn_implementation == NAME
         got = model.generate(**kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    for step_got, step_want in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(step_got, step_want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_grouped_queries_equal_sdpa_with_a_mask_and_causal_alone(tokenizer, one_thread, padded, monkeypatch):
+    """grouped_queries_forward (the candidate for CUDA, bench/attention.py) under greedy generate: the
+    same tokens and logits as ``sdpa`` with left-padded prompts (a mask every step) and with prompts of
+    one length (no mask: the causal prefill it builds itself), and no ``repeat_kv``."""
+    assert register()
+    ps = prompts(len(tokenizer)) if padded else [p[:2] for p in prompts(len(tokenizer))]
+    width = max(map(len, ps))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in ps])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    model = gqa_model(tokenizer, kv_heads=2)
+    want = model.generate(**kwargs)  # sdpa's own answer (it copies the heads where a mask is passed)
+    import transformers.integrations.sdpa_attention as sdpa
+
+    monkeypatch.setattr(sdpa, "repeat_kv", refuse_repeat_kv)
+    model.config._attn_implementation = GROUPED
+    got = model.generate(**kwargs)
     assert torch.equal(got.sequences, want.sequences)
     for step_got, step_want in zip(got.logits, want.logits, strict=True):
         torch.testing.assert_close(step_got, step_want, rtol=1e-5, atol=1e-5)
@@ -132,3 +158,48 @@ def test_applies_only_where_it_helps(tokenizer):
         assert not applies(model)
         with shared_kv_heads(model):
             assert model.config._attn_implementation == before
+
+
+def test_the_attention_benchmark_runs_and_checks_the_ways_agree(tmp_path, monkeypatch):
+    """bench/attention.py --tiny: every way at every shape, their outputs checked against ``copied``
+    (a way that computes something else fails the run), the ratios and the table from the JSON."""
+    import json
+    from pathlib import Path
+
+    from conftest import script_module
+
+    root = Path(__file__).resolve().parents[1]
+    threads = torch.get_num_threads()
+    with script_module(root / "bench" / "attention.py") as bench:
+        data = bench.main(["--tiny", "--threads", "1", "--out", str(tmp_path / "attention.json")])
+        torch.set_num_threads(threads)
+        assert data == json.loads((tmp_path / "attention.json").read_text())
+        assert [(r["rows"], r["positions"]) for r in data["rows"]] == [(4, 12), (4, 20), (8, 12), (8, 20)]
+        for row in data["rows"]:
+            assert set(row["ways"]) == set(bench.WAYS) and row["ways"]["copied"]["vs_copied"] == 1.0
+            assert all(f["max_diff"] < 1e-4 and f["seconds"] > 0 for f in row["ways"].values())
+        assert "| tiny (4 / 2) | float32 | 8 x 20 |" in bench.table(data)
+
+        from podsrl.engines import attention
+
+        monkeypatch.setattr(attention, "grouped_queries_forward", lambda module, q, k, v, mask, **kw: (q.transpose(1, 2) * 0, None))
+        with pytest.raises(AssertionError, match="grouped differs from copied"):
+            bench.measure(bench.TINY, [4], [12], "float32", torch.device("cpu"))
+
+
+def test_every_committed_attention_run_is_in_the_engines_page_as_its_table():
+    """bench/attention.py's committed runs (results/attention/*.json) appear in docs/engines.md exactly
+    as ``--table`` prints them."""
+    import json
+    from pathlib import Path
+
+    from conftest import script_module
+
+    root = Path(__file__).resolve().parents[1]
+    runs = sorted((root / "results" / "attention").glob("*.json"))
+    assert runs, "no committed run of bench/attention.py"
+    page = (root / "docs" / "engines.md").read_text()
+    with script_module(root / "bench" / "attention.py") as bench:
+        for path in runs:
+            table = bench.table(json.loads(path.read_text()))
+            assert table in page, f"docs/engines.md lacks {path.name}'s table: paste `python bench/attention.py --table {path.relative_to(root)}`"

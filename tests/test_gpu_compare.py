@@ -144,6 +144,7 @@ def test_the_tiny_flow_measures_trains_the_three_arms_and_copies_every_report(tm
     (peak,) = (tmp_path / "out" / "peak").glob("*.json")
     data = json.loads(peak.read_text())
     assert data["mode"] == "gpu-tiny" and all(entry["update"] for entry in data["models"].values())
+    assert {r["rows"] for r in data["models"]["tiny-qwen2-a"]["attention"]} == {4, 8}  # the sampler's model: attention three ways
     assert (tmp_path / "out" / "peak" / "peak.log").is_file()
     (samplers,) = (tmp_path / "out" / "samplers").glob("*.json")
     assert {r["engine"] for r in json.loads(samplers.read_text())["rows"]} == {"transformers", "transformers-static"}

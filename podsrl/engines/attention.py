@@ -21,6 +21,12 @@ switches a model to it for the length of a ``with`` block and back, where it app
 (a plain causal LM, not a composite one), on torch >= 2.5 (``enable_gqa``). Elsewhere it changes
 nothing. The arithmetic is the same kernel's on the same numbers; tests/test_attention.py checks
 logits and sampled tokens against ``sdpa``.
+
+On CUDA the engines still copy the heads wherever a mask is passed (the static engine's calls always
+pass one). :func:`grouped_queries_forward` (registered as :data:`GROUPED`) is the candidate there: the
+query heads that share a key/value head passed as its query rows, with a plain masked kernel and no
+copy. It is tested against ``sdpa`` here; no engine switches to it until a GPU measures it
+(``python bench/attention.py --gpu``; bench/peak.py's GPU mode runs the same, issue 66's one command).
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ import contextlib
 
 import torch
 
-__all__ = ["NAME", "applies", "register", "sdpa_gqa_forward", "shared_kv_heads"]
+__all__ = ["GROUPED", "NAME", "applies", "grouped_queries_forward", "register", "sdpa_gqa_forward", "shared_kv_heads"]
 
 NAME = "podsrl_sdpa_gqa"
+GROUPED = "podsrl_sdpa_grouped_queries"  # grouped_queries_forward, registered beside NAME (not switched on by the engines)
 
 
 def sdpa_gqa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -50,6 +57,34 @@ def sdpa_gqa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return out.transpose(1, 2).contiguous(), None
 
 
+def grouped_queries_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                            is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """The same attention as :func:`sdpa_gqa_forward` with no ``enable_gqa`` and no copy of the KV cache:
+    the r = H / G query heads that share a key/value head are passed as that head's query positions.
+
+    query [B, H, T, D] -> [B, G, r*T, D] (query head g*r + i is row i*T + t of head g, as ``repeat_kv``
+    pairs them); the mask [B, 1, T, S] is repeated r times along its query rows -> [B, 1, r*T, S] (a
+    copy of the mask, not of the cache: B*r*T*S elements against the cache's B*H*S*D); with no mask and
+    more than one query (a causal prefill) the causal mask is built here, since the stacked rows are no
+    longer one causal square. A kernel for a plain mask with no grouping runs (on CUDA the
+    memory-efficient one; ``enable_gqa`` with a mask falls back to the math kernel there). Returns
+    ([B, T, H, D], None). Not used by the engines yet: bench/attention.py measures it against the
+    alternatives (the module docstring)."""
+    batch, heads, queries, dim = query.shape
+    groups = key.shape[1]
+    rep = heads // groups
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is None and is_causal and queries > 1:
+        positions = key.shape[2]
+        attention_mask = torch.ones(queries, positions, dtype=torch.bool, device=query.device).tril(positions - queries)[None, None]
+    if attention_mask is not None:
+        attention_mask = attention_mask.expand(batch, 1, queries, attention_mask.shape[-1]).repeat(1, 1, rep, 1)
+    stacked = query.reshape(batch, groups, rep * queries, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+    return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous(), None
+
+
 def register() -> bool:
     """Register :data:`NAME` with transformers (idempotent). False where this transformers or torch lacks
     what it needs (``AttentionMaskInterface``: transformers >= 4.53; ``enable_gqa``: torch >= 2.5)."""
@@ -62,6 +97,8 @@ def register() -> bool:
         return False
     AttentionInterface.register(NAME, sdpa_gqa_forward)
     AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionInterface.register(GROUPED, grouped_queries_forward)
+    AttentionMaskInterface.register(GROUPED, sdpa_mask)
     return True
 
 
