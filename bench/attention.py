@@ -25,7 +25,10 @@ and the completion so far; the static engine's cache always holds its full lengt
 layer), the step's attention over every layer (x the model's layers), and the ratio to ``copied``
 (above 1: faster). The ways' outputs are checked against ``copied`` (the largest difference is
 reported; a way that differs by more than the dtype's tolerance fails the run). A sample is as many
-back-to-back calls as take about 20 ms; the median of 5 samples after a warm-up.
+back-to-back calls as take about 20 ms; a way's time at a shape is the median of 5 samples after a
+warm-up. ``--rounds`` (default 3) repeats every shape, the ways' order rotating; the median over the
+rounds is reported, each round's kept in the JSON (on this project's CPU the copy's time moved 2-5x
+from one run to the next).
 
 --out FILE writes the figures as JSON (results/attention/); ``--table FILE`` prints a saved one's
 table (docs/engines.md; tests/test_attention.py checks the page). bench/peak.py calls
@@ -164,6 +167,27 @@ def measure(heads: Heads, rows_list, positions_list, dtype_name: str, device, *,
     return out
 
 
+def median_of_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """One row a shape from several rounds of :func:`measure` (the shapes every round measured): each
+    way's median seconds over the rounds, its ratio to ``copied``'s median, every round's seconds kept."""
+    out = []
+    for row in rounds[0]:
+        same = [r for rows in rounds for r in rows if (r["model"], r["rows"], r["positions"]) == (row["model"], row["rows"], row["positions"])]
+        if len(same) < len(rounds):
+            continue
+        merged = {**row, "ways": {}}
+        for way in row["ways"]:
+            seconds = [r["ways"][way]["seconds"] for r in same]
+            median = statistics.median(seconds)
+            merged["ways"][way] = {"seconds": median, "step_seconds": median * row["layers"], "rounds": seconds,
+                                   "max_diff": max(r["ways"][way]["max_diff"] for r in same)}  # fmt: skip
+        base = merged["ways"].get("copied", {}).get("seconds")
+        for figures in merged["ways"].values():
+            figures["vs_copied"] = base / figures["seconds"] if base else None
+        out.append(merged)
+    return out
+
+
 def table(data: dict) -> str:
     """The saved run's table: one line a shape, each way's milliseconds a step (every layer) and its
     ratio to ``copied``."""
@@ -189,6 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--positions", type=lambda s: [int(x) for x in s.split(",")],
                         help="cached positions (comma-separated; default 40-token prompts + 64 and 256 generated, GPU + 64 and 512)")
     parser.add_argument("--threads", type=int, default=2, help="torch's CPU threads")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over every shape (the ways' orders rotating); medians reported")
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     args = parser.parse_args(argv)
     if args.table:
@@ -213,7 +238,8 @@ def main(argv: list[str] | None = None) -> dict:
             "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "machine": machine(device, args.threads),
             "models": [asdict(m) for m in models], "rows": []}  # fmt: skip
     for heads in models:
-        data["rows"] += measure(heads, rows, positions, dtype, device)
+        rounds = [measure(heads, rows, positions, dtype, device, ways=WAYS[k % 3:] + WAYS[:k % 3]) for k in range(args.rounds)]
+        data["rows"] += median_of_rounds(rounds)
     data["seconds"] = round(time.time() - started, 1)
     print(table(data))
     for r in data["rows"]:

@@ -177,6 +177,7 @@ def test_the_attention_benchmark_runs_and_checks_the_ways_agree(tmp_path, monkey
         assert [(r["rows"], r["positions"]) for r in data["rows"]] == [(4, 12), (4, 20), (8, 12), (8, 20)]
         for row in data["rows"]:
             assert set(row["ways"]) == set(bench.WAYS) and row["ways"]["copied"]["vs_copied"] == 1.0
+            assert all(len(f["rounds"]) == 3 and f["seconds"] == sorted(f["rounds"])[1] for f in row["ways"].values())  # the median of 3
             assert all(f["max_diff"] < 1e-4 and f["seconds"] > 0 for f in row["ways"].values())
         assert "| tiny (4 / 2) | float32 | 8 x 20 |" in bench.table(data)
 
