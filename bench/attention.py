@@ -27,8 +27,8 @@ layer), the step's attention over every layer (x the model's layers), and the ra
 reported; a way that differs by more than the dtype's tolerance fails the run). A sample is as many
 back-to-back calls as take about 20 ms; a way's time at a shape is the median of 5 samples after a
 warm-up. ``--rounds`` (default 3) repeats every shape, the ways' order rotating; the median over the
-rounds is reported, each round's kept in the JSON (on this project's CPU the copy's time moved 2-5x
-from one run to the next).
+rounds is reported, each round's kept in the JSON. (On this project's CPU the copy's time moved
+several-fold between runs, far more than within one: docs/engines.md.)
 
 --out FILE writes the figures as JSON (results/attention/); ``--table FILE`` prints a saved one's
 table (docs/engines.md; tests/test_attention.py checks the page). bench/peak.py calls
