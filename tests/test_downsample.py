@@ -250,7 +250,7 @@ def test_every_rule_on_ragged_groups_against_brute_force(data, seed):
 
 
 def _trl_base(tmp_path, n: int = 8, **more) -> dict:
-    return dict(output_dir=str(tmp_path), num_generations=n, per_device_train_batch_size=n, use_cpu=True, report_to="none", **more)
+    return dict(output_dir=str(tmp_path), num_generations=n, per_device_train_batch_size=n, use_cpu=True, bf16=False, report_to="none", **more)
 
 
 def native_select(fields: dict, rewards: torch.Tensor, *, step: int, max_steps: int, seed: int, scale_std: bool, std_over: str = "group"):

@@ -248,7 +248,7 @@ def test_trl_refuses_the_geometric_modes(tmp_path):
     from podsrl.integrations.trl import TRL_IMPORTANCE_MODES, PODSConfig
 
     assert set(TRL_IMPORTANCE_MODES) == {m for m in MODES if not m.startswith("geometric") and not m.endswith("reject")}
-    common = dict(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, report_to=[], use_cpu=True)
+    common = dict(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, report_to=[], use_cpu=True, bf16=False)
     for mode in ("geometric_truncate", "geometric_mask", "token_reject"):
         with pytest.raises(ValueError, match=f"vllm_importance_sampling_mode = '{mode}': TRL's GRPOTrainer .* knows token_truncate"):
             PODSConfig(**common, vllm_importance_sampling_mode=mode)

@@ -301,7 +301,7 @@ def _pods_trainer(model_dir: Path, out: Path, max_steps: int):
     n = 4
     args = PODSConfig(
         output_dir=str(out), num_generations=n, per_device_train_batch_size=2 * n, max_completion_length=8, learning_rate=1e-3,
-        report_to="none", use_cpu=True, save_strategy="steps", save_steps=1, max_steps=max_steps, logging_steps=1, seed=7,
+        report_to="none", use_cpu=True, bf16=False, save_strategy="steps", save_steps=1, max_steps=max_steps, logging_steps=1, seed=7,
         pods_m=2,
     )  # fmt: skip
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"What is {i} + 1?"}] for i in range(8)]})

@@ -504,7 +504,7 @@ def test_bf16_on_a_cpu_without_native_bfloat16_warns_once_at_the_config(tmp_path
 
 
 def test_config_validation(tmp_path):
-    base = dict(output_dir=str(tmp_path), num_generations=8, per_device_train_batch_size=8, use_cpu=True, report_to="none")
+    base = dict(output_dir=str(tmp_path), num_generations=8, per_device_train_batch_size=8, use_cpu=True, bf16=False, report_to="none")
     assert PODSConfig(**base, pods_rule="max_variance").pods_spec().m_start(8) == 2  # n // 4, as podsrl train
     with pytest.raises(ValueError, match=r"pods_m = 16 exceeds num_generations = 8"):
         PODSConfig(**base, pods_m=16)
@@ -608,7 +608,7 @@ def uneven_reward(completions, answer, trainer_state, **columns):
 # 3 prompts x n=4 over 2 processes: the second group straddles them. d3s_cross keeps unequal numbers per
 # group and the DAPO filter drops groups, so the kept count differs between steps and between origins.
 args = PODSConfig(output_dir=sys.argv[3], num_generations=4, per_device_train_batch_size=6, max_completion_length=8,
-                  max_steps=2, report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, beta=0.04,
+                  max_steps=2, report_to="none", use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, beta=0.04,
                   pods_rule="d3s_cross", pods_m=3, pods_filter_zero_variance=True, seed=3)
 trainer = PODSTrainer(model=sys.argv[1], reward_funcs=[uneven_reward], args=args, train_dataset=dataset(12))
 fake_generation(trainer)
@@ -678,7 +678,7 @@ weights, rows = {}, {}
 for skip in (True, False):
     args = PODSConfig(output_dir=sys.argv[3], num_generations=4, per_device_train_batch_size=3,
                       gradient_accumulation_steps=2, max_completion_length=8, max_steps=1, report_to="none",
-                      use_cpu=True, save_strategy="no", logging_steps=1, beta=0.0, loss_type="grpo", optim="sgd",
+                      use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, beta=0.0, loss_type="grpo", optim="sgd",
                       learning_rate=0.1, pods_rule="max_variance", pods_m=3, pods_skip_zero_advantage=skip, seed=3)
     trainer = PODSTrainer(model=sys.argv[1], reward_funcs=[even_constant], args=args, train_dataset=dataset(12))
     fake_generation(trainer)
