@@ -833,7 +833,11 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
         optimizer.zero_grad(set_to_none=True)
         del optimizer, scheduler
         if sizes.sampler_model in (None, name) and shapes.kv_heads < shapes.heads and left(f"{name}: attention"):
-            entry["attention"] = attention_ways(name, shapes, sizes, device, deadline - MIN_PART_SECONDS)
+            try:
+                entry["attention"] = attention_ways(name, shapes, sizes, device, deadline - MIN_PART_SECONDS)
+            except Exception as err:  # noqa: BLE001 - a way a kernel refuses (or that disagrees) must not cost the sampler's part
+                skipped.append({"part": f"{name}: attention", "why": f"{type(err).__name__}: {err}"})
+                print(f"{name}: attention three ways failed, recorded as skipped: {type(err).__name__}: {err}", flush=True)
             report.write()
         if sizes.sampler_model in (None, name) and left(f"{name}: sampler"):
             fixed = _FixedLength()

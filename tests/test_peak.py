@@ -301,3 +301,19 @@ def test_every_committed_samplers_run_is_in_the_engines_page_as_its_table():
         for path in sorted((ROOT / "results" / "samplers").glob("*.json")):
             table = samplers.doc_table(json.loads(path.read_text()))
             assert table in page, f"docs/engines.md lacks {path.name}'s table: paste `python bench/samplers.py --table {path.relative_to(ROOT)}`"
+
+
+def test_a_failing_attention_way_is_recorded_and_the_sampler_still_runs(peak, monkeypatch, tmp_path):
+    """bench/peak.py's attention part (bench/attention.py's ways) failing, e.g. a kernel refusing a
+    mask on a GPU, is recorded as skipped with its reason; the rest of the run goes on (the one
+    GPU call must not lose the samplers to it)."""
+    import attention
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("grouped differs from copied by 1.0e+00")
+
+    monkeypatch.setattr(attention, "measure", refuse)
+    data = peak.main(["--gpu", "--tiny", "--budget", "2", "--out-dir", str(tmp_path)])
+    entry = data["models"]["tiny-qwen2-a"]
+    assert "attention" not in entry and entry["sampler"]
+    assert any(s["part"] == "tiny-qwen2-a: attention" and "grouped differs" in s["why"] for s in entry["skipped"])
