@@ -313,7 +313,7 @@ def test_a_failing_attention_way_is_recorded_and_the_sampler_still_runs(peak, mo
         raise AssertionError("grouped differs from copied by 1.0e+00")
 
     monkeypatch.setattr(attention, "measure", refuse)
-    data = peak.main(["--gpu", "--tiny", "--budget", "2", "--out-dir", str(tmp_path)])
+    data = peak.main(["--gpu", "--tiny", "--update-precision", "none", "--engines", "transformers", "--sampler-rollouts", "4", "--out-dir", str(tmp_path)])
     entry = data["models"]["tiny-qwen2-a"]
     assert "attention" not in entry and entry["sampler"]
     assert any(s["part"] == "tiny-qwen2-a: attention" and "grouped differs" in s["why"] for s in entry["skipped"])
