@@ -204,3 +204,47 @@ def test_every_committed_attention_run_is_in_the_engines_page_as_its_table():
         for path in runs:
             table = bench.table(json.loads(path.read_text()))
             assert table in page, f"docs/engines.md lacks {path.name}'s table: paste `python bench/attention.py --table {path.relative_to(root)}`"
+
+
+def _bfloat16_errors(tokenizer, device: str) -> tuple[float, float]:
+    """The tiny GQA model in bfloat16 on ``device``, left-padded prompts: a masked prefill, then one
+    masked decode step on its cache, under ``sdpa`` and under the grouped queries. Each way's largest
+    logit error against the same model in float32 (sdpa), over both steps: (sdpa's, grouped's)."""
+    assert register()
+    ps = prompts(len(tokenizer))
+    width = max(map(len, ps))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in ps], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps], device=device)
+    step = torch.full((len(ps), 1), 5, device=device)
+    longer = torch.cat([mask, torch.ones_like(step)], 1)
+
+    def two_steps(model):
+        with torch.no_grad():
+            first = model(input_ids=ids, attention_mask=mask, use_cache=True)
+            second = model(input_ids=step, attention_mask=longer, past_key_values=first.past_key_values, use_cache=True)
+        valid = mask.bool()  # left padding's logits are not compared
+        return torch.cat([first.logits[valid].float(), second.logits[:, -1].float()])
+
+    reference = two_steps(gqa_model(tokenizer).to(device))
+    errors = []
+    for attn in ("sdpa", GROUPED):
+        model = gqa_model(tokenizer).to(device=device, dtype=torch.bfloat16)
+        model.config._attn_implementation = attn
+        errors.append(float((two_steps(model) - reference).abs().max()))
+    return errors[0], errors[1]
+
+
+def test_grouped_queries_in_bfloat16_err_no_more_than_sdpa_on_the_cpu(tokenizer, one_thread):
+    """In bfloat16 the ways round differently, so they are compared with float32: the grouped queries'
+    logit error is within twice ``sdpa``'s own (same weights, same inputs; one bfloat16 rounding of the
+    attention's output is the difference). The same check on CUDA below, where it would be used."""
+    sdpa_error, grouped_error = _bfloat16_errors(tokenizer, "cpu")
+    assert 0 < grouped_error <= 2 * sdpa_error, (sdpa_error, grouped_error)
+
+
+@pytest.mark.gpu
+def test_grouped_queries_in_bfloat16_err_no_more_than_sdpa_on_cuda(tokenizer):
+    """As the CPU test above, on CUDA (where transformers copies the heads with a mask and the
+    grouped queries run the memory-efficient kernel): run by ``make gpu-check`` on a lent GPU."""
+    sdpa_error, grouped_error = _bfloat16_errors(tokenizer, "cuda")
+    assert 0 < grouped_error <= 2 * sdpa_error, (sdpa_error, grouped_error)
