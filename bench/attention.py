@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(ROOT / "bench"))
     from peak import machine
 
+    if args.gpu and not torch.cuda.is_available():
+        raise SystemExit("attention: --gpu: torch sees no GPU (torch.cuda.is_available() is false); --tiny runs the code on this CPU")
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.gpu else "cpu")
     if args.gpu:

@@ -180,6 +180,9 @@ def test_the_attention_benchmark_runs_and_checks_the_ways_agree(tmp_path, monkey
             assert all(len(f["rounds"]) == 3 and f["seconds"] == sorted(f["rounds"])[1] for f in row["ways"].values())  # the median of 3
             assert all(f["max_diff"] < 1e-4 and f["seconds"] > 0 for f in row["ways"].values())
         assert "| tiny (4 / 2) | float32 | 8 x 20 |" in bench.table(data)
+        if not torch.cuda.is_available():
+            with pytest.raises(SystemExit, match="--gpu: torch sees no GPU"):
+                bench.main(["--gpu"])
 
         from podsrl.engines import attention
 
