@@ -10,6 +10,7 @@ advantages are non-zero and an update really moves the weights.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -34,6 +35,20 @@ def script_module(path: Path, name: str | None = None) -> Iterator[ModuleType]:
         yield load_script(path, name)  # podsrl.figures: the same loader the pages' renderer uses
     finally:
         sys.modules.pop(name, None)
+
+
+def committed_tables_in_page(script: str, render: str, results: str, page: str) -> int:
+    """Every committed run of ``bench/<script>.py`` (``results/<results>/*.json``) appears in
+    ``docs/<page>`` exactly as the script's ``render`` function prints it (what its ``--table FILE``
+    prints); the number of runs checked."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / page).read_text()
+    runs = sorted((root / "results" / results).glob("*.json"))
+    with script_module(root / "bench" / f"{script}.py") as bench:
+        for path in runs:
+            table = getattr(bench, render)(json.loads(path.read_text()))
+            assert table in text, f"docs/{page} lacks {path.name}'s table: paste `python bench/{script}.py --table {path.relative_to(root)}`"
+    return len(runs)
 
 
 REWARD_SOURCE = '''

@@ -45,6 +45,24 @@ def refuse_repeat_kv(hidden_states, n_rep):
     return hidden_states
 
 
+def greedy_kwargs(tokenizer, ps: list[list[int]]) -> dict:
+    """``generate``'s arguments for 6 greedy steps on the prompts ``ps``, left-padded to one width,
+    their logits returned."""
+    width = max(map(len, ps))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in ps])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
+    return dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, output_logits=True,
+                return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+
+
+def assert_same_greedy(got, want) -> None:
+    """Two greedy ``generate`` outputs of :func:`greedy_kwargs`: the same tokens, every step's logits
+    equal within float32 rounding (the same numbers through a kernel in another order)."""
+    assert torch.equal(got.sequences, want.sequences)
+    for step_got, step_want in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(step_got, step_want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture
 def no_repeat_kv(monkeypatch):
     """transformers' copy of the key/value heads (``repeat_kv``) made to fail when it is called."""
@@ -57,19 +75,12 @@ def test_logits_equal_sdpa_at_prefill_and_decode(tokenizer, one_thread):
     """Left-padded prompts, then 6 greedy steps on the dynamic cache: every step's logits under the
     shared heads equal ``sdpa``'s (the same kernel on the same numbers; float32 tolerance)."""
     model = gqa_model(tokenizer)
-    ps = prompts(len(tokenizer))
-    width = max(map(len, ps))
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in ps])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
-    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, output_logits=True,
-                  return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    kwargs = greedy_kwargs(tokenizer, prompts(len(tokenizer)))
     want = model.generate(**kwargs)
     with shared_kv_heads(model):
         assert model.config._attn_implementation == NAME
         got = model.generate(**kwargs)
-    assert torch.equal(got.sequences, want.sequences)
-    for step_got, step_want in zip(got.logits, want.logits, strict=True):
-        torch.testing.assert_close(step_got, step_want, rtol=1e-5, atol=1e-5)
+    assert_same_greedy(got, want)
 
 
 @pytest.mark.parametrize("padded", [True, False])
@@ -78,12 +89,7 @@ def test_grouped_queries_equal_sdpa_with_a_mask_and_causal_alone(tokenizer, one_
     same tokens and logits as ``sdpa`` with left-padded prompts (a mask every step) and with prompts of
     one length (no mask: the causal prefill it builds itself), and no ``repeat_kv``."""
     assert register()
-    ps = prompts(len(tokenizer)) if padded else [p[:2] for p in prompts(len(tokenizer))]
-    width = max(map(len, ps))
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in ps])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
-    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, output_logits=True,
-                  return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    kwargs = greedy_kwargs(tokenizer, prompts(len(tokenizer)) if padded else [p[:2] for p in prompts(len(tokenizer))])
     model = gqa_model(tokenizer, kv_heads=2)
     want = model.generate(**kwargs)  # sdpa's own answer (it copies the heads where a mask is passed)
     import transformers.integrations.sdpa_attention as sdpa
@@ -91,9 +97,7 @@ def test_grouped_queries_equal_sdpa_with_a_mask_and_causal_alone(tokenizer, one_
     monkeypatch.setattr(sdpa, "repeat_kv", refuse_repeat_kv)
     model.config._attn_implementation = GROUPED
     got = model.generate(**kwargs)
-    assert torch.equal(got.sequences, want.sequences)
-    for step_got, step_want in zip(got.logits, want.logits, strict=True):
-        torch.testing.assert_close(step_got, step_want, rtol=1e-5, atol=1e-5)
+    assert_same_greedy(got, want)
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -194,19 +198,9 @@ def test_the_attention_benchmark_runs_and_checks_the_ways_agree(tmp_path, monkey
 def test_every_committed_attention_run_is_in_the_engines_page_as_its_table():
     """bench/attention.py's committed runs (results/attention/*.json) appear in docs/engines.md exactly
     as ``--table`` prints them."""
-    import json
-    from pathlib import Path
+    from conftest import committed_tables_in_page
 
-    from conftest import script_module
-
-    root = Path(__file__).resolve().parents[1]
-    runs = sorted((root / "results" / "attention").glob("*.json"))
-    assert runs, "no committed run of bench/attention.py"
-    page = (root / "docs" / "engines.md").read_text()
-    with script_module(root / "bench" / "attention.py") as bench:
-        for path in runs:
-            table = bench.table(json.loads(path.read_text()))
-            assert table in page, f"docs/engines.md lacks {path.name}'s table: paste `python bench/attention.py --table {path.relative_to(root)}`"
+    assert committed_tables_in_page("attention", "table", "attention", "engines.md"), "no committed run of bench/attention.py"
 
 
 def _bfloat16_errors(tokenizer, device: str) -> tuple[float, float]:

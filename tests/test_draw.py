@@ -152,16 +152,6 @@ def test_the_benchmark_runs(tmp_path):
 def test_every_committed_run_is_in_the_engines_page_as_its_table():
     """bench/hf_engine.py's committed runs (results/hf-engine/*.json) appear in docs/engines.md exactly
     as ``--table`` prints them."""
-    import json
-    from pathlib import Path
+    from conftest import committed_tables_in_page
 
-    from conftest import script_module
-
-    root = Path(__file__).resolve().parents[1]
-    runs = sorted((root / "results" / "hf-engine").glob("*.json"))
-    assert runs, "no committed run of bench/hf_engine.py"
-    page = (root / "docs" / "engines.md").read_text()
-    with script_module(root / "bench" / "hf_engine.py") as bench:
-        for path in runs:
-            table = bench.doc_table(json.loads(path.read_text()))
-            assert table in page, f"docs/engines.md lacks {path.name}'s tables: paste `python bench/hf_engine.py --table {path.relative_to(root)}`"
+    assert committed_tables_in_page("hf_engine", "doc_table", "hf-engine", "engines.md"), "no committed run of bench/hf_engine.py"

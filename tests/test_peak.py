@@ -296,11 +296,9 @@ def test_every_committed_peak_run_is_in_the_results_page_as_its_tables(peak):
 def test_every_committed_samplers_run_is_in_the_engines_page_as_its_table():
     """bench/samplers.py's committed runs (results/samplers/*.json) appear in docs/engines.md exactly as
     ``--table`` prints them."""
-    with script_module(ROOT / "bench" / "samplers.py") as samplers:
-        page = (ROOT / "docs" / "engines.md").read_text()
-        for path in sorted((ROOT / "results" / "samplers").glob("*.json")):
-            table = samplers.doc_table(json.loads(path.read_text()))
-            assert table in page, f"docs/engines.md lacks {path.name}'s table: paste `python bench/samplers.py --table {path.relative_to(ROOT)}`"
+    from conftest import committed_tables_in_page
+
+    committed_tables_in_page("samplers", "doc_table", "samplers", "engines.md")
 
 
 def test_a_failing_attention_way_is_recorded_and_the_sampler_still_runs(peak, monkeypatch, tmp_path):
