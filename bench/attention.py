@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # podsrl from this working tree; the sibling benches (peak)
 
 WAYS = ("copied", "enable_gqa", "grouped")
 PADDING = 8  # the most left-padding positions a row's mask hides
@@ -104,10 +104,16 @@ def inputs(heads: Heads, rows: int, positions: int, dtype, device, seed: int = 0
 
 
 def _sync(device) -> None:
-    import torch
+    from peak import _sync as sync  # bench/peak.py's (it imports this module only inside its functions)
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(device)
+
+
+def _add_ratios(ways: dict) -> None:
+    """Each way's ``vs_copied``: ``copied``'s seconds over its own (above 1: faster)."""
+    base = ways.get("copied", {}).get("seconds")
+    for figures in ways.values():
+        figures["vs_copied"] = base / figures["seconds"] if base else None
 
 
 def time_call(fn, device, *, target: float = 0.02, samples: int = 5) -> float:
@@ -157,9 +163,7 @@ def measure(heads: Heads, rows_list, positions_list, dtype_name: str, device, *,
                         raise AssertionError(f"{way} differs from copied by {diff:.2e} at {rows} x {positions} ({dtype_name})")
                     seconds = time_call(lambda fn=fn: fn(module, query, key, value, mask), device)
                     row["ways"][way] = {"seconds": seconds, "step_seconds": seconds * heads.layers, "max_diff": diff}
-                base = row["ways"].get("copied", {}).get("seconds")
-                for figures in row["ways"].values():
-                    figures["vs_copied"] = base / figures["seconds"] if base else None
+                _add_ratios(row["ways"])
             out.append(row)
             del query, key, value, mask, reference
             if device.type == "cuda":
@@ -181,9 +185,7 @@ def median_of_rounds(rounds: list[list[dict]]) -> list[dict]:
             median = statistics.median(seconds)
             merged["ways"][way] = {"seconds": median, "step_seconds": median * row["layers"], "rounds": seconds,
                                    "max_diff": max(r["ways"][way]["max_diff"] for r in same)}  # fmt: skip
-        base = merged["ways"].get("copied", {}).get("seconds")
-        for figures in merged["ways"].values():
-            figures["vs_copied"] = base / figures["seconds"] if base else None
+        _add_ratios(merged["ways"])
         out.append(merged)
     return out
 
@@ -221,7 +223,6 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     import torch
 
-    sys.path.insert(0, str(ROOT / "bench"))
     from peak import machine
 
     if args.gpu and not torch.cuda.is_available():
