@@ -41,7 +41,8 @@ into .gpu-model/cache), then runs ``podsrl compare configs/compare-gpu.toml`` wi
 training time sized to the minutes left (``--minutes``: the call's own limit, less what came before;
 each arm's overhead, :func:`arm_overhead`, includes the static engine's compile that its evaluations
 pay off the training clock, as call 2 measured it), and copies the report and every run's small files
-to ``$OUT/compare-gpu`` (``--out`` elsewhere).
+to ``$OUT/compare-gpu`` (``--out`` elsewhere; the runs' as one archive, ``runs.tar.gz``: the lent machine
+returns nothing deeper than two folders below ``$OUT``).
 
 ``flow --tiny`` is the whole flow on this CPU (the measurements' own tiny modes, then the comparison
 with a tiny random model built on the spot, seconds of training): what tests/test_gpu_compare.py
@@ -346,16 +347,22 @@ def _tiny_model(path: Path) -> Path:
 
 
 def _copy_results(compare_dir: Path, dest: Path) -> None:
+    """The report (compare.json, compare.png) and every run's small files (:data:`SMALL_FILES`, never a
+    checkpoint) into ``dest``, the runs' as one archive, ``runs.tar.gz`` (members ``runs/<arm>/seed<k>/FILE``):
+    the lent machine returns files at most two folders below $OUT, and a run's are four down (the
+    first run's were left behind for it, 2026-11-30). ``tar xzf runs.tar.gz`` beside compare.json puts
+    them where ``podsrl compare --report-only`` reads them."""
+    import tarfile
+
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("compare.json", "compare.png"):
         if (compare_dir / name).is_file():
             shutil.copy2(compare_dir / name, dest / name)
-    for run in sorted((compare_dir / "runs").glob("*/seed*")):
-        target = dest / "runs" / run.parent.name / run.name
-        target.mkdir(parents=True, exist_ok=True)
-        for name in SMALL_FILES:
-            if (run / name).is_file():
-                shutil.copy2(run / name, target / name)
+    with tarfile.open(dest / "runs.tar.gz", "w:gz") as archive:
+        for run in sorted((compare_dir / "runs").glob("*/seed*")):
+            for name in SMALL_FILES:
+                if (run / name).is_file():
+                    archive.add(run / name, arcname=f"runs/{run.parent.name}/{run.name}/{name}")
 
 
 def run(args: argparse.Namespace) -> int:

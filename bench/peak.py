@@ -71,8 +71,10 @@ included: what a step pays). Tokens a second: the update's completion tokens ove
 
 **The sampler** (CPU: the engines available here, ``transformers`` (today's: the policy itself),
 ``transformers-static`` (rollout.sampler_dtype "fast") and ``vllm`` (CPU build, eager) where
-installed; GPU: ``transformers`` against ``transformers-static`` on Qwen2.5-0.5B at 128 and 512
-rollouts): ``--sampler-rollouts`` rollouts (CPU 8) of exactly C generated tokens (end-of-sequence
+installed; GPU: ``transformers`` against ``transformers-static`` and ``transformers-static-gqa`` (the
+static engine reading the shared key/value heads in place on CUDA too: bench/samplers.py) on
+Qwen2.5-0.5B at 128 rollouts; bench/samplers.py --gpu times 512, and the first GPU run of this one at
+512 x 512 tokens ran past its budget, 2026-11-30): ``--sampler-rollouts`` rollouts (CPU 8) of exactly C generated tokens (end-of-sequence
 suppressed: in place for transformers, bench/_fixed_length.py; vLLM's ``min_tokens``), random prompts
 of P - 4 to P + 4 tokens (:func:`prompt_lengths`, P = 40 on a CPU: left-padded, as a real call's), a
 warm-up call per engine (on a GPU one per size: the static engine compiles per shape, its seconds
@@ -92,7 +94,7 @@ which names the rest of the gap (the products' kernels, sampling, attention, ele
 Before the sampler, where its model shares key/value heads, **a decode step's attention three ways**
 (:func:`attention_ways`, bench/attention.py) at the sampler's calls and precision: the KV cache copied
 per query head (transformers' ``sdpa`` with a mask: a GPU's engines today), PyTorch's ``enable_gqa``
-(the CPU engines'), and the query heads grouped (the candidate for CUDA), each over every layer.
+(the CPU engines'; on the lent H200 the fastest too), and the query heads grouped, each over every layer.
 
 ``--budget MINUTES``: the parts run in order (peaks; GPU: the update at 1.5B, at 0.5B, then the
 sampler, one size after the other) and one that would start with less than ``MIN_PART_SECONDS`` left
@@ -198,9 +200,11 @@ SIZES = {
     "cpu-quick": Sizes(models=("tiny-llama",), prompt=8, lengths=(8, 16), repeats=1, sampler_rollouts=(2,), sampler_lengths=(8, 16),
                        engines=("transformers", "transformers-static"), sampler_repeats=1),  # fmt: skip
     "gpu": Sizes(models=("qwen2.5-1.5b", "qwen2.5-0.5b"), prompt=40, lengths=(512,), repeats=2, mixed=(True,), sampler_model="qwen2.5-0.5b",
-                 sampler_rollouts=(128, 512), sampler_lengths=(512,), engines=("transformers", "transformers-static"), sampler_repeats=1),  # fmt: skip
+                 sampler_rollouts=(128,), sampler_lengths=(512,), engines=("transformers", "transformers-static", "transformers-static-gqa"),
+                 sampler_repeats=1),  # fmt: skip
     "gpu-tiny": Sizes(models=("tiny-qwen2-b", "tiny-qwen2-a"), prompt=8, lengths=(16,), repeats=1, prompts=1, mixed=(True,),
-                      sampler_model="tiny-qwen2-a", sampler_rollouts=(4, 8), sampler_lengths=(8,), engines=("transformers", "transformers-static"),
+                      sampler_model="tiny-qwen2-a", sampler_rollouts=(4, 8), sampler_lengths=(8,),
+                      engines=("transformers", "transformers-static", "transformers-static-gqa"),
                       sampler_repeats=1),  # fmt: skip
 }
 
@@ -621,8 +625,9 @@ def make_engines(names, model, tokenizer, path, *, max_len: int, threads: int | 
     engines = samplers.make_engines(args, model, tokenizer, [[0] * 40], path)
     if "transformers" in engines:
         fixed.wrap_generate(model)
-    if "transformers-static" in engines:
-        fixed.wrap_generate(engines["transformers-static"].sampler)
+    for name in ("transformers-static", "transformers-static-gqa"):
+        if name in engines:
+            fixed.wrap_generate(engines[name].sampler)
     from podsrl.engines.dtype import resolve_sampler_dtype
 
     sampler = resolve_sampler_dtype("fast", torch.float32).name

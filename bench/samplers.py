@@ -8,7 +8,9 @@ The engines (podsrl/engines): ``transformers`` (today's: the policy itself sampl
 --batch-size sequences, dynamic cache, eager), ``transformers-static`` (a sampler of its own in
 --sampler-dtype, static cache, as few calls as memory allows on a GPU, compiled decoding there) and
 ``vllm`` (podsrl's vLLM engine, eager, in the same sampler dtype; only where vLLM is installed and the
-model is on disk). Each samples the same B x n rollouts (temperature 1, top_p 1, up to
+model is on disk); on a GPU also ``transformers-static-gqa`` on request (the static engine with its
+attention reading the shared key/value heads in place there too, as the engines do on a CPU:
+podsrl/engines/attention.py). Each samples the same B x n rollouts (temperature 1, top_p 1, up to
 --max-new-tokens tokens) at every size of --sizes (rollouts, as 16 prompts x n when 16 divides it),
 one size after the other: a warm-up call per engine (on a GPU one per size and engine, as the static
 engine compiles its decoding for each shape there: its seconds are reported; on the CPU at the first
@@ -128,6 +130,25 @@ def compiled_everywhere():
     return CompiledEverywhere
 
 
+def shared_heads_everywhere():
+    """``transformers-static-gqa``: the static engine with its attention reading the shared key/value
+    heads in place on this device too (podsrl.engines.attention's ``DEVICES`` widened for its calls
+    alone): on a GPU, where the engines copy them today, the whole sampler both ways side by side."""
+    from podsrl.engines import attention
+    from podsrl.engines.static import StaticCacheEngine
+
+    class SharedHeadsEverywhere(StaticCacheEngine):
+        def _generate_call(self, *args, **kwargs):
+            before = attention.DEVICES
+            attention.DEVICES = before | {self.device.type}
+            try:
+                return super()._generate_call(*args, **kwargs)
+            finally:
+                attention.DEVICES = before
+
+    return SharedHeadsEverywhere
+
+
 def make_engines(args, model, tokenizer, prompts, path) -> dict:
     import torch
 
@@ -161,8 +182,11 @@ def make_engines(args, model, tokenizer, prompts, path) -> dict:
             engines[name] = ContinuousBatching(model, tokenizer)
         elif name == "transformers-static-compiled":
             engines[name] = CompiledEverywhere(model, tokenizer, sampler_dtype=sampler, batch_size=args.batch_size)
+        elif name == "transformers-static-gqa":
+            engines[name] = shared_heads_everywhere()(model, tokenizer, sampler_dtype=sampler, batch_size=args.batch_size)
         else:
-            raise SystemExit(f"--engines: unknown engine {name!r} (transformers, transformers-static, vllm, transformers-cb, transformers-static-compiled)")
+            raise SystemExit(f"--engines: unknown engine {name!r} (transformers, transformers-static, vllm, transformers-cb, transformers-static-compiled, "
+                             "transformers-static-gqa)")  # fmt: skip
         print(f"{name}: ready in {time.perf_counter() - start:.1f} s", flush=True)
     return engines
 

@@ -164,6 +164,38 @@ def test_applies_only_where_it_helps(tokenizer):
             assert model.config._attn_implementation == before
 
 
+def test_the_benchs_gqa_variant_switches_the_heads_for_its_own_calls_alone(tokenizer, one_thread, monkeypatch):
+    """bench/samplers.py's ``transformers-static-gqa`` on a device where the engines copy the heads (a
+    CPU taken out of ``DEVICES`` stands in for CUDA): its calls read them in place and sample the
+    plain static engine's greedy tokens; ``DEVICES`` is as it was after them, and the plain engine
+    still copies."""
+    from pathlib import Path
+
+    import transformers.integrations.sdpa_attention as sdpa
+    from conftest import script_module
+
+    from podsrl.engines import attention
+
+    monkeypatch.setattr(attention, "DEVICES", frozenset())
+    copies, copy = [], sdpa.repeat_kv
+
+    def counted_copy(hidden_states, n_rep):
+        copies.extend([n_rep] if n_rep > 1 else [])
+        return copy(hidden_states, n_rep)
+
+    monkeypatch.setattr(sdpa, "repeat_kv", counted_copy)
+    model = gqa_model(tokenizer)
+    ps = prompts(len(tokenizer))
+    greedy = Sampling(n=2, temperature=0, top_p=1.0, max_new_tokens=8)
+    dtype = resolve_sampler_dtype("auto", torch.float32)
+    with script_module(Path(__file__).resolve().parents[1] / "bench" / "samplers.py") as bench:
+        variant = bench.shared_heads_everywhere()(model, tokenizer, sampler_dtype=dtype, batch_size=4)
+        got = variant.generate(ps, greedy)
+    assert not copies and attention.DEVICES == frozenset()
+    want = StaticCacheEngine(model, tokenizer, sampler_dtype=dtype, batch_size=4).generate(ps, greedy)
+    assert copies and got.completion_ids == want.completion_ids
+
+
 def test_the_attention_benchmark_runs_and_checks_the_ways_agree(tmp_path, monkeypatch):
     """bench/attention.py --tiny: every way at every shape, their outputs checked against ``copied``
     (a way that computes something else fails the run), the ratios and the table from the JSON."""
@@ -201,6 +233,26 @@ def test_every_committed_attention_run_is_in_the_engines_page_as_its_table():
     from conftest import committed_tables_in_page
 
     assert committed_tables_in_page("attention", "table", "attention", "engines.md"), "no committed run of bench/attention.py"
+
+
+def test_every_committed_gpu_peak_runs_attention_is_in_the_engines_page_as_its_table():
+    """The attention rows of bench/peak.py's committed GPU runs (results/peak/nvidia-*.json, bench/
+    attention.py's ways inside the lent GPU's one command) appear in docs/engines.md as bench/
+    attention.py's table prints them."""
+    import json
+    from pathlib import Path
+
+    from conftest import script_module
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "engines.md").read_text()
+    runs = [json.loads(p.read_text()) for p in sorted((root / "results" / "peak").glob("nvidia-*.json"))]
+    rows = [[r for r in entry.get("attention", [])] for run in runs for entry in run["models"].values()]
+    with script_module(root / "bench" / "attention.py") as bench:
+        tables = [bench.table({"rows": r}) for r in rows if r]
+    assert tables, "no committed GPU run of bench/peak.py with attention rows"
+    for table in tables:
+        assert table in page, "docs/engines.md lacks a GPU run's attention table: paste bench/attention.py's table of its rows"
 
 
 def _bfloat16_errors(tokenizer, device: str) -> tuple[float, float]:

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,10 @@ def test_the_tiny_flow_measures_trains_the_three_arms_and_copies_every_report(tm
     out = tmp_path / "out" / "compare-gpu"
     report = json.loads((out / "compare.json").read_text())
     assert set(report["methods"]) == {"grpo_n16", "pods_n16_m4", "grpo_n4"} and report["baseline"] == "grpo_n16"
+    depths = [len(p.relative_to(tmp_path / "out").parts) for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert max(depths) <= 3  # $OUT/a/b/file at most: what the lent machine returns (the runs travel as runs.tar.gz)
+    with tarfile.open(out / "runs.tar.gz") as archive:
+        archive.extractall(out, filter="data")
     for method in report["methods"]:
         run = out / "runs" / method / "seed0"
         assert {"config.toml", "done.json", "eval.jsonl", "metrics.jsonl"} <= {p.name for p in run.iterdir()}

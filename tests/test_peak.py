@@ -166,7 +166,8 @@ def test_the_gpu_modes_code_runs_on_the_cpu_at_a_tiny_size(peak, tmp_path):
     out = tmp_path / "peak.json"
     data = peak.main(["--gpu", "--tiny", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(data))
-    _check_report(data, mode="gpu-tiny", models={"tiny-qwen2-a", "tiny-qwen2-b"}, updates=2, engines={"transformers", "transformers-static"})
+    _check_report(data, mode="gpu-tiny", models={"tiny-qwen2-a", "tiny-qwen2-b"}, updates=2,
+                  engines={"transformers", "transformers-static", "transformers-static-gqa"})
     for entry in data["models"].values():
         assert [(r["label"], r["rows"], r["n"], r["m"], r["mixed_precision"]) for r in entry["update"]] == [
             ("GRPO(16)", 16, 16, 16, True), ("PODS(16, 4)", 4, 16, 4, True)]  # fmt: skip

@@ -23,10 +23,14 @@ nothing. The arithmetic is the same kernel's on the same numbers; tests/test_att
 logits and sampled tokens against ``sdpa``.
 
 On CUDA the engines still copy the heads wherever a mask is passed (the static engine's calls always
-pass one). :func:`grouped_queries_forward` (registered as :data:`GROUPED`) is the candidate there: the
-query heads that share a key/value head passed as its query rows, with a plain masked kernel and no
-copy. It is tested against ``sdpa`` here; no engine switches to it until a GPU measures it
-(``python bench/attention.py --gpu``; bench/peak.py's GPU mode runs the same, issue 66's one command).
+pass one). Timed alone on a lent H200 (torch 2.11, bfloat16, Qwen2.5-0.5B's heads, a decode step at 128
+and 512 rollouts over 552 positions; bench/peak.py's GPU mode, results/peak/nvidia-h200-2026-11-30.json),
+``enable_gqa`` with the mask took 1/8.7 and 1/24 of the copy's time and gave the same output to the
+bit, the grouped queries (:func:`grouped_queries_forward`, registered as :data:`GROUPED`) 1/4.7 and
+1/12: transformers' reason to copy on CUDA (the math kernel) did not show there. The engines switch
+where :data:`DEVICES` says; CUDA joins it once a whole sampler has run both ways on a GPU
+(bench/peak.py's GPU mode samples with ``transformers-static`` and ``transformers-static-gqa``, the
+latter with CUDA added here: compiled decoding with CUDA graphs is another path than the timed kernel).
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ import contextlib
 
 import torch
 
-__all__ = ["GROUPED", "NAME", "applies", "grouped_queries_forward", "register", "sdpa_gqa_forward", "shared_kv_heads"]
+__all__ = ["DEVICES", "GROUPED", "NAME", "applies", "grouped_queries_forward", "register", "sdpa_gqa_forward", "shared_kv_heads"]
 
 NAME = "podsrl_sdpa_gqa"
 GROUPED = "podsrl_sdpa_grouped_queries"  # grouped_queries_forward, registered beside NAME (not switched on by the engines)
+DEVICES = frozenset({"cpu"})  # device types where shared_kv_heads switches a model (CUDA: measured, not yet switched; the module docstring)
 
 
 def sdpa_gqa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -69,8 +74,8 @@ def grouped_queries_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     more than one query (a causal prefill) the causal mask is built here, since the stacked rows are no
     longer one causal square. A kernel for a plain mask with no grouping runs (on CUDA the
     memory-efficient one; ``enable_gqa`` with a mask falls back to the math kernel there). Returns
-    ([B, T, H, D], None). Not used by the engines yet: bench/attention.py measures it against the
-    alternatives (the module docstring)."""
+    ([B, T, H, D], None). Not used by the engines: bench/attention.py measures it against the
+    alternatives, and on a CPU and a GPU alike ``enable_gqa`` was faster (the module docstring)."""
     batch, heads, queries, dim = query.shape
     groups = key.shape[1]
     rep = heads // groups
@@ -103,8 +108,9 @@ def register() -> bool:
 
 
 def applies(model: torch.nn.Module) -> bool:
-    """Whether :func:`shared_kv_heads` switches ``model``: on a CPU, ``sdpa`` attention, no sub-configs,
-    and fewer key/value heads than query heads (with as many, ``sdpa`` copies nothing)."""
+    """Whether :func:`shared_kv_heads` switches ``model``: on a device type in :data:`DEVICES` (a CPU),
+    ``sdpa`` attention, no sub-configs, and fewer key/value heads than query heads (with as many,
+    ``sdpa`` copies nothing)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or getattr(config, "sub_configs", None):
         return False
@@ -116,7 +122,7 @@ def applies(model: torch.nn.Module) -> bool:
         device = next(model.parameters()).device
     except StopIteration:
         return False
-    return device.type == "cpu" and register()
+    return device.type in DEVICES and register()
 
 
 @contextlib.contextmanager
