@@ -1,18 +1,18 @@
 """Issue 66's one command for a lent GPU: the phases against the machine's peak, the samplers side by
 side, then the first wall-clock comparison of GRPO(16), PODS(16, 4) and GRPO(4) with the fast paths
-(issue 58; configs/compare-gpu.toml, docs/distributed.md), all in the 12 of the 15 minutes a GPU is
+(issue 58; configs/compare-gpu.toml, docs/distributed.md), all in the 12.5 of the 15 minutes a GPU is
 lent that its start leaves.
 
 The lent machine gets the working tree and at most 64 MiB a call, and has no hub, no network and no
 embedded model; its Python has torch, transformers and peft but not the ``gguf`` package that reads
 the model. So the model travels in parts, one a call, each beside the tree, with ``gguf`` (pure
 Python) in the last part, and is put together there while the machine is warm (about 30 s between
-calls: make the calls one right after the other). Each call but the last also runs one of the
+calls: make the calls one right after the other). Each call but the last also runs its
 measurements (:data:`MEASUREMENTS`) while the parts arrive, and the last runs the comparison::
 
     python bench/gpu_compare.py pack          # here: .gpu-carry/part-K (ignored), and the plan: the calls, their minutes
     python3 bench/gpu_compare.py call 1       # there, call 1 (carry .gpu-carry/part-1): stash it; bench/peak.py --gpu
-    python3 bench/gpu_compare.py call 2       # there, call 2 (carry part-2): stash it; bench/samplers.py --gpu
+    python3 bench/gpu_compare.py call 2       # there, call 2 (carry part-2): stash it; bench/samplers.py --gpu, bench/mixed_precision.py
     python3 bench/gpu_compare.py call 3       # there, the last call (carry part-3): join, convert, compare
 
 The plan (:func:`plan`, printed by ``pack`` and ``plan``) with its minutes, for 3 parts:
@@ -22,17 +22,30 @@ The plan (:func:`plan`, printed by ``pack`` and ``plan``) with its minutes, for 
    GRPO(16) and PODS(16, 4) at 512-token completions with mixed precision, time, peak memory and
    fractions of the bfloat16 peak, then at 0.5B a decode step's attention three ways (bench/attention.py:
    the KV cache copied per query head as transformers' ``sdpa`` does with a mask, ``enable_gqa``, the
-   query heads grouped) and the samplers, as the budget allows; into ``$OUT/peak``;
+   query heads grouped) and the samplers at 128 x 512 tokens (today's engine, ``transformers-static``
+   and ``transformers-static-gqa``, which reads the shared KV heads in place on CUDA too: what decides
+   the engines' switch there), as the budget allows; into ``$OUT/peak``;
 2. part 2, then ``bench/samplers.py --gpu --budget 1.75`` (2 minutes): ``transformers`` against
    ``transformers-static`` at 128 and 512 rollouts of 64 tokens (SmolLM2-135M's architecture, random
-   weights), each shape's compile reported; into ``$OUT/samplers`` (and ``.gpu-model/`` for the next call);
+   weights), each shape's compile reported; into ``$OUT/samplers`` (and ``.gpu-model/`` for the next
+   call); then ``bench/mixed_precision.py --device cpu --model smollm2-135m-arch --rows 16 --repeats 2``
+   (half a minute; its JSON is written after each length) on the lent machine's own CPU, which on 2026-11-30 had ``avx512_bf16`` and ``amx_bf16``: the
+   update with mixed precision off and on where bfloat16 is native, issue 66's CPU target (1.5x),
+   which this project's own CPUs cannot measure; into ``$OUT/mixed-precision``; then
+   ``bench/micro_batches.py --device cuda --repeats 3`` (half a minute): a GRPO(16) step's update at
+   the comparison's shape with micro-batches of 16 rows against one of up to 8192 tokens
+   (``optim.micro_batch_tokens``), which decides that setting's default on a GPU; into
+   ``$OUT/micro-batches``;
 3. part 3, then ``run``: join and check, convert, and ``podsrl compare configs/compare-gpu.toml`` for
-   6.25 minutes: three arms at equal training seconds with the fast paths (``model.mixed_precision =
+   5.75 minutes: three arms at equal training seconds with the fast paths (``model.mixed_precision =
    "auto"``: bfloat16 there; ``rollout.engine = "auto"``: transformers-static without vLLM); into
    ``$OUT/compare-gpu``.
 
-A call's transfer and Python's start count a quarter minute each in the plan: 3 x 0.25 + 3 + 2 + 6.25
-= 12 minutes. The reports under ``$OUT`` are committed under results/peak/, results/samplers/ and
+A call's transfer and Python's start count a quarter minute each in the plan: 3 x 0.25 + 3 + 2 + 0.5 +
+0.5 + 5.75 = 12.5 minutes (the first run, 2026-11-30: the machine's start took about 36 s, and the
+three calls held it 753 s in all). Before the last call, read ``budget_left_s`` in the device tool's
+reply and give ``call 3 --minutes`` what it leaves (less a minute). The reports under ``$OUT`` are
+committed under results/peak/, results/samplers/, results/mixed-precision/, results/micro-batches/ and
 results/compare-gpu/.
 
 ``run`` (the last call) stashes the parts carried in its own call, joins them into the GGUF and checks
@@ -215,10 +228,22 @@ def _samplers_command(out: Path, minutes: float, tiny: bool) -> list[str]:
     return [sys.executable, str(ROOT / "bench" / "samplers.py"), *mode, "--budget", f"{minutes - MEASURE_SLACK:g}", "--out", str(out / name)]
 
 
+def _mixed_precision_command(out: Path, minutes: float, tiny: bool) -> list[str]:
+    model = ["--quick"] if tiny else ["--model", "smollm2-135m-arch", "--rows", "16", "--repeats", "2"]  # about 40 s on a 16-core Xeon (estimated)
+    name = f"{'cpu-quick' if tiny else 'lent-host-cpu'}-{time.strftime('%Y-%m-%d', time.gmtime())}.json"
+    return [sys.executable, str(ROOT / "bench" / "mixed_precision.py"), "--device", "cpu", *model, "--out", str(out / name)]
+
+
+def _micro_batches_command(out: Path, minutes: float, tiny: bool) -> list[str]:
+    mode = ["--quick"] if tiny else ["--device", "cuda", "--repeats", "3"]
+    name = f"{'cpu-quick' if tiny else 'gpu'}-{time.strftime('%Y-%m-%d', time.gmtime())}.json"
+    return [sys.executable, str(ROOT / "bench" / "micro_batches.py"), *mode, "--out", str(out / name)]
+
+
 @dataclass(frozen=True)
 class Measurement:
-    """One measurement of the plan: run in the call that carries part ``index + 1``, within
-    ``minutes``, its files into ``$OUT/<name>`` (committed under results/<name>/)."""
+    """One measurement of the plan, run within ``minutes``, its files into ``$OUT/<name>`` (committed
+    under results/<name>/)."""
 
     name: str
     minutes: float
@@ -227,20 +252,30 @@ class Measurement:
 
 
 MEASURE_SLACK = 0.25  # minutes a measurement's own --budget leaves for its start and its report, within its share
-MEASUREMENTS = (
-    Measurement("peak", 3.0, "bench/peak.py --gpu: matrix-product peaks, the update's phases (GRPO(16), PODS(16, 4), 512 tokens, "
-                "mixed precision) at Qwen2.5-1.5B and 0.5B as fractions of them, then at 0.5B attention three ways and the samplers", _peak_command),
-    Measurement("samplers", 2.0, "bench/samplers.py --gpu: transformers vs transformers-static, 128 and 512 rollouts of 64 tokens",
-                _samplers_command),
+MEASUREMENTS = (  # the measurements of each call in turn (call k runs the k-th group, one after the other)
+    (Measurement("peak", 3.0, "bench/peak.py --gpu: matrix-product peaks, the update's phases (GRPO(16), PODS(16, 4), 512 tokens, "
+                 "mixed precision) at Qwen2.5-1.5B and 0.5B as fractions of them, then at 0.5B attention three ways and the samplers "
+                 "(transformers-static with and without the shared KV heads read in place)", _peak_command),),
+    (Measurement("samplers", 2.0, "bench/samplers.py --gpu: transformers vs transformers-static, 128 and 512 rollouts of 64 tokens",
+                 _samplers_command),
+     Measurement("mixed-precision", 0.5, "bench/mixed_precision.py on the lent machine's own CPU (avx512_bf16 and AMX on 2026-11-30): "
+                 "the update of 16 rows with mixed precision off and on, SmolLM2-135M's architecture", _mixed_precision_command),
+     Measurement("micro-batches", 0.5, "bench/micro_batches.py --device cuda: a GRPO(16) step's update at the comparison's shape, "
+                 "micro-batches of 16 rows (prompts shared and not) against one of up to 8192 tokens", _micro_batches_command)),
 )  # fmt: skip
-COMPARE_MINUTES = 6.25  # the last call's comparison: join, convert, three arms, the report
+COMPARE_MINUTES = 5.75  # the last call's comparison: join, convert, three arms, the report (5.9 minutes on 2026-11-30 at the 30 s floor)
 CALL_MINUTES = 0.25  # a call's transfer (a part and the tree, ~60 MiB) and Python's start, counted in the plan
-PLAN_MINUTES = 12.0  # of the 15 a GPU is lent, its start (a few minutes) left out
+PLAN_MINUTES = 12.5  # of the 15 a GPU is lent, its start left out (36 s on 2026-11-30; 2.5 minutes allowed)
 
 
 def calls_for(parts: int) -> int:
     """Calls of the plan: one a part, and at least one for each measurement and one for the comparison."""
-    return max(parts, len(MEASUREMENTS) + 1)
+    return max(parts, len(MEASUREMENTS) + 1)  # a call per group of measurements
+
+
+def _group(k: int) -> tuple[Measurement, ...]:
+    """Call ``k``'s measurements (none past the groups)."""
+    return MEASUREMENTS[k - 1] if k <= len(MEASUREMENTS) else ()
 
 
 def plan(parts: int, carry: str = ".gpu-carry") -> list[dict]:
@@ -248,11 +283,11 @@ def plan(parts: int, carry: str = ".gpu-carry") -> list[dict]:
     calls = calls_for(parts)
     out = []
     for k in range(1, calls + 1):
-        measurement = MEASUREMENTS[k - 1] if k <= len(MEASUREMENTS) else None
+        group = _group(k)
         last = k == calls
-        minutes = CALL_MINUTES + (measurement.minutes if measurement else 0.0) + (COMPARE_MINUTES if last else 0.0)
+        minutes = CALL_MINUTES + sum(m.minutes for m in group) + (COMPARE_MINUTES if last else 0.0)
         does = [f"stash part {k} of {parts}" if k <= parts else "no part"]
-        does += [f"{measurement.what} ({measurement.minutes:g} min)"] if measurement else []
+        does += [f"{m.what} ({m.minutes:g} min)" for m in group]
         does += [f"join, convert, podsrl compare configs/compare-gpu.toml ({COMPARE_MINUTES:g} min)"] if last else []
         out.append({"call": k, "carry": [f"{carry}/part-{k}"] if k <= parts else [], "command": f"python3 bench/gpu_compare.py call {k}",
                     "minutes": minutes, "timeout_s": min(600, math.ceil(60 * (minutes - CALL_MINUTES) + 45)), "does": "; ".join(does)})  # fmt: skip
@@ -269,7 +304,7 @@ def plan_text(calls: list[dict]) -> str:
     total = sum(c["minutes"] for c in calls)
     verdict = "within" if total <= PLAN_MINUTES + 1e-9 else "OVER"
     lines.append(f"  total {total:.2f} minutes ({len(calls)} calls x {CALL_MINUTES:g} min of transfer and start, "
-                 f"{' + '.join(f'{m.minutes:g}' for m in MEASUREMENTS)} min of measurements, {COMPARE_MINUTES:g} min of comparison): "
+                 f"{' + '.join(f'{m.minutes:g}' for group in MEASUREMENTS for m in group)} min of measurements, {COMPARE_MINUTES:g} min of comparison): "
                  f"{verdict} the {PLAN_MINUTES:g} minutes the GPU's start leaves of its 15")  # fmt: skip
     return "\n".join(lines)
 
@@ -438,8 +473,8 @@ def call(k: int, args: argparse.Namespace) -> int:
         raise SystemExit(f"call {k}: the plan has calls 1 to {calls}")
     out_root = Path(os.environ.get("OUT", ROOT / "results"))
     done = 0
-    if k <= len(MEASUREMENTS):
-        done = run_measurement(MEASUREMENTS[k - 1], out_root, tiny=False, keep=STASH)
+    for m in _group(k):
+        done = run_measurement(m, out_root, tiny=False, keep=STASH) or done
     if k == calls:
         done = run(args) or done
     return done
@@ -450,7 +485,7 @@ def flow(args: argparse.Namespace) -> int:
     then the comparison of a tiny random model (``run --tiny``); reports under $OUT as on the GPU."""
     out_root = Path(os.environ.get("OUT", ROOT / "results"))
     work = Path(args.work)
-    failed = [m.name for m in MEASUREMENTS if run_measurement(m, out_root, tiny=True, keep=work) != 0]
+    failed = [m.name for group in MEASUREMENTS for m in group if run_measurement(m, out_root, tiny=True, keep=work) != 0]
     done = run(args)
     if failed:
         print(f"gpu_compare: the measurements {failed} failed (their logs are under {out_root})", file=sys.stderr)

@@ -35,6 +35,7 @@ changes".
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -71,9 +72,10 @@ def _model(name: str, device: str, seed: int):
     return policy.model, policy.tokenizer.pad_token_id, len(policy.tokenizer), policy.tokenizer
 
 
-def time_updates(model, pad_id: int, vocab: int, *, rows: int, repeats: int, seed: int) -> list[dict]:
+def time_updates(model, pad_id: int, vocab: int, *, rows: int, repeats: int, seed: int, measured=lambda rows: None) -> list[dict]:
     """Per completion length: the median seconds of the update with mixed precision off and on,
-    alternating within each round."""
+    alternating within each round; ``measured`` is called with the rows so far after each length (the
+    JSON is written as it goes: a run stopped at its limit keeps what it measured)."""
     import torch
 
     from podsrl.core.loss import LossSettings
@@ -106,6 +108,7 @@ def time_updates(model, pad_id: int, vocab: int, *, rows: int, repeats: int, see
         out.append({"completion": length, "float32_s": f32, "bf16_s": bf16, "ratio": bf16 / f32, "float32_all": times[False], "bf16_all": times[True]})
         print(f"40 + {length:>3} tokens x {rows} rows: float32 {f32:7.3f} s, mixed precision {bf16:7.3f} s, ratio {bf16 / f32:.2f} "
               f"(rounds: float32 {', '.join(f'{t:.2f}' for t in times[False])}; bf16 {', '.join(f'{t:.2f}' for t in times[True])})", flush=True)  # fmt: skip
+        measured(out)
     return out
 
 
@@ -177,6 +180,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="the tiny random model: the machinery only")
     parser.add_argument("--logprob-error", action="store_true", help="also the log-probs' error against float64 (a real model)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the update's figures as JSON here (after each length)")
     args = parser.parse_args()
     import torch
 
@@ -193,11 +197,21 @@ def main() -> None:
         if tokenizer is None:
             sys.exit("mixed_precision: --logprob-error needs a real model (the embedded one, or a path)")
         logprob_error(model, tokenizer)
-    rows = time_updates(model, pad_id, vocab, rows=args.rows, repeats=args.repeats, seed=args.seed)
     if device.type == "cuda":
         from podsrl.engines.dtype import gpu_bf16
 
         native = gpu_bf16()
+    machine = {"device": device.type, "name": where, "native_bf16": native, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    command = "python bench/mixed_precision.py " + " ".join(sys.argv[1:])
+
+    def write(rows_so_far: list[dict]) -> None:
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            report = {"benchmark": "mixed_precision", "command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                      "machine": machine, "model": args.model, "rows": args.rows, "prompt": PROMPT_LEN, "sizes": rows_so_far}  # fmt: skip
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+    rows = time_updates(model, pad_id, vocab, rows=args.rows, repeats=args.repeats, seed=args.seed, measured=write)
     by = {r["completion"]: r["ratio"] for r in rows}
     print(f"update time mixed precision / float32: {by[64]:.2f} at 40+64 tokens, {by[256]:.2f} at 40+256 "
           f"({device.type}; native bfloat16: {'yes' if native else 'no'})")  # fmt: skip

@@ -302,6 +302,10 @@ class OptimConfig:
     lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 at train.max_steps, which it needs and --resume may not change)
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     micro_batch_size: int = 16  # sequences per forward/backward; gradients are accumulated
+    # A micro-batch costs a fixed number of operator calls whatever its rows: on a GPU at short answers
+    # that, not the arithmetic, is the update's time (docs/results.md, the methods on a GPU). A token
+    # budget cuts fewer, larger micro-batches there; the gradient is the same (exact).
+    micro_batch_tokens: int = 0  # > 0: micro-batches of as many rows as fit this many padded tokens (rows x longest), micro_batch_size ignored; 0: by rows
     # Run each distinct prompt of a micro-batch once and the completions on its repeated KV cache
     # (exact; see podsrl/train/sequences.py). Off: every rollout runs its whole [prompt; completion].
     share_prompts: bool = True  # forward each prompt once per micro-batch (exact); false: every rollout runs its prompt
@@ -318,6 +322,7 @@ class OptimConfig:
         _one_of(self.lr_schedule, ("constant", "cosine"), "optim.lr_schedule")
         _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)")
         _check(self.micro_batch_size >= 1, "optim.micro_batch_size", "must be >= 1")
+        _check(self.micro_batch_tokens >= 0, "optim.micro_batch_tokens", "must be >= 0 (0: micro-batches of optim.micro_batch_size rows)")
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,7 @@ def test_weight_decay_spares_biases_and_norm_weights_in_both_tools(make_config, 
     ({"trainer": "vllm", "select.rule": "all"}, "is not a trainer"),
     # TRL counts max_steps, warm-up and global_step in optimizer steps: num_iterations = 2 would double them
     ({"trainer": "trl", "select.rule": "all", "rollout.n": 2, "select.m": 2, "loss.policy_iterations": 2}, "loss.policy_iterations = 2"),
+    ({"trainer": "trl", "select.rule": "all", "rollout.n": 2, "select.m": 2, "optim.micro_batch_tokens": 4096}, "optim.micro_batch_tokens = 4096"),
 ])  # fmt: skip
 def test_a_trl_arm_refuses_what_trl_cannot_do_when_the_plan_loads(tmp_path, small_vocab_model_dir, reward_file, method, message):
     from podsrl.compare.plan import load_plan

@@ -56,6 +56,7 @@ BAD_OVERRIDES = [
     pytest.param(["train.max_steps=none", "train.max_seconds=none"], ["train.max_steps", "max_seconds"], id="no-budget"),
     pytest.param(["model.dtype=int8"], ["model.dtype", "bfloat16"], id="unknown-dtype"),
     pytest.param(["optim.micro_batch_size=0"], ["optim.micro_batch_size", ">= 1"], id="micro-batch-zero"),
+    pytest.param(["optim.micro_batch_tokens=-1"], ["optim.micro_batch_tokens", ">= 0"], id="micro-batch-tokens-negative"),
     pytest.param(["train.out_dir=runs/{model}-{seed}"], ["train.out_dir", "'model'", "{time}, {rule} and {seed}"], id="out-dir-field"),
 ]
 

@@ -1,6 +1,6 @@
 """bench/gpu_compare.py on this CPU: the embedded model's trip to a lent GPU in parts (pack here,
 stash there one part a call, join and check), where podsrl then finds it, the plan's calls and minutes
-(issue 66's 12 minutes), and the whole flow at a tiny size (``flow --tiny``: bench/peak.py's GPU mode
+(issue 66's 12.5 minutes), and the whole flow at a tiny size (``flow --tiny``: bench/peak.py's GPU mode
 and bench/samplers.py at their tiny sizes, then the three arms of configs/compare-gpu.toml, every
 report under $OUT as on the GPU)."""
 
@@ -95,17 +95,20 @@ def test_arm_seconds_share_what_is_left_after_the_overheads(gpu_compare):
 
 
 def test_the_plan_fits_the_minutes_the_gpus_start_leaves(gpu_compare):
-    """The model in 3 parts: 3 calls, the two measurements in the first two, the comparison in the
-    last, 12 minutes in all (3 x 0.25 of transfer, 3 + 2 of measurements, 6.25 of comparison), each
-    call's timeout within the device tool's 10 minutes and past its own share."""
+    """The model in 3 parts: 3 calls, the measurements in the first two (the second's three: the
+    samplers, the update's mixed precision on the lent machine's CPU, the update's micro-batches), the
+    comparison in the last, 12.5 minutes in all (3 x 0.25 of transfer, 3 + 2 + 0.5 + 0.5 of
+    measurements, 5.75 of comparison), each call's timeout within the device tool's 10 minutes and
+    past its own share."""
     calls = gpu_compare.plan(3)
     assert [(c["call"], c["carry"], c["command"]) for c in calls] == [
         (k, [f".gpu-carry/part-{k}"], f"python3 bench/gpu_compare.py call {k}") for k in (1, 2, 3)]  # fmt: skip
-    assert "bench/peak.py" in calls[0]["does"] and "bench/samplers.py" in calls[1]["does"] and "compare-gpu.toml" in calls[2]["does"]
+    assert "bench/peak.py" in calls[0]["does"] and "compare-gpu.toml" in calls[2]["does"]
+    assert all(f"bench/{name}.py" in calls[1]["does"] for name in ("samplers", "mixed_precision", "micro_batches")) and calls[1]["minutes"] == 3.25
     total = sum(c["minutes"] for c in calls)
-    assert total == pytest.approx(12.0) and total <= gpu_compare.PLAN_MINUTES + 1e-9
+    assert total == pytest.approx(12.5) and total <= gpu_compare.PLAN_MINUTES + 1e-9
     assert all(60 * (c["minutes"] - gpu_compare.CALL_MINUTES) < c["timeout_s"] <= 600 for c in calls)
-    assert "within the 12 minutes" in gpu_compare.plan_text(calls)
+    assert "within the 12.5 minutes" in gpu_compare.plan_text(calls)
     two = gpu_compare.plan(2)  # fewer parts than steps: the last call carries none
     assert [c["carry"] for c in two] == [[".gpu-carry/part-1"], [".gpu-carry/part-2"], []]
     assert "OVER" in gpu_compare.plan_text(gpu_compare.plan(4))  # a fourth part's call is a quarter minute too many
@@ -150,6 +153,10 @@ def test_the_tiny_flow_measures_trains_the_three_arms_and_copies_every_report(tm
     (samplers,) = (tmp_path / "out" / "samplers").glob("*.json")
     assert {r["engine"] for r in json.loads(samplers.read_text())["rows"]} == {"transformers", "transformers-static"}
     assert "static engine's compile (samplers.json" in done.stdout  # the arms' overhead read call 2's figures
+    (mixed,) = (tmp_path / "out" / "mixed-precision").glob("*.json")  # call 2's second: the update both ways on the machine's CPU
+    assert [r["completion"] for r in json.loads(mixed.read_text())["sizes"]] == [64, 256]
+    (micro,) = (tmp_path / "out" / "micro-batches").glob("*.json")  # and the update's micro-batches, three ways
+    assert set(json.loads(micro.read_text())["median"]) == {"rows-16", "rows-16-unshared", "tokens-8192"}
     out = tmp_path / "out" / "compare-gpu"
     report = json.loads((out / "compare.json").read_text())
     assert set(report["methods"]) == {"grpo_n16", "pods_n16_m4", "grpo_n4"} and report["baseline"] == "grpo_n16"

@@ -22,7 +22,7 @@ from podsrl.errors import CheckpointWriteError, ConfigError, RewardError
 from podsrl.run.metrics import read_jsonl
 from conftest import function_refs, update_settings
 from float_bounds import U32, batch_logprob_atol, gradient_rtol, rel_diff, within
-from podsrl.train.update import UpdateBatch, micro_batch_order, run_update
+from podsrl.train.update import UpdateBatch, micro_batch_cuts, micro_batch_order, run_update
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -226,6 +226,47 @@ def test_micro_batch_gradient_equals_full_batch_gradient(tiny_policy):
             err, bound = rel_diff(grads[0][name], want), gradient_rtol(model.get_input_embeddings().weight.shape[0])
             assert within(err, bound, f"{name} {aggregation}"), f"{name}: relative difference {err:.1e} ({aggregation}), bound {bound:.1e}"
         assert any(g.abs().sum() > 0 for g in grads[1].values())
+
+
+def test_micro_batches_by_tokens_give_the_full_batch_gradient(tiny_policy, monkeypatch):
+    """optim.micro_batch_tokens: the rows cut by a token budget (here into three micro-batches of
+    different row counts) accumulate the gradient of the whole batch in one micro-batch."""
+    import podsrl.train.update as update_mod
+
+    model, batch = tiny_policy.model, _rollouts(tiny_policy.tokenizer)
+    lengths = sorted(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids))
+    budget = 2 * lengths[1]  # the two shortest rows together, then the others alone
+    cuts = []
+
+    def recorded(*args):
+        cuts.append(micro_batch_cuts(*args))
+        return cuts[-1]
+
+    monkeypatch.setattr(update_mod, "micro_batch_cuts", recorded)
+    grads = []
+    for options in ({"micro_batch_size": 4}, {"micro_batch_size": 1, "micro_batch_tokens": budget}):
+        m = copy.deepcopy(model)
+        opt = _GradientRecorder(m.parameters(), lr=1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+        run_update(m, opt, sched, batch, update_settings(pad_id=0, temperature=1.0, eps_low=0.2, eps_high=None, aggregation="token",
+                                                         max_completion_len=16, grad_clip=0.0, **options))  # fmt: skip
+        grads.append({n: opt.recorded[id(p)] for n, p in m.named_parameters()})
+    assert [len(c) for c in cuts] == [1, 3] and [b - a for a, b in cuts[1]] == [2, 1, 1]  # micro_batch_size ignored under a budget
+    for name, want in grads[0].items():
+        err, bound = rel_diff(grads[1][name], want), gradient_rtol(model.get_input_embeddings().weight.shape[0])
+        assert within(err, bound, name), f"{name}: relative difference {err:.1e}, bound {bound:.1e}"
+    assert any(g.abs().sum() > 0 for g in grads[0].values())
+
+
+def test_a_token_budget_cuts_rows_while_their_padded_size_fits():
+    """Rows x (the longest prompt + the longest completion) within the budget; a row alone over it is
+    a micro-batch of its own; no budget: runs of micro_batch_size rows."""
+    rows = [(40, 10), (40, 12), (40, 20), (30, 100), (30, 5)]
+    assert micro_batch_cuts(rows, 2) == [(0, 2), (2, 4), (4, 5)]
+    assert micro_batch_cuts(rows, 2, 120) == [(0, 2), (2, 3), (3, 4), (4, 5)]  # 2 x 52 fits; 3 x 60 not; 130 alone
+    assert micro_batch_cuts(rows, 2, 10_000) == [(0, 5)]
+    assert micro_batch_cuts([], 16, 8192) == [] and micro_batch_cuts([], 16) == []
+    assert micro_batch_cuts([(50, 14)] * 300, 16, 8192) == [(0, 128), (128, 256), (256, 300)]  # 128 x 64 = 8192
 
 
 @pytest.mark.parametrize("extra", [{}, {"token_fraction": 0.5, "temperature": 0.7}], ids=["grpo", "d3s-tokens"])

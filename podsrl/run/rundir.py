@@ -90,7 +90,7 @@ FREE = frozenset(
         "reward.timeout_seconds", "reward.max_timeout_fraction", "reward.workers",
         "eval.every_steps", "eval.every_seconds", "eval.at_start", "eval.at_end",
         "model.device", "model.gradient_checkpointing", "model.mixed_precision",
-        "optim.micro_batch_size", "optim.share_prompts",
+        "optim.micro_batch_size", "optim.micro_batch_tokens", "optim.share_prompts",
         "rollout.engine", "rollout.generation_batch_size", "rollout.gpu_memory_utilization",
         "rollout.enable_sleep_mode", "rollout.kv_cache_gib", "rollout.enforce_eager", "rollout.max_model_len",
         *EXACT_IN_LAW,

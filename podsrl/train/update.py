@@ -26,9 +26,15 @@ gradient take a forward and backward pass:
 
 How the rows that run are processed:
 
-- They are ordered by prompt group, then length, and cut into micro-batches of ``micro_batch_size``,
-  so that a micro-batch runs each prompt once (``share_prompts``, see :mod:`podsrl.train.sequences`)
-  and padding stays small. The loss of every micro-batch is normalised by the whole batch's
+- They are ordered by prompt group, then length, so that a micro-batch runs each prompt once
+  (``share_prompts``, see :mod:`podsrl.train.sequences`) and padding stays small, and cut into
+  micro-batches of ``micro_batch_size`` rows or, with ``micro_batch_tokens`` > 0, of as many rows as
+  fit that many padded tokens (:func:`micro_batch_cuts`: rows x the longest row's prompt +
+  completion; at least one row a micro-batch). A micro-batch costs about a fixed number of operator
+  calls whatever its rows (on this project's CPU about 40,000 for a 30-layer model with shared
+  prompts, 22,000 without), which on a GPU at short answers is the update's time: on a lent H200 the
+  135M model's update took about 0.24 s a micro-batch of up to 16 rows of 40 + 15 tokens
+  (results/compare-gpu, issue 66). Fewer, larger micro-batches cut it. The loss of every micro-batch is normalised by the whole batch's
   sequence / completion-token counts (``policy_loss(batch=BatchCounts(...))``), so the accumulated
   gradient equals the full-batch gradient whatever the micro-batch size.
 - With one policy iteration per batch, pi_old == pi_theta numerically, so the old log-probs are the
@@ -125,6 +131,7 @@ class UpdateSettings:
     loss: LossSettings = LossSettings()
     pad_id: int = 0
     micro_batch_size: int = 16
+    micro_batch_tokens: int = 0  # > 0: micro-batches of up to this many padded tokens (any rows) instead of micro_batch_size rows
     temperature: float = 1.0  # the sampling temperature: log-probs are of logits / temperature
     grad_clip: float = 1.0  # max gradient norm; 0: no clipping
     policy_iterations: int = 1
@@ -155,6 +162,7 @@ class UpdateSettings:
             ),
             pad_id=pad_id,
             micro_batch_size=cfg.optim.micro_batch_size,
+            micro_batch_tokens=cfg.optim.micro_batch_tokens,
             temperature=cfg.rollout.temperature,
             grad_clip=cfg.optim.grad_clip,
             policy_iterations=cfg.loss.policy_iterations,
@@ -448,12 +456,13 @@ def _ess(sums: _Sums, importance: ImportanceSettings | None) -> dict[str, float 
 def _micro_batches(u: _Update, rows: list[int], *, at_least_one: bool = False) -> list[_MicroBatch]:
     """``rows`` of the batch in micro-batches. FSDP: every rank runs the same number (padding with
     empty ones), and with ``at_least_one`` at least one, so that every parameter gets its (zero) gradient."""
-    batch, size = u.batch, u.settings.micro_batch_size
+    batch, s = u.batch, u.settings
     order = micro_batch_order([batch.prompt_ids[i] for i in rows], [batch.completion_ids[i] for i in rows])
     ordered = [rows[i] for i in order]
+    cuts = micro_batch_cuts([(len(batch.prompt_ids[i]), len(batch.completion_ids[i])) for i in ordered], s.micro_batch_size, s.micro_batch_tokens)
     out = [
-        _MicroBatch(idx, pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], u.settings.pad_id, device=u.device))
-        for idx in (ordered[i : i + size] for i in range(0, len(ordered), size))
+        _MicroBatch(idx, pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], s.pad_id, device=u.device))
+        for idx in (ordered[a:b] for a, b in cuts)
     ]
     if u.dist.sharded:  # FSDP: the same number of forward passes on every rank
         out += [_MicroBatch([], None) for _ in range(max(u.dist.max_int(len(out)), int(at_least_one)) - len(out))]
@@ -564,6 +573,27 @@ def _policy_iteration(u: _Update, micro_batches: list[_MicroBatch], totals: Batc
     u.optimizer.step()
     u.scheduler.step()
     return grad_norm
+
+
+def micro_batch_cuts(lengths: list[tuple[int, int]], rows: int, tokens: int = 0) -> list[tuple[int, int]]:
+    """The micro-batches of rows in order, as [start, end) pairs. ``lengths``: each row's (prompt,
+    completion) tokens, in the order of :func:`micro_batch_order`. ``tokens`` = 0: runs of ``rows``
+    rows. ``tokens`` > 0: each micro-batch takes the next rows while its padded size, its rows x
+    (the longest prompt + the longest completion among them: what :func:`podsrl.train.sequences.pack`
+    lays out), stays within ``tokens``; a row alone over it is a micro-batch of its own."""
+    if tokens <= 0:
+        return [(a, min(a + rows, len(lengths))) for a in range(0, len(lengths), rows)]
+    cuts, start, prompt, completion = [], 0, 0, 0
+    for i, (p, c) in enumerate(lengths):
+        wider = (max(prompt, p) + max(completion, c)) * (i - start + 1)
+        if i > start and wider > tokens:
+            cuts.append((start, i))
+            start, prompt, completion = i, p, c
+        else:
+            prompt, completion = max(prompt, p), max(completion, c)
+    if lengths:
+        cuts.append((start, len(lengths)))
+    return cuts
 
 
 def micro_batch_order(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[int]:

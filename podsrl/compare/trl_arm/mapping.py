@@ -69,6 +69,8 @@ def check_arm(cfg: Config, trainer: str) -> None:
         if s.filter_zero_variance or s.uses_token_selection:
             raise ConfigError("select.filter_zero_variance / select.token_fraction: TRL's GRPOTrainer has neither; "
                               "use trainer = \"trl-pods\" (PODSTrainer)")  # fmt: skip
+    if cfg.optim.micro_batch_tokens:
+        refuse(f"optim.micro_batch_tokens = {cfg.optim.micro_batch_tokens}", "TRL cuts its micro-batches by rows (per_device_train_batch_size)")
     if cfg.optim.lr_schedule == "cosine" and not cfg.train.max_steps:
         refuse("optim.lr_schedule = 'cosine'", "a cosine schedule needs train.max_steps")
 
