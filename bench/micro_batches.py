@@ -22,7 +22,9 @@ chooses on the device. The ways, on the same model, optimizer and batch:
 
 A warm-up update of each, then ``--repeats`` rounds (default 5), the ways' order rotating; medians.
 The GPU is synchronised around each update. Last line: ``update time tokens-8192 / rows-16: R,
-rows-16-unshared / rows-16: R2 (DEVICE)`` (below 1: faster). ``--out FILE`` writes the figures as JSON.
+rows-16-unshared / rows-16: R2 (DEVICE)`` (below 1: faster). ``--out FILE`` writes the figures as JSON
+(results/micro-batches/); ``--table FILE`` prints a saved one's table (docs/results.md; tests/
+test_trainer.py checks the page against every committed run).
 """
 
 from __future__ import annotations
@@ -83,6 +85,16 @@ def measure(model, batch, *, mixed: bool, repeats: int) -> dict[str, list[float]
     return times
 
 
+def table(data: dict) -> str:
+    """A saved run's table: each way's median seconds an update and its ratio to ``rows-16``."""
+    median = data["median"]
+    lines = [f"{data['device']}, torch {data['torch']}, mixed precision {'on' if data['mixed_precision'] else 'off'}, "
+             f"{data['rows']} rows; {data['date'][:10]}; `{data['command']}`", "",
+             "| micro-batches | median s an update | vs rows-16 |", "|---|---:|---:|"]  # fmt: skip
+    lines += [f"| {way} | {median[way]:.3g} | {median[way] / median['rows-16']:.2f}x |" for way in WAYS if way in median]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="podsrl's model.device (cpu, cuda, auto)")
@@ -91,7 +103,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--quick", action="store_true", help="a tiny random model, 2 prompts, 1 round")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
+    parser.add_argument("--table", type=Path, default=None, help="measure nothing: print docs/results.md's table of this JSON file")
     args = parser.parse_args(argv)
+    if args.table:
+        data = json.loads(args.table.read_text())
+        print(table(data))
+        return data
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -110,7 +127,9 @@ def main(argv: list[str] | None = None) -> dict:
         model = LlamaForCausalLM(LlamaConfig(**arch))
     model.train()
     mixed = resolve_mixed_precision("auto", device)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    from podsrl.engines.dtype import cpu_model
+
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU {cpu_model()}"
     print(f"micro_batches: {'tiny' if args.quick else 'SmolLM2-135M'} architecture, random weights, on {device} ({where}; "
           f"{torch.get_num_threads()} threads), mixed precision {'on' if mixed.enabled else 'off'} ({mixed.reason}); "
           f"{prompts} prompts x {GROUP} rows of {PROMPT_LEN} + 10-20 tokens", flush=True)  # fmt: skip

@@ -316,3 +316,11 @@ def test_a_failing_attention_way_is_recorded_and_the_sampler_still_runs(peak, mo
     entry = data["models"]["tiny-qwen2-a"]
     assert "attention" not in entry and entry["sampler"]
     assert any(s["part"] == "tiny-qwen2-a: attention" and "grouped differs" in s["why"] for s in entry["skipped"])
+
+
+def test_every_committed_micro_batches_run_is_in_the_results_page_as_its_table():
+    """bench/micro_batches.py's committed runs (results/micro-batches/*.json) appear in docs/results.md
+    exactly as ``--table`` prints them."""
+    from conftest import committed_tables_in_page
+
+    assert committed_tables_in_page("micro_batches", "table", "micro-batches", "results.md"), "no committed run of bench/micro_batches.py"
