@@ -12,7 +12,7 @@ measurements (:data:`MEASUREMENTS`) while the parts arrive, and the last runs th
 
     python bench/gpu_compare.py pack          # here: .gpu-carry/part-K (ignored), and the plan: the calls, their minutes
     python3 bench/gpu_compare.py call 1       # there, call 1 (carry .gpu-carry/part-1): stash it; bench/peak.py --gpu
-    python3 bench/gpu_compare.py call 2       # there, call 2 (carry part-2): stash it; bench/samplers.py --gpu, bench/mixed_precision.py
+    python3 bench/gpu_compare.py call 2       # there, call 2 (carry part-2): stash it; bench/samplers.py, mixed_precision.py, micro_batches.py
     python3 bench/gpu_compare.py call 3       # there, the last call (carry part-3): join, convert, compare
 
 The plan (:func:`plan`, printed by ``pack`` and ``plan``) with its minutes, for 3 parts:
@@ -29,9 +29,10 @@ The plan (:func:`plan`, printed by ``pack`` and ``plan``) with its minutes, for 
    ``transformers-static`` at 128 and 512 rollouts of 64 tokens (SmolLM2-135M's architecture, random
    weights), each shape's compile reported; into ``$OUT/samplers`` (and ``.gpu-model/`` for the next
    call); then ``bench/mixed_precision.py --device cpu --model smollm2-135m-arch --rows 16 --repeats 2``
-   (half a minute; its JSON is written after each length) on the lent machine's own CPU, which on 2026-11-30 had ``avx512_bf16`` and ``amx_bf16``: the
-   update with mixed precision off and on where bfloat16 is native, issue 66's CPU target (1.5x),
-   which this project's own CPUs cannot measure; into ``$OUT/mixed-precision``; then
+   (half a minute; its JSON is written after each length) on the lent machine's own CPU, which on
+   2026-11-30 had ``avx512_bf16`` and ``amx_bf16``: the update with mixed precision off and on where
+   bfloat16 is native, issue 66's CPU target (1.5x), which this project's own CPUs cannot measure;
+   into ``$OUT/mixed-precision``; then
    ``bench/micro_batches.py --device cuda --repeats 3`` (half a minute): a GRPO(16) step's update at
    the comparison's shape with micro-batches of 16 rows against one of up to 8192 tokens
    (``optim.micro_batch_tokens``), which decides that setting's default on a GPU; into
@@ -269,8 +270,8 @@ PLAN_MINUTES = 12.5  # of the 15 a GPU is lent, its start left out (36 s on 2026
 
 
 def calls_for(parts: int) -> int:
-    """Calls of the plan: one a part, and at least one for each measurement and one for the comparison."""
-    return max(parts, len(MEASUREMENTS) + 1)  # a call per group of measurements
+    """Calls of the plan: one a part, and at least one for each group of measurements and one for the comparison."""
+    return max(parts, len(MEASUREMENTS) + 1)
 
 
 def _group(k: int) -> tuple[Measurement, ...]:
