@@ -135,18 +135,24 @@ def test_the_setting_is_checked_and_the_old_fsdp_setting_loads_as_it_meant(make_
     assert "mixed_precision" not in cfg.to_dict()["distributed"] and from_dict(cfg.to_dict()) == cfg
 
 
-def test_every_committed_run_config_loads_as_the_float32_update_it_trained():
-    """Each results/*/runs/**/config.toml (written with distributed.mixed_precision = "auto", none
-    under FSDP) reads as model.mixed_precision = "none", and each shipped comparison that has
-    committed runs pins "none", so that its report still checks its runs against it."""
+def test_every_committed_run_config_loads_as_the_update_it_trained():
+    """Each results/*/runs/**/config.toml of the CPU's comparisons (written with
+    distributed.mixed_precision = "auto", none under FSDP) reads as model.mixed_precision = "none";
+    the GPU's comparison (results/compare-gpu) trained with "auto" (bfloat16 autocast on the H200).
+    Each shipped comparison that has committed runs pins its runs' setting, so that its report still
+    checks its runs against it."""
     paths = sorted(ROOT.glob("results/*/runs/**/config.toml"))
     assert paths
+    settings: dict[str, set[str]] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        assert {load(p).model.mixed_precision for p in paths} == {"none"}
-    compared = {p.relative_to(ROOT / "results").parts[0] for p in paths}
-    for name in compared:
+        for p in paths:
+            settings.setdefault(p.relative_to(ROOT / "results").parts[0], set()).add(load(p).model.mixed_precision)
+    assert settings.pop("compare-gpu") == {"auto"}
+    assert set().union(*settings.values()) == {"none"}
+    for name in settings:
         assert 'mixed_precision = "none"' in (ROOT / "configs" / f"{name}.toml").read_text(), name
+    assert 'mixed_precision = "auto"' in (ROOT / "configs" / "compare-gpu.toml").read_text()
 
 
 @pytest.mark.parametrize("setting", ["bf16", "none", "auto"])
