@@ -13,11 +13,13 @@ every step passes an attention mask. The ways, each on the same query, cache and
   each key/value head to its r query heads (``repeat_kv``), every layer, every step. What runs on a
   GPU today.
 - ``enable_gqa``: podsrl's :func:`podsrl.engines.attention.sdpa_gqa_forward`, PyTorch's own sharing
-  with the mask. What the engines run on a CPU since commit 9a86a53. On CUDA, PyTorch takes it to the
-  math kernel when a mask is passed (why transformers copies there).
+  with the mask. What the engines run on a CPU since commit 9a86a53. On CUDA, transformers says
+  PyTorch takes it to the math kernel when a mask is passed (why it copies there); on a lent H200
+  (torch 2.11, a decode step) it was the fastest of the three and equal to ``copied`` to the bit.
 - ``grouped``: :func:`podsrl.engines.attention.grouped_queries_forward`: the r query heads of a
   key/value head passed as its query rows, the mask repeated r times, no copy of the cache, a plain
-  masked kernel. The candidate for CUDA; no engine uses it yet.
+  masked kernel. Written as the candidate for CUDA; on a lent H200 (2026-11-30) it was slower
+  than ``enable_gqa``, as on this project's CPU. No engine uses it.
 
 A decode step (one query a row) at ``rows`` rollouts over ``positions`` cached positions (a prompt
 and the completion so far; the static engine's cache always holds its full length), the mask hiding

@@ -73,7 +73,8 @@ def grouped_queries_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     copy of the mask, not of the cache: B*r*T*S elements against the cache's B*H*S*D); with no mask and
     more than one query (a causal prefill) the causal mask is built here, since the stacked rows are no
     longer one causal square. A kernel for a plain mask with no grouping runs (on CUDA the
-    memory-efficient one; ``enable_gqa`` with a mask falls back to the math kernel there). Returns
+    memory-efficient one; transformers says ``enable_gqa`` with a mask falls back to the math kernel
+    there, which a lent H200 did not show: the module docstring). Returns
     ([B, T, H, D], None). Not used by the engines: bench/attention.py measures it against the
     alternatives, and on a CPU and a GPU alike ``enable_gqa`` was faster (the module docstring)."""
     batch, heads, queries, dim = query.shape
