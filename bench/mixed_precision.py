@@ -170,7 +170,7 @@ def cpu_line() -> tuple[str, bool]:
     return f"{cpu_model()}, {why}", native
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="podsrl model name/path, 'tiny' or 'smollm2-135m-arch' (random weights)")
     parser.add_argument("--device", default="cpu", help="podsrl's model.device")
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the tiny random model: the machinery only")
     parser.add_argument("--logprob-error", action="store_true", help="also the log-probs' error against float64 (a real model)")
     parser.add_argument("--out", type=Path, default=None, help="also write the update's figures as JSON here (after each length)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import torch
 
     if args.quick:
@@ -202,7 +202,7 @@ def main() -> None:
 
         native = gpu_bf16()
     machine = {"device": device.type, "name": where, "native_bf16": native, "threads": torch.get_num_threads(), "torch": torch.__version__}
-    command = "python bench/mixed_precision.py " + " ".join(sys.argv[1:])
+    command = "python bench/mixed_precision.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
     def write(rows_so_far: list[dict]) -> None:
         if args.out:

@@ -137,6 +137,7 @@ def test_an_arms_overhead_adds_the_static_engines_compile(gpu_compare, tmp_path)
     assert gpu_compare.arm_overhead(50.0, tmp_path / "absent.json")[0] == 50.0
 
 
+@pytest.mark.slow  # 95-105 s: before a GPU session run `pytest -m slow tests/test_gpu_compare.py` (tests/README.md)
 @pytest.mark.usefixtures("one_thread")
 def test_the_tiny_flow_measures_trains_the_three_arms_and_copies_every_report(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}

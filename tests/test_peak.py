@@ -324,3 +324,34 @@ def test_every_committed_micro_batches_run_is_in_the_results_page_as_its_table()
     from conftest import committed_tables_in_page
 
     assert committed_tables_in_page("micro_batches", "table", "micro-batches", "results.md"), "no committed run of bench/micro_batches.py"
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_micro_batches_bench_times_three_ways_and_prints_its_table(tmp_path):
+    """bench/micro_batches.py --quick: each way's rounds, the JSON as written, the table's ratios to rows-16."""
+    from conftest import script_module
+
+    with script_module(ROOT / "bench" / "micro_batches.py") as bench:
+        data = bench.main(["--quick", "--out", str(tmp_path / "mb.json")])
+        assert json.loads((tmp_path / "mb.json").read_text()) == json.loads(json.dumps(data))
+        assert set(data["seconds"]) == set(bench.WAYS) and all(len(t) == 1 and t[0] > 0 for t in data["seconds"].values())
+        assert data["rows"] == 32 and "| rows-16 |" in bench.table(data) and "| 1.00x |" in bench.table(data)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_mixed_precision_bench_writes_its_json_after_each_length(tmp_path, monkeypatch):
+    """bench/mixed_precision.py --quick --out: the JSON holds each completion length's medians and
+    ratio, written as each is measured (a run stopped at its limit keeps what it measured)."""
+    from conftest import script_module
+
+    written = []
+    with script_module(ROOT / "bench" / "mixed_precision.py") as bench:
+        update = bench.time_updates
+
+        def recording(*args, measured, **kwargs):
+            return update(*args, measured=lambda rows: (measured(rows), written.append(json.loads((tmp_path / "mp.json").read_text()))), **kwargs)
+
+        monkeypatch.setattr(bench, "time_updates", recording)
+        bench.main(["--quick", "--out", str(tmp_path / "mp.json")])
+    assert [[r["completion"] for r in w["sizes"]] for w in written] == [[64], [64, 256]]
+    assert all(r["ratio"] == r["bf16_s"] / r["float32_s"] for r in written[-1]["sizes"]) and written[-1]["machine"]["device"] == "cpu"
