@@ -24,7 +24,7 @@ A warm-up update of each, then ``--repeats`` rounds (default 5), the ways' order
 The GPU is synchronised around each update. Last line: ``update time tokens-8192 / rows-16: R,
 rows-16-unshared / rows-16: R2 (DEVICE)`` (below 1: faster). ``--out FILE`` writes the figures as JSON
 (results/micro-batches/); ``--table FILE`` prints a saved one's table (docs/results.md; tests/
-test_trainer.py checks the page against every committed run).
+test_peak.py checks the page against every committed run).
 """
 
 from __future__ import annotations
@@ -62,11 +62,11 @@ def measure(model, batch, *, mixed: bool, repeats: int) -> dict[str, list[float]
     """Each way's seconds an update, ``repeats`` rounds after a warm-up of each, the order rotating."""
     import torch
 
+    from peak import _sync
     from podsrl.core.loss import LossSettings
     from podsrl.train.update import UpdateSettings, run_update
 
     device = next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     loss = LossSettings(eps_low=0.2, aggregation="token", max_completion_len=20)
@@ -77,10 +77,10 @@ def measure(model, batch, *, mixed: bool, repeats: int) -> dict[str, list[float]
     ways = list(WAYS)
     for r in range(repeats):
         for way in ways[r % len(ways):] + ways[: r % len(ways)]:
-            sync()
+            _sync(device)
             start = time.perf_counter()
             run_update(model, optimizer, scheduler, batch, settings[way])
-            sync()
+            _sync(device)
             times[way].append(time.perf_counter() - start)
     return times
 
