@@ -335,7 +335,9 @@ def test_every_shipped_comparison_with_committed_runs_plans_the_loss_they_traine
         warnings.simplefilter("ignore", FutureWarning)  # distributed.mixed_precision in the older runs' files
         for path in runs:
             name, method, seed = path.parts[-5], path.parts[-3], int(path.parts[-2].removeprefix("seed"))
-            plan = plans.setdefault(name, compare.load_plan(ROOT / "configs" / f"{name}.toml"))
+            if name not in plans:
+                plans[name] = compare.load_plan(ROOT / "configs" / f"{name}.toml")
+            plan = plans[name]
             trained = config_mod.load(path).loss.aggregation
             assert plan.config(method, seed).loss.aggregation == trained, (name, method, seed)
 
@@ -573,17 +575,23 @@ def _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file):
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_tiny_comparison_end_to_end_and_rerun_skips(tmp_path, tiny_model_dir, reward_file, capsys):
+def test_tiny_comparison_end_to_end_and_rerun_skips(tmp_path, tiny_model_dir, reward_file, capsys, monkeypatch):
     """Two real runs trained at once (``--parallel 2``: they share the machine's one device, so the
     peak is read on the step axis), the report and its figure; the same command again skips both,
     and ``--report-only`` rebuilds the report. One comparison serves both (it was two tests, one
     sequential and one parallel, each training both runs: issue 45); the sequential launcher runs
     real runs in test_a_failing_run_stops_the_comparison_with_its_exit_code and the docs' compare
     commands (tests/test_docs.py), fake ones in the concurrency tests below."""
+    import podsrl.compare.report
+
+    plotted = []
+    plot = podsrl.compare.report.plot_report
+    monkeypatch.setattr(podsrl.compare.report, "plot_report", lambda *a: plotted.append(a[1]) or plot(*a))
     path = _tiny_two_method_config(tmp_path, tiny_model_dir, reward_file)
     out = tmp_path / "cmp"
     args = argparse.Namespace(config=str(path), out=str(out), seeds=None, methods=None, report_only=False, parallel=2, devices=None)
     assert compare.main(args, []) == 0
+    assert len(plotted) == 2  # once as each run finished; the last is the final report, not drawn again
     report = json.loads((out / "compare.json").read_text())
     assert report["device_sharing"]["runs_per_device"] == 2 and report["peak_axis"] == "step"
     for name in ("grpo", "pods_max_variance"):
@@ -600,6 +608,7 @@ def test_tiny_comparison_end_to_end_and_rerun_skips(tmp_path, tiny_model_dir, re
     assert capsys.readouterr().out.count("finished earlier, skipped") == 2
     args.report_only = True
     assert compare.main(args, []) == 0
+    assert len(plotted) == 4  # nothing trained: each command drew the report it printed
 
 
 def test_a_failing_run_stops_the_comparison_with_its_exit_code(tmp_path, tiny_model_dir, reward_file, capsys):
@@ -759,15 +768,20 @@ rows = [{"step": 0, "train_seconds": 0.0, "accuracy": 0.1, "problems": 10},
 @pytest.fixture
 def fake_runs(tmp_path, monkeypatch):
     """Replace ``podsrl train`` in the children with a script that records CUDA_VISIBLE_DEVICES,
-    takes a second and writes a finished run (or exits 3 for a method named "fail")."""
+    takes a second and writes a finished run (or exits 3 for a method named "fail"); and the
+    report's figure, drawn as each run finishes (1-1.5 s a figure here, most of these tests' time),
+    with an empty file: these tests read the launches and compare.json, the figure has its own tests
+    (test_report_peak_time_to_target_fraction_and_never and the section "what compare.png says")."""
     import sys
 
+    import podsrl.compare.report
     from podsrl.compare import arms
 
     script = tmp_path / "fake_run.py"
     script.write_text(_FAKE_RUN)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(arms, "command", lambda job, path, *, resume, **_: [sys.executable, str(script), str(job), "--out", str(path)])
+    monkeypatch.setattr(podsrl.compare.report, "plot_report", lambda report, path: path.touch() or path)
 
 
 def _device_of(out: Path, method: str, seed: int) -> str:

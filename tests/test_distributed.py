@@ -175,7 +175,7 @@ def _accelerate_launch(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("parallel", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])
-def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file, parallel):
+def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file, parallel, capsys):
     """A run on 2 processes end to end: trained (2 steps, evaluated at 0 and 2 on both ranks, a
     checkpoint, the exported model), resumed under torchrun for a third step, evaluated by ``podsrl
     eval --run`` in one process. One run serves what four tests launched (issue 45):
@@ -228,11 +228,18 @@ def test_torchrun_train_resume_eval(tmp_path, tiny_model_dir, reward_file, paral
         weights = load_file(str(run / "checkpoints" / "step-000003" / "weights.safetensors"))
         assert weights["model.embed_tokens.weight"].shape[1] == AutoConfig.from_pretrained(tiny_model_dir).hidden_size
 
-    one = tmp_path / "one.json"
-    ev = subprocess.run([sys.executable, "-m", "podsrl", "eval", "--run", str(run), "--json", str(one)], env=_env(), capture_output=True,
-                        text=True, timeout=300, cwd=ROOT)  # fmt: skip
-    assert ev.returncode == 0, ev.stderr[-3000:]
-    assert "step-000003" in ev.stdout and "accuracy:" in ev.stdout
+    from podsrl.cli import main
+
+    one = tmp_path / "one.json"  # in this process, on one thread as each rank (a launch's start-up is seconds)
+    capsys.readouterr()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["eval", "--run", str(run), "--json", str(one)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    assert "step-000003" in printed and "accuracy:" in printed
     sharded = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()][-1]
     assert sharded["step"] == 3
     alone = json.loads(one.read_text())

@@ -362,7 +362,7 @@ def _run_command(command: Command, plan: Plan, ws: Path, tiny_model: Path) -> tu
         from podsrl.cli import main
 
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _last_figure_only():
             try:
                 code = main(tiny_args(plan.argv, tiny_model))
             except SystemExit as exc:
@@ -380,6 +380,30 @@ def _run_command(command: Command, plan: Plan, ws: Path, tiny_model: Path) -> tu
     if plan.output_file:
         (ws / plan.output_file).write_text(stdout)
     return code, stdout + stderr
+
+
+@contextlib.contextmanager
+def _last_figure_only():
+    """``podsrl compare`` draws compare.png as each run finishes, the last time as its final
+    report. A tiny run takes about as long as a figure, so a comparison's figures were most of
+    its command's time: here only the last report is drawn (after the command), the earlier ones
+    are left as empty files. tests/test_compare.py checks that each run's report is drawn."""
+    import podsrl.compare.report as report
+
+    draw, last = report.plot_report, []
+
+    def later(data, path):
+        last[:] = [(data, path)]
+        Path(path).touch()
+        return path
+
+    report.plot_report = later
+    try:
+        yield
+    finally:
+        report.plot_report = draw
+    if last:
+        draw(*last[0])
 
 
 def _check_output(command: Command, code: int, output: str) -> None:

@@ -58,7 +58,7 @@ def _gap(model, engine, prompts, tokenizer, seed) -> tuple[float, object]:
     from podsrl.train.sequences import forward_logprobs, pack
 
     n = 4
-    ro = engine.generate(prompts[:2], Sampling(n=n, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=24, seed=seed))
+    ro = engine.generate(prompts[:2], Sampling(n=n, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=12, seed=seed))
     packed = pack([p for p in prompts[:2] for _ in range(n)], ro.completion_ids, tokenizer.pad_token_id)
     was_training = model.training
     model.eval()

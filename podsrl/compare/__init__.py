@@ -206,9 +206,10 @@ def main(args, overrides: list[str]) -> int:
     parallel = getattr(args, "parallel", None)
     if parallel is None:
         parallel = len(devices) if devices else 1  # --devices alone: one run per device
+    trained = 0
     if not getattr(args, "report_only", False):
         try:
-            run_all(plan, out, isolate=not getattr(args, "in_process", False), parallel=parallel, devices=devices)
+            trained = run_all(plan, out, isolate=not getattr(args, "in_process", False), parallel=parallel, devices=devices)
         except KeyboardInterrupt:
             print("\npodsrl compare: interrupted; run the same command again to resume where it stopped")
             return 130
@@ -216,7 +217,10 @@ def main(args, overrides: list[str]) -> int:
             print(err, file=sys.stderr)
             return err.returncode
     report = build_report(plan, out)
-    json_path, png_path = write_report(report, out)
+    if trained:  # run_all wrote this report (and its figure) as the last run finished
+        json_path, png_path = out / "compare.json", out / "compare.png"
+    else:
+        json_path, png_path = write_report(report, out)
     print("\n" + format_table(report))
     print(f"\npodsrl compare: wrote {json_path} and {png_path}")
     return 0

@@ -51,9 +51,10 @@ def run_all(
     isolate: bool = True,
     parallel: int = 1,
     devices: list[str] | None = None,
-) -> None:
+) -> int:
     """Train every method x seed not finished yet, launched seed-major; the report is refreshed
-    after each run finishes.
+    after each run finishes. Returns how many runs trained (0: the report on disk may be older
+    than the runs, e.g. after ``--report-only``'s edits; the caller writes it).
 
     ``isolate``: each run is its own ``podsrl train`` process, so every run starts from the same
     clean state (memory, threads, an in-process vLLM engine's allocations) and a crash loses only
@@ -94,8 +95,9 @@ def run_all(
             arms.train(job.cfg, job.trainer, run_dir=job.path, resume=job.resume, log=log)
             write_launch(job.path, device=None, parallel=1, runs_on_device=1, exit_code=0)
             finished(job)
-        return
+        return len(todo)
     _run_pool(todo, parallel=parallel, devices=devices, log=log, on_success=finished)
+    return len(todo)
 
 
 @dataclass
