@@ -201,10 +201,11 @@ def dist_step_cases(cases: dict[str, dict]) -> dict[str, dict]:
 def dist_steps(tmp_path_factory, small_vocab_model_dir, reward_file) -> Path:
     """The directory where tests/dist_worker.py wrote ``<case>-w1`` and ``<case>-w2`` (the weights
     after the step and its metrics) for every case of :func:`dist_step_cases`. Three launches for
-    the whole session (one plain process, torchrun with 1 process for FSDP's references, torchrun
-    with 2), whichever modules' cases they run: each launch costs seconds of start-up on a CPU,
-    about 10 s for torchrun's two ranks, and the cases of test_distributed.py and
-    test_dynamic_sampling.py each paid for three (issue 45). On the tiny model with a 686-token
+    the whole session (one plain process and torchrun with 1 process for FSDP's references, both at
+    once on one thread each, then torchrun with 2), whichever modules' cases they run: each launch
+    costs seconds of start-up on a CPU, about 10 s for torchrun's two ranks, and the cases of
+    test_distributed.py and test_dynamic_sampling.py each paid for three (issue 45); the first two
+    in turn took 52 s with the third, at once 37 s (2026-11-30). On the tiny model with a 686-token
     tokenizer: one step is one step at any vocabulary, and a step over SmolLM2's 49152 logits took
     ten times as long."""
     import subprocess
@@ -215,10 +216,18 @@ def dist_steps(tmp_path_factory, small_vocab_model_dir, reward_file) -> Path:
     cases = dict(DIST_STEP_CASES)
     single = {k: v for k, v in cases.items() if not k.startswith("fsdp")}
     fsdp = {k: v for k, v in cases.items() if k.startswith("fsdp")}
-    alone = subprocess.run([sys.executable, str(WORKER), str(worker_spec(out / "spec1.json", small_vocab_model_dir, reward_file, out, single))],
-                           env=_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    one = _torchrun(str(WORKER), str(worker_spec(out / "spec_fsdp1.json", small_vocab_model_dir, reward_file, out, fsdp)), nproc=1)
+    # The two one-process launches write different files: at once, on the machine's two cores.
+    log = out / "alone.log"
+    with log.open("w") as sink:
+        alone = subprocess.Popen([sys.executable, str(WORKER), str(worker_spec(out / "spec1.json", small_vocab_model_dir, reward_file, out, single))],
+                                 env=_env(), stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            one = _torchrun(str(WORKER), str(worker_spec(out / "spec_fsdp1.json", small_vocab_model_dir, reward_file, out, fsdp)), nproc=1)
+            alone.wait(timeout=300)
+        finally:
+            if alone.poll() is None:  # the torchrun launch failed or timed out
+                alone.kill()
+    assert alone.returncode == 0, log.read_text()[-3000:]
     assert one.returncode == 0, one.stderr[-3000:]
     two = _torchrun(str(WORKER), str(worker_spec(out / "spec.json", small_vocab_model_dir, reward_file, out, cases)), nproc=2)
     assert two.returncode == 0, two.stderr[-3000:]

@@ -53,8 +53,8 @@ def run_all(
     devices: list[str] | None = None,
 ) -> int:
     """Train every method x seed not finished yet, launched seed-major; the report is refreshed
-    after each run finishes. Returns how many runs trained (0: the report on disk may be older
-    than the runs, e.g. after ``--report-only``'s edits; the caller writes it).
+    after each run finishes. Returns how many runs trained: with none, no report was written here
+    (the caller writes it; ``podsrl compare`` does).
 
     ``isolate``: each run is its own ``podsrl train`` process, so every run starts from the same
     clean state (memory, threads, an in-process vLLM engine's allocations) and a crash loses only
