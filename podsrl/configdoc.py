@@ -20,7 +20,6 @@ import inspect
 import io
 import textwrap
 import tokenize
-import typing
 from functools import lru_cache
 
 from podsrl import config as config_mod
@@ -36,7 +35,7 @@ HEADER = """\
 
 def sections() -> dict[str, type]:
     """Config section name -> its dataclass, in the order of `Config`'s fields."""
-    return typing.get_type_hints(config_mod.Config)
+    return dict(config_mod._type_hints(config_mod.Config))  # resolved once, as every config build does
 
 
 def field_help() -> dict[str, dict[str, str]]:
