@@ -15,19 +15,20 @@ row, the engine before them, side by side in one run (issue 66).
    sampler without vLLM) on the embedded SmolLM2-135M-Instruct in float32, one call of --rollouts
    rollouts (16 random prompts of 36 to 44 tokens x n, left-padded as a real call's: bench/peak.py's
    ``prompt_lengths``) of exactly --length tokens (EOS suppressed in place: bench/_fixed_length.py),
-   temperature 1, four ways: ``today`` (podsrl's draw, a prompt's rows sharing one prefill, the
-   KV cache's shared heads read in place: podsrl/engines/attention.py), ``copied heads`` (today's
-   but transformers' ``sdpa`` as it is, which copies every key/value head to its query heads when a
-   mask is passed), ``multinomial`` (today's but transformers' own sampling, ``do_sample=True``)
-   and ``before`` (transformers' sampling, a prefill per row, the heads copied: the engine before
-   the three changes). One warm-up call, then --repeats rounds of the four, their order rotating
-   from round to round.
+   temperature 1, six ways: ``today`` (podsrl's draw, a prompt's rows sharing one prefill, the
+   KV cache's shared heads read in place: podsrl/engines/attention.py; the cache grown in chunks and
+   the output layer on oneDNN: podsrl/engines/decode.py), and today's with one of them undone:
+   ``copied heads`` (transformers' ``sdpa`` as it is, which copies every key/value head to its query
+   heads when a mask is passed), ``multinomial`` (transformers' own sampling, ``do_sample=True``),
+   ``concatenated cache`` (transformers' ``DynamicCache``), ``mkl output layer`` (``F.linear``);
+   and ``before``, all of them undone and a prefill per row: the engine before the changes. One
+   warm-up call, then --repeats rounds of the ways, their order rotating from round to round.
 
-Last lines: the ratio of the medians, ``multinomial / draw`` in milliseconds for part 1, and
-``today / multinomial`` (the draw's share), ``today / copied heads`` (the heads' share) and ``today /
-before`` (the three changes) in tokens a second for part 2. Runs before commit 9a86a53
-(results/hf-engine/cpu-amd-epyc-2026-11-29.json) had three ways (no ``copied heads``), 16 prompts of
-40 tokens (no padding, so transformers copied no heads) and ``min_new_tokens`` for the fixed length. --out FILE writes the figures as JSON.
+Last lines: the ratio of the medians, ``multinomial / draw`` in milliseconds for part 1, and today's
+tokens a second over each other way's for part 2 (each change's share; ``today / before``: all of
+them). Runs before commit 9a86a53 (results/hf-engine/cpu-amd-epyc-2026-11-29.json) had three ways (no
+``copied heads``), 16 prompts of 40 tokens (no padding, so transformers copied no heads) and
+``min_new_tokens`` for the fixed length; runs before decode.py (the rest of 2026-11-29's) four. --out FILE writes the figures as JSON.
 """
 
 from __future__ import annotations
@@ -96,7 +97,27 @@ def load(quick: bool):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), load_tokenizer(path)
 
 
-WAYS = ("today", "copied heads", "multinomial", "before")
+WAYS = ("today", "copied heads", "multinomial", "concatenated cache", "mkl output layer", "before")
+PATCHED = ("generate_kwargs", "shared_kv_heads", "chunked_cache", "onednn_output_layer")  # podsrl.engines.hf's names the ways replace
+
+
+def _ways(hf) -> dict[str, dict]:
+    """Each way's replacements: podsrl.engines.hf's names (PATCHED) and, under "_shared_prefill",
+    TransformersEngine's method; today's replaces nothing."""
+    ours = hf.generate_kwargs
+
+    def transformers_own(sampling, recorder=None):  # generate's own sampling: torch.multinomial
+        if sampling.temperature == 0:
+            return ours(sampling)
+        return dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+
+    unchanged = lambda model: contextlib.nullcontext()  # noqa: E731
+    heads = {"shared_kv_heads": unchanged}  # transformers' sdpa as it is: the KV cache copied per query head
+    cache = {"chunked_cache": lambda model, cache=None: cache}  # transformers' DynamicCache: a torch.cat a step
+    output = {"onednn_output_layer": unchanged}  # the output layer's product with F.linear (MKL)
+    draw = {"generate_kwargs": transformers_own}
+    return {"today": {}, "copied heads": heads, "multinomial": draw, "concatenated cache": cache, "mkl output layer": output,
+            "before": {**heads, **draw, **cache, **output, "_shared_prefill": lambda self, *a: None}}  # fmt: skip
 
 
 def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, ways=WAYS) -> dict:
@@ -106,18 +127,15 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, wa
     from _fixed_length import hold_length
     from peak import prompt_lengths
 
-    ours, shared, heads = hf.generate_kwargs, hf.TransformersEngine._shared_prefill, hf.shared_kv_heads
+    variants = _ways(hf)
+    saved = {name: getattr(hf, name) for name in PATCHED}
+    saved_prefill = hf.TransformersEngine._shared_prefill
 
-    def transformers_own(sampling, recorder=None):  # generate's own sampling: torch.multinomial
-        if sampling.temperature == 0:
-            return ours(sampling)
-        return dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+    def patch(changes: dict) -> None:
+        for name in PATCHED:
+            setattr(hf, name, changes.get(name, saved[name]))
+        hf.TransformersEngine._shared_prefill = changes.get("_shared_prefill", saved_prefill)
 
-    def copied_heads(model):  # transformers' sdpa as it is: the KV cache copied per query head
-        return contextlib.nullcontext()
-
-    variants = {"today": (ours, shared, heads), "copied heads": (ours, shared, copied_heads),
-                "multinomial": (transformers_own, shared, heads), "before": (transformers_own, lambda self, *a: None, copied_heads)}  # fmt: skip
     plain = hold_length(model)
     engine = hf.TransformersEngine(model, tokenizer, batch_size=rollouts)
     gen = torch.Generator().manual_seed(0)
@@ -126,13 +144,13 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, wa
     k = PROMPTS if rollouts % PROMPTS == 0 else 1
 
     def call(name: str, seed: int) -> tuple[float, int]:
-        hf.generate_kwargs, hf.TransformersEngine._shared_prefill, hf.shared_kv_heads = variants[name]
+        patch(variants[name])
         try:
             start = time.perf_counter()
             out = engine.generate(prompts[:k], Sampling(n=rollouts // k, temperature=1.0, top_p=1.0, max_new_tokens=length, seed=seed))
             return time.perf_counter() - start, sum(map(len, out.completion_ids))
         finally:
-            hf.generate_kwargs, hf.TransformersEngine._shared_prefill, hf.shared_kv_heads = ours, shared, heads
+            patch({})
 
     try:
         seconds, _ = call("today", 0)
@@ -149,7 +167,8 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, wa
     medians = {n: statistics.median(v) for n, v in rates.items()}
     ratio = lambda way: medians["today"] / medians[way] if way in medians else None  # noqa: E731
     return {"rollouts": rollouts, "length": length, "prompts": k, "prompt_lengths": [len(p) for p in prompts[:k]], "tokens_per_s": medians,
-            "rounds": rates, "draw_ratio": ratio("multinomial"), "heads_ratio": ratio("copied heads"), "ratio": ratio("before")}  # fmt: skip
+            "rounds": rates, "draw_ratio": ratio("multinomial"), "heads_ratio": ratio("copied heads"),
+            "cache_ratio": ratio("concatenated cache"), "output_ratio": ratio("mkl output layer"), "ratio": ratio("before")}  # fmt: skip
 
 
 LABELS_BEFORE_HEADS = {  # runs without "copied heads" (before commit 9a86a53)
@@ -157,11 +176,19 @@ LABELS_BEFORE_HEADS = {  # runs without "copied heads" (before commit 9a86a53)
     "multinomial": "transformers' `torch.multinomial`, the prefill shared",
     "before": "before: transformers' `torch.multinomial`, a prefill per row",
 }
-LABELS = {
+LABELS_BEFORE_DECODE = {  # runs without "concatenated cache" and "mkl output layer" (before podsrl/engines/decode.py)
     "today": "today: podsrl's draw, a prompt's rows share one prefill, the KV heads read in place",
     "copied heads": "the KV cache copied per query head (transformers' `sdpa` with a mask)",
     "multinomial": "transformers' `torch.multinomial`",
     "before": "before: `torch.multinomial`, a prefill per row, the KV cache copied",
+}
+LABELS = {
+    "today": "today: podsrl's draw, a prompt's rows share one prefill, the KV heads read in place, the cache grown in chunks, the output layer on oneDNN",
+    "copied heads": "the KV cache copied per query head (transformers' `sdpa` with a mask)",
+    "multinomial": "transformers' `torch.multinomial`",
+    "concatenated cache": "transformers' `DynamicCache` (a `torch.cat` of every layer's cache a step)",
+    "mkl output layer": "the output layer with `F.linear` (MKL)",
+    "before": "before: `torch.multinomial`, a prefill per row, the KV cache copied and concatenated, the output layer with `F.linear`",
 }
 
 
@@ -180,7 +207,9 @@ def doc_table(record: dict) -> str:
         f"| transformers engine, one call of {call['rollouts']} x {call['length']} tokens ({call['prompts']} prompts{lengths}) | tokens/s, median of {len(call['rounds']['today'])} | today / it |",
         "|---|---:|---:|",
     ]
-    for name, label in (LABELS if "copied heads" in call["tokens_per_s"] else LABELS_BEFORE_HEADS).items():
+    rates = call["tokens_per_s"]
+    labels = LABELS if "concatenated cache" in rates or "mkl output layer" in rates else LABELS_BEFORE_DECODE if "copied heads" in rates else LABELS_BEFORE_HEADS
+    for name, label in labels.items():
         if name not in call["tokens_per_s"]:  # --ways left it out
             continue
         rate = call["tokens_per_s"][name]
@@ -227,8 +256,9 @@ def main(argv=None) -> int:
         print(f"multinomial / draw at {row['rows']} rows: {row['ratio']:.2f}x the milliseconds")
     what = f"transformers engine {calls['rollouts']} x {calls['length']}"
     for key, name, why in (("draw_ratio", "multinomial", "the draw"), ("heads_ratio", "copied heads", "the KV heads read in place"),
-                           ("ratio", "before", "the draw, the shared prefill, the heads in place")):  # fmt: skip
-        if calls[key] is not None:
+                           ("cache_ratio", "concatenated cache", "the cache grown in chunks"), ("output_ratio", "mkl output layer", "the output layer on oneDNN"),
+                           ("ratio", "before", "all of them and the shared prefill")):  # fmt: skip
+        if calls.get(key) is not None:
             print(f"today / {name} ({why}), {what}: {calls[key]:.2f}x tokens per second")
     return 0
 

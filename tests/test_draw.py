@@ -124,8 +124,8 @@ def test_probabilities_that_are_not_finite_stop_the_call(bad):
 
 
 def test_the_benchmark_runs(tmp_path):
-    """bench/hf_engine.py --quick: both parts measured, the engine's draw, prefill and attention
-    switch restored after."""
+    """bench/hf_engine.py --quick: both parts measured, every way of the call timed, and the engine's
+    draw, prefill, attention switch, cache and output layer restored after."""
     import importlib.util
     import json
     from pathlib import Path
@@ -136,17 +136,18 @@ def test_the_benchmark_runs(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_draw", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    before = hf.generate_kwargs, hf.TransformersEngine._shared_prefill, hf.shared_kv_heads
+    names = ("generate_kwargs", "shared_kv_heads", "chunked_cache", "onednn_output_layer")
+    before = [getattr(hf, name) for name in names], hf.TransformersEngine._shared_prefill
     threads = torch.get_num_threads()
     assert bench.main(["--quick", "--out", str(tmp_path / "draw.json")]) == 0
     torch.set_num_threads(threads)
     data = json.loads((tmp_path / "draw.json").read_text())
     assert [row["rows"] for row in data["draws"]] == [8, 16]
-    assert set(data["call"]["tokens_per_s"]) == {"today", "copied heads", "multinomial", "before"}
-    assert data["call"]["ratio"] > 0 and data["call"]["draw_ratio"] > 0 and data["call"]["heads_ratio"] > 0
+    assert set(data["call"]["tokens_per_s"]) == {"today", "copied heads", "multinomial", "concatenated cache", "mkl output layer", "before"}
+    assert all(data["call"][key] > 0 for key in ("ratio", "draw_ratio", "heads_ratio", "cache_ratio", "output_ratio"))
     assert len(set(data["call"]["prompt_lengths"])) > 1, "the prompts should differ in length (left padding, as real calls)"
     assert data["command"].startswith("python bench/hf_engine.py --quick")
-    assert (hf.generate_kwargs, hf.TransformersEngine._shared_prefill, hf.shared_kv_heads) == before
+    assert ([getattr(hf, name) for name in names], hf.TransformersEngine._shared_prefill) == before
 
 
 def test_every_committed_run_is_in_the_engines_page_as_its_table():

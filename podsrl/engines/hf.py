@@ -3,7 +3,9 @@
 Prompts are left-padded, each repeated n times, and generated in chunks of ``batch_size``
 sequences. A prompt's n rows share one prefill: its KV cache is computed once and copied to them
 (:meth:`TransformersEngine._shared_prefill`), as vLLM's prefix caching does, instead of each row
-running its prompt through the model again. Tokens are drawn by :class:`podsrl.engines.draw.DrawTokens` (softmax of the scores after
+running its prompt through the model again. On a CPU the cache grows in chunks instead of being
+concatenated at every step, and the output layer's product runs on oneDNN
+(:mod:`podsrl.engines.decode`). Tokens are drawn by :class:`podsrl.engines.draw.DrawTokens` (softmax of the scores after
 temperature and top-p, transformers' own warpers; the law of ``generate``'s ``torch.multinomial`` at
 a fraction of its cost on a CPU). On a CPU its attention reads the KV cache's shared key/value heads
 in place (:func:`podsrl.engines.attention.shared_kv_heads`) where transformers' ``sdpa`` would copy
@@ -19,6 +21,7 @@ import torch
 
 from podsrl.engines.attention import shared_kv_heads
 from podsrl.engines.base import Rollouts, Sampling
+from podsrl.engines.decode import chunked_cache, onednn_output_layer
 from podsrl.engines.draw import generate_kwargs
 
 
@@ -43,7 +46,9 @@ class TransformersEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with shared_kv_heads(self.model):  # no copy of the KV cache per query head on a CPU (attention.py)
+            # On a CPU: no copy of the KV cache per query head (attention.py), the output layer's product
+            # with oneDNN and the cache grown in chunks, not concatenated at every step (decode.py).
+            with shared_kv_heads(self.model), onednn_output_layer(self.model):
                 for start in range(0, len(repeated), self.batch_size):
                     chunk = repeated[start : start + self.batch_size]
                     width = max(len(ids) for ids in chunk)
@@ -52,7 +57,7 @@ class TransformersEngine:
                     out = self.model.generate(
                         input_ids=input_ids,
                         attention_mask=attention,
-                        past_key_values=self._shared_prefill(chunk, input_ids, attention),
+                        past_key_values=self._cache(chunk, input_ids, attention),
                         max_new_tokens=sampling.max_new_tokens,
                         pad_token_id=pad,
                         eos_token_id=sorted(eos),
@@ -66,6 +71,13 @@ class TransformersEngine:
         truncated = [not (ids and ids[-1] in eos) for ids in completions]
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         return Rollouts(prompt_ids=prompt_ids, completion_ids=completions, texts=texts, truncated=truncated)
+
+    def _cache(self, chunk: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor):
+        """The KV cache ``generate`` starts from: the shared prefill's (or None), its layers made
+        :class:`podsrl.engines.decode.ChunkedLayer` s on a CPU (or an empty cache of them where there is
+        no shared prefill); None leaves ``generate`` to build its own."""
+        cache = self._shared_prefill(chunk, input_ids, attention)
+        return chunked_cache(self.model, cache) or cache
 
     def _shared_prefill(self, chunk: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor):
         """The KV cache of the call's rows [R, width - 1] (every token but the last), computed once per
