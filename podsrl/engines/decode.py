@@ -1,81 +1,27 @@
-"""Two costs of a decode step on a CPU that the transformers engine need not pay (issue 66).
+"""The transformers engine's KV cache on a CPU, grown in chunks instead of concatenated at every step
+(issue 66).
 
-Measured on this project's 2-core AMD EPYC (AVX2, torch 2.13, the embedded SmolLM2-135M-Instruct in
-float32, 2026-11-30; docs/engines.md has the runs and their commands):
+transformers' ``DynamicLayer`` appends a step's keys and values with ``torch.cat``, copying the whole
+cache of every layer at every step: a cost that grows with the completion (8% of a 128 x 64 call of
+the embedded model on this project's 2-core EPYC, results/peak/). :class:`ChunkedLayer` keeps each
+layer's keys and values in a buffer that grows by :data:`CHUNK` positions at a time, writes a step in
+place and hands attention a view of the positions written: the same numbers, bit for bit, a copy
+every CHUNK steps instead of every step, and at most CHUNK - 1 positions a layer allocated unused.
+bench/hf_engine.py measures it against transformers' cache side by side (docs/engines.md).
 
-1. **The output layer's product.** A decode step multiplies R hidden states [R, 576] by the output
-   layer's [49,152 x 576] weight. PyTorch's ``F.linear`` (MKL's sgemm on a CPU) runs that wide, short
-   product at 11-65 GFLOP/s (8-256 rows), against 110-125 for the model's other layers at 64-256 rows;
-   oneDNN's ``linear`` runs it at 27-110 (1.6-2.4x; with the weight in oneDNN's own layout a little
-   more, but that is a second copy of the weights, repacked at every optimizer step). At 128 rows it was
-   a fifth of a call's time. :func:`onednn_output_layer` computes the output layer with oneDNN for the
-   length of a ``with`` block: the same weights, read in place, a float32 product in another summation
-   order (the logits differ from ``F.linear``'s by rounding only: tests/test_decode.py bounds it).
-   The body's layers gain nothing from it (0.6-1.3x, shape by shape), so they keep ``F.linear``.
-2. **The dynamic cache's concatenations.** transformers' ``DynamicLayer`` appends a step's keys and
-   values with ``torch.cat``, copying the whole cache of every layer at every step: a cost that grows
-   with the completion (8% of a 128 x 64 call, results/peak). :class:`ChunkedLayer` keeps each
-   layer's keys and values in a buffer that grows by :data:`CHUNK` positions at a time, writes a step in
-   place and hands attention a view of the positions written: the same numbers (bit for bit), a copy
-   every CHUNK steps instead of every step, at most CHUNK - 1 positions a layer allocated unused.
-
-Both apply where :data:`DEVICES` says (a CPU: only there were they measured; on CUDA the engines
-sample with ``transformers-static``'s static cache, and cuBLAS's product is another matter), to
-float32 output layers (the transformers engine samples with the policy, float32 on a CPU).
+It applies where :data:`DEVICES` says: a CPU, where it was measured. On CUDA the default sampler
+without vLLM is ``transformers-static``, whose cache is static anyway.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["CHUNK", "DEVICES", "ChunkedLayer", "chunked_cache", "onednn_linear", "onednn_output_layer", "output_layer_applies"]
+__all__ = ["CHUNK", "DEVICES", "ChunkedLayer", "chunked_cache"]
 
 CHUNK = 64  # positions a ChunkedLayer grows by
 DEVICES = frozenset({"cpu"})
-
-
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` with oneDNN's kernel (PyTorch's ``mkldnn::_linear_pointwise``, what
-    its own compiler emits for linear layers on a CPU), the weight read as it is. x [..., K], weight
-    [N, K], bias [N] or None -> [..., N]. No autograd: for sampling under ``torch.no_grad``."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def output_layer_applies(model: torch.nn.Module) -> torch.nn.Linear | None:
-    """``model``'s output layer where :func:`onednn_output_layer` switches it: a plain ``nn.Linear``
-    with float32 weights on a device type in :data:`DEVICES`, with oneDNN built into PyTorch; else None.
-    A LoRA on the output layer (peft's wrapper) or a quantized layer is left as it is."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    get = getattr(base, "get_output_embeddings", None)
-    layer = get() if callable(get) else None
-    if type(layer) is not torch.nn.Linear:
-        return None
-    if layer.weight.dtype != torch.float32 or layer.weight.device.type not in DEVICES or not _onednn_available():
-        return None
-    return layer
-
-
-@contextlib.contextmanager
-def onednn_output_layer(model: torch.nn.Module):
-    """Within the block, ``model``'s output layer computes with :func:`onednn_linear` where
-    :func:`output_layer_applies`; its own ``forward`` is restored on leaving, also on an error. For
-    sampling only (no autograd through the kernel): the engine's ``generate`` runs under ``no_grad``."""
-    layer = output_layer_applies(model)
-    if layer is None:
-        yield
-        return
-    layer.forward = lambda x: onednn_linear(x, layer.weight, layer.bias)  # an instance attribute, over nn.Linear.forward
-    try:
-        yield
-    finally:
-        del layer.forward
 
 
 class ChunkedLayer(DynamicLayer):

@@ -4,8 +4,7 @@ Prompts are left-padded, each repeated n times, and generated in chunks of ``bat
 sequences. A prompt's n rows share one prefill: its KV cache is computed once and copied to them
 (:meth:`TransformersEngine._shared_prefill`), as vLLM's prefix caching does, instead of each row
 running its prompt through the model again. On a CPU the cache grows in chunks instead of being
-concatenated at every step, and the output layer's product runs on oneDNN
-(:mod:`podsrl.engines.decode`). Tokens are drawn by :class:`podsrl.engines.draw.DrawTokens` (softmax of the scores after
+concatenated at every step (:mod:`podsrl.engines.decode`). Tokens are drawn by :class:`podsrl.engines.draw.DrawTokens` (softmax of the scores after
 temperature and top-p, transformers' own warpers; the law of ``generate``'s ``torch.multinomial`` at
 a fraction of its cost on a CPU). On a CPU its attention reads the KV cache's shared key/value heads
 in place (:func:`podsrl.engines.attention.shared_kv_heads`) where transformers' ``sdpa`` would copy
@@ -21,7 +20,7 @@ import torch
 
 from podsrl.engines.attention import shared_kv_heads
 from podsrl.engines.base import Rollouts, Sampling
-from podsrl.engines.decode import chunked_cache, onednn_output_layer
+from podsrl.engines.decode import chunked_cache
 from podsrl.engines.draw import generate_kwargs
 
 
@@ -46,9 +45,7 @@ class TransformersEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            # On a CPU: no copy of the KV cache per query head (attention.py), the output layer's product
-            # with oneDNN and the cache grown in chunks, not concatenated at every step (decode.py).
-            with shared_kv_heads(self.model), onednn_output_layer(self.model):
+            with shared_kv_heads(self.model):  # no copy of the KV cache per query head on a CPU (attention.py)
                 for start in range(0, len(repeated), self.batch_size):
                     chunk = repeated[start : start + self.batch_size]
                     width = max(len(ids) for ids in chunk)
