@@ -67,6 +67,22 @@ def test_chunked_cache_only_where_it_applies(tokenizer):
     assert chunked_cache(meta) is None
 
 
+def test_without_cache_layers_generate_keeps_its_own_cache(tokenizer, one_thread, monkeypatch):
+    """A transformers whose caches have no layers (before 4.54: decode.DynamicLayer is None): no chunked
+    cache and no shared prefill, and the engine still samples, the tokens of transformers' own cache."""
+    import podsrl.engines.decode as decode
+
+    model = varied_model(tokenizer)
+    ps = prompts(len(tokenizer))
+    greedy = Sampling(n=2, temperature=0, top_p=1.0, max_new_tokens=5)
+    want = TransformersEngine(model, tokenizer, batch_size=4).generate(ps, greedy)
+    monkeypatch.setattr(decode, "DynamicLayer", None)
+    engine = TransformersEngine(model, tokenizer, batch_size=4)
+    ids = torch.ones(2, 3, dtype=torch.long)
+    assert chunked_cache(model) is None and engine._shared_prefill([[5, 6, 7], [5, 6, 7]], ids, ids) is None
+    assert engine.generate(ps, greedy).completion_ids == want.completion_ids
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_the_engine_samples_the_same_tokens_with_the_chunked_cache(tokenizer, one_thread, monkeypatch, n):
     """Seeded sampling at temperature 1, prompts of 1 to 14 tokens, completions of 70 tokens (past a

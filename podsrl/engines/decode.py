@@ -18,7 +18,11 @@ without vLLM is ``transformers-static``, whose cache is static anyway.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicLayer
+
+try:  # caches made of layers (transformers >= 4.54); with older ones generate keeps its own (chunked_cache: None)
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # pragma: no cover - this project's pins install a newer transformers
+    DynamicLayer = None
 
 __all__ = ["CHUNK", "DEVICES", "ChunkedLayer", "chunked_cache"]
 
@@ -26,7 +30,7 @@ CHUNK = 64  # positions a ChunkedLayer grows by
 DEVICES = frozenset({"cpu"})
 
 
-class ChunkedLayer(DynamicLayer):
+class ChunkedLayer(DynamicLayer or object):
     """transformers' ``DynamicLayer`` whose keys and values are views of buffers that grow by
     :data:`CHUNK` positions, each step written in place (no ``torch.cat`` of the whole cache).
 
@@ -68,9 +72,9 @@ def _grown(old: torch.Tensor, states: torch.Tensor, length: int, new: int) -> to
 def chunked_cache(model: torch.nn.Module, cache=None):
     """A ``DynamicCache`` for ``model`` whose plain dynamic layers are :class:`ChunkedLayer` s, or
     ``cache`` (a DynamicCache, empty or filled) with its plain dynamic layers made ChunkedLayers, their
-    contents kept. None where the model is not on a device type in :data:`DEVICES`, or where a layer is
-    of another kind (sliding windows, linear attention): the caller then lets ``generate`` build its
-    own cache."""
+    contents kept. None where the model is not on a device type in :data:`DEVICES`, where a layer is
+    of another kind (sliding windows, linear attention) or where transformers' caches have no layers
+    (before 4.54): the caller then lets ``generate`` build its own cache."""
     from transformers import DynamicCache
 
     try:
@@ -82,7 +86,7 @@ def chunked_cache(model: torch.nn.Module, cache=None):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     cache = cache if cache is not None else DynamicCache(config=base.config)
     layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):  # also where DynamicLayer is None
         return None
     chunked = []
     for old in layers:

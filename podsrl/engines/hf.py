@@ -85,7 +85,8 @@ class TransformersEngine:
         documented way to start from a cache ("prefix caching"), with the positions it derives from the
         attention mask, which this prefill uses too."""
         from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
+
+        from podsrl.engines.decode import DynamicLayer  # None before transformers 4.54: no layer is one, no shared prefill
 
         seen: dict[tuple[int, ...], int] = {}
         index = [seen.setdefault(tuple(ids), len(seen)) for ids in chunk]  # each row's distinct prompt
