@@ -91,12 +91,12 @@ def test_the_engine_samples_the_same_tokens_with_the_chunked_cache(tokenizer, on
     model = varied_model(tokenizer)
     ps = prompts(len(tokenizer))
     sampling = Sampling(n=n, temperature=1.0, top_p=1.0, max_new_tokens=CHUNK + 6, seed=7)
-    used = []
-    real = hf.chunked_cache
-    monkeypatch.setattr(hf, "chunked_cache", lambda model, cache=None: used.append(1) or real(model, cache))
+    passed = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: passed.append(kw["past_key_values"]) or generate(**kw))
     got = TransformersEngine(model, tokenizer, batch_size=8).generate(ps, sampling)
-    assert used
-    monkeypatch.setattr(hf, "chunked_cache", lambda model, cache=None: cache)
+    assert passed and all(type(layer) is ChunkedLayer for cache in passed for layer in cache.layers)  # what generate started from
+    monkeypatch.setattr(hf, "chunked_cache", lambda model, cache=None: None)
     want = TransformersEngine(model, tokenizer, batch_size=8).generate(ps, sampling)
     assert got.completion_ids == want.completion_ids
     assert max(map(len, got.completion_ids)) > CHUNK  # some rows ran past a chunk boundary

@@ -74,7 +74,8 @@ class TransformersEngine:
         :class:`podsrl.engines.decode.ChunkedLayer` s on a CPU (or an empty cache of them where there is
         no shared prefill); None leaves ``generate`` to build its own."""
         cache = self._shared_prefill(chunk, input_ids, attention)
-        return chunked_cache(self.model, cache) or cache
+        chunked = chunked_cache(self.model, cache)
+        return chunked if chunked is not None else cache  # not ``or``: a cache's truth is its __len__
 
     def _shared_prefill(self, chunk: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor):
         """The KV cache of the call's rows [R, width - 1] (every token but the last), computed once per
