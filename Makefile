@@ -38,8 +38,12 @@ $(VENV)/.podsrl-vllm: $(VENV)/.podsrl-setup
 demo: setup setup-vllm
 	$(VENV)/bin/podsrl train
 
+# Two pytest-xdist workers, one a core (this project's machines and its CI have 2; each worker's torch
+# runs on one thread: tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: setup setup-vllm
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup setup-vllm
 	$(PY) -m pytest -q -m slow

@@ -73,9 +73,62 @@ def nan_reward(completion, example):
 '''
 
 
+# pytest-xdist (``make test`` runs ``pytest -n 2 --dist loadfile``: two workers, one a core; tests/README.md
+# "Time"). A work unit is a test file, except that files sharing an expensive session fixture are one
+# unit, so that it is computed once (a session fixture is computed once per worker that uses it).
+XDIST_UNITS = {
+    "tests/test_distributed.py": "distributed",  # dist_steps, two_rank_sampling_run
+    "tests/test_dynamic_sampling.py": "distributed",
+    "tests/test_prompts.py": "distributed",  # two_rank_sampling_run
+    "tests/test_trl.py": "trl",  # trl_two_processes
+    "tests/test_trl_compat.py": "trl",
+}
+# The units that take longest (seconds under -n 2 on the 2-core EPYC, 2026-11-30), handed out first so
+# that no long one starts last while the other worker idles; the rest follow in file order.
+XDIST_LONGEST_FIRST = ("distributed", "tests/test_faults.py", "trl", "tests/test_vllm.py", "tests/test_docs.py",
+                       "tests/test_quiet_output.py", "tests/test_compare.py", "tests/test_gpu_check.py",
+                       "tests/test_security.py", "tests/test_reliability.py")
+
+
+def xdist_unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return XDIST_UNITS.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown to pytest without it
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's ``loadfile`` over :func:`xdist_unit` s, in collection order (which
+    ``pytest_collection_modifyitems`` makes longest first); other ``--dist`` modes are xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Units(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    config.option.loadscopereorder = False  # xdist would order the units by their number of tests
+    return Units(config, log)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker's torch and the processes its tests start compute on one
+    thread, so two workers do not ask for four threads on a 2-core machine (OpenMP's waits then cost
+    more than the second thread gives: see ``one_thread``)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need a GPU that torch sees: skipped without one (``make gpu-check``,
-    bench/gpu_check.py, runs them where there is one: ``pytest -m gpu``)."""
+    bench/gpu_check.py, runs them where there is one: ``pytest -m gpu``). Under pytest-xdist the
+    longest units come first (:data:`XDIST_LONGEST_FIRST`); every worker sorts alike, as xdist requires."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {unit: i for i, unit in enumerate(XDIST_LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(xdist_unit(item.nodeid), len(rank)))  # stable: file order within
     needs_gpu = [item for item in items if item.get_closest_marker("gpu")]
     if needs_gpu:
         import torch
