@@ -15,12 +15,14 @@ row, the engine before them, side by side in one run (issue 66).
    sampler without vLLM) on the embedded SmolLM2-135M-Instruct in float32, one call of --rollouts
    rollouts (16 random prompts of 36 to 44 tokens x n, left-padded as a real call's: bench/peak.py's
    ``prompt_lengths``) of exactly --length tokens (EOS suppressed in place: bench/_fixed_length.py),
-   temperature 1, five ways: ``today`` (podsrl's draw, a prompt's rows sharing one prefill, the
+   temperature 1, six ways: ``today`` (podsrl's draw, a prompt's rows sharing one prefill, the
    KV cache's shared heads read in place: podsrl/engines/attention.py; the cache grown in chunks:
-   podsrl/engines/decode.py), and today's with one of them undone:
-   ``copied heads`` (transformers' ``sdpa`` as it is, which copies every key/value head to its query
-   heads when a mask is passed), ``multinomial`` (transformers' own sampling, ``do_sample=True``),
-   ``concatenated cache`` (transformers' ``DynamicCache``); and ``before``, all of them undone and a prefill per row: the engine before the changes. One
+   podsrl/engines/decode.py; the linear layers on oneDNN: podsrl/engines/linear.py), and today's
+   with one of them undone: ``copied heads`` (transformers' ``sdpa`` as it is, which copies every
+   key/value head to its query heads when a mask is passed), ``multinomial`` (transformers' own
+   sampling, ``do_sample=True``), ``concatenated cache`` (transformers' ``DynamicCache``),
+   ``mkl linear`` (the layers' own ``F.linear``); and ``before``, all of them undone and a prefill
+   per row: the engine before the changes. One
    warm-up call, then --repeats rounds of the ways, their order rotating from round to round.
 
 Last lines: the ratio of the medians, ``multinomial / draw`` in milliseconds for part 1, and today's
@@ -29,7 +31,9 @@ them). Runs before commit 9a86a53 (results/hf-engine/cpu-amd-epyc-2026-11-29.jso
 ``copied heads``), 16 prompts of 40 tokens (no padding, so transformers copied no heads) and
 ``min_new_tokens`` for the fixed length; runs before decode.py (the rest of 2026-11-29's) four;
 the runs of commit 4118664 (2026-11-30) timed a way since dropped, ``mkl output layer``: that commit's
-engine computed the output layer with oneDNN, and ``F.linear`` was as fast in the whole call. --out FILE writes the figures as JSON.
+engine computed the output layer with oneDNN, and ``F.linear`` was as fast in the whole call; runs
+before linear.py five (they record no labels: ``doc_table`` infers them). --out FILE writes the
+figures as JSON.
 """
 
 from __future__ import annotations
@@ -98,8 +102,8 @@ def load(quick: bool):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), load_tokenizer(path)
 
 
-WAYS = ("today", "copied heads", "multinomial", "concatenated cache", "before")
-PATCHED = ("generate_kwargs", "shared_kv_heads", "chunked_cache")  # podsrl.engines.hf's names the ways replace
+WAYS = ("today", "copied heads", "multinomial", "concatenated cache", "mkl linear", "before")
+PATCHED = ("generate_kwargs", "shared_kv_heads", "chunked_cache", "onednn_linears")  # podsrl.engines.hf's names the ways replace
 
 
 def _ways(hf) -> dict[str, dict]:
@@ -116,8 +120,9 @@ def _ways(hf) -> dict[str, dict]:
     heads = {"shared_kv_heads": unchanged}  # transformers' sdpa as it is: the KV cache copied per query head
     cache = {"chunked_cache": lambda model, cache=None: cache}  # transformers' DynamicCache: a torch.cat a step
     draw = {"generate_kwargs": transformers_own}
-    return {"today": {}, "copied heads": heads, "multinomial": draw, "concatenated cache": cache,
-            "before": {**heads, **draw, **cache, "_shared_prefill": lambda self, *a: None}}  # fmt: skip
+    linear = {"onednn_linears": lambda model, rows: contextlib.nullcontext()}  # the layers' own F.linear (MKL)
+    return {"today": {}, "copied heads": heads, "multinomial": draw, "concatenated cache": cache, "mkl linear": linear,
+            "before": {**heads, **draw, **cache, **linear, "_shared_prefill": lambda self, *a: None}}  # fmt: skip
 
 
 def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, ways=WAYS) -> dict:
@@ -168,7 +173,8 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, wa
     ratio = lambda way: medians["today"] / medians[way] if way in medians else None  # noqa: E731
     return {"rollouts": rollouts, "length": length, "prompts": k, "prompt_lengths": [len(p) for p in prompts[:k]], "tokens_per_s": medians,
             "rounds": rates, "draw_ratio": ratio("multinomial"), "heads_ratio": ratio("copied heads"),
-            "cache_ratio": ratio("concatenated cache"), "ratio": ratio("before")}  # fmt: skip
+            "cache_ratio": ratio("concatenated cache"), "linear_ratio": ratio("mkl linear"), "ratio": ratio("before"),
+            "labels": {name: LABELS[name] for name in names}}  # fmt: skip
 
 
 LABELS_BEFORE_HEADS = {  # runs without "copied heads" (before commit 9a86a53)
@@ -188,12 +194,20 @@ LABELS_ONEDNN = {  # the runs of commit 4118664, whose engine also computed the 
     "mkl output layer": "the output layer with `F.linear` (MKL), as before 4118664 and since",
     "before": "before: `torch.multinomial`, a prefill per row, the KV cache copied and concatenated, the output layer with `F.linear`",
 }
-LABELS = {
+LABELS_BEFORE_LINEAR = {  # runs after podsrl/engines/decode.py, before podsrl/engines/linear.py (they record no labels)
     "today": "today: podsrl's draw, a prompt's rows share one prefill, the KV heads read in place, the cache grown in chunks",
     "copied heads": "the KV cache copied per query head (transformers' `sdpa` with a mask)",
     "multinomial": "transformers' `torch.multinomial`",
     "concatenated cache": "transformers' `DynamicCache` (a `torch.cat` of every layer's cache a step)",
     "before": "before: `torch.multinomial`, a prefill per row, the KV cache copied and concatenated",
+}
+LABELS = {  # today's; a run records the labels of its ways (call["labels"])
+    "today": "today: podsrl's draw, a prompt's rows share one prefill, the KV heads read in place, the cache grown in chunks, the linear layers on oneDNN",
+    "copied heads": "the KV cache copied per query head (transformers' `sdpa` with a mask)",
+    "multinomial": "transformers' `torch.multinomial`",
+    "concatenated cache": "transformers' `DynamicCache` (a `torch.cat` of every layer's cache a step)",
+    "mkl linear": "the linear layers' own `F.linear` (MKL)",
+    "before": "before: `torch.multinomial`, a prefill per row, the KV cache copied and concatenated, the linear layers' `F.linear`",
 }
 
 
@@ -213,8 +227,9 @@ def doc_table(record: dict) -> str:
         "|---|---:|---:|",
     ]
     rates = call["tokens_per_s"]
-    labels = (LABELS_ONEDNN if "mkl output layer" in rates else LABELS if "concatenated cache" in rates
-              else LABELS_BEFORE_DECODE if "copied heads" in rates else LABELS_BEFORE_HEADS)  # fmt: skip
+    labels = call.get("labels") or (  # runs before podsrl/engines/linear.py recorded none: by the ways they timed
+        LABELS_ONEDNN if "mkl output layer" in rates else LABELS_BEFORE_LINEAR if "concatenated cache" in rates
+        else LABELS_BEFORE_DECODE if "copied heads" in rates else LABELS_BEFORE_HEADS)  # fmt: skip
     for name, label in labels.items():
         if name not in call["tokens_per_s"]:  # --ways left it out
             continue
@@ -263,6 +278,7 @@ def main(argv=None) -> int:
     what = f"transformers engine {calls['rollouts']} x {calls['length']}"
     for key, name, why in (("draw_ratio", "multinomial", "the draw"), ("heads_ratio", "copied heads", "the KV heads read in place"),
                            ("cache_ratio", "concatenated cache", "the cache grown in chunks"),
+                           ("linear_ratio", "mkl linear", "the linear layers on oneDNN"),
                            ("ratio", "before", "all of them and the shared prefill")):  # fmt: skip
         if calls.get(key) is not None:
             print(f"today / {name} ({why}), {what}: {calls[key]:.2f}x tokens per second")

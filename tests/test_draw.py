@@ -125,7 +125,7 @@ def test_probabilities_that_are_not_finite_stop_the_call(bad):
 
 def test_the_benchmark_runs(tmp_path):
     """bench/hf_engine.py --quick: both parts measured, every way of the call timed, and the engine's
-    draw, prefill, attention switch and cache restored after."""
+    draw, prefill, attention switch, cache and linear layers restored after."""
     import importlib.util
     import json
     from pathlib import Path
@@ -136,15 +136,16 @@ def test_the_benchmark_runs(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_draw", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    names = ("generate_kwargs", "shared_kv_heads", "chunked_cache")
+    names = ("generate_kwargs", "shared_kv_heads", "chunked_cache", "onednn_linears")
     before = [getattr(hf, name) for name in names], hf.TransformersEngine._shared_prefill
     threads = torch.get_num_threads()
     assert bench.main(["--quick", "--out", str(tmp_path / "draw.json")]) == 0
     torch.set_num_threads(threads)
     data = json.loads((tmp_path / "draw.json").read_text())
     assert [row["rows"] for row in data["draws"]] == [8, 16]
-    assert set(data["call"]["tokens_per_s"]) == {"today", "copied heads", "multinomial", "concatenated cache", "before"}
-    assert all(data["call"][key] > 0 for key in ("ratio", "draw_ratio", "heads_ratio", "cache_ratio"))
+    assert set(data["call"]["tokens_per_s"]) == set(data["call"]["labels"]) == {"today", "copied heads", "multinomial", "concatenated cache", "mkl linear", "before"}
+    assert all(data["call"][key] > 0 for key in ("ratio", "draw_ratio", "heads_ratio", "cache_ratio", "linear_ratio"))
+    assert "oneDNN" in bench.doc_table(data)  # the run's own labels
     assert len(set(data["call"]["prompt_lengths"])) > 1, "the prompts should differ in length (left padding, as real calls)"
     assert data["command"].startswith("python bench/hf_engine.py --quick")
     assert ([getattr(hf, name) for name in names], hf.TransformersEngine._shared_prefill) == before

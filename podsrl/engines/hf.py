@@ -8,12 +8,14 @@ concatenated at every step (:mod:`podsrl.engines.decode`). Tokens are drawn by :
 temperature and top-p, transformers' own warpers; the law of ``generate``'s ``torch.multinomial`` at
 a fraction of its cost on a CPU). On a CPU its attention reads the KV cache's shared key/value heads
 in place (:func:`podsrl.engines.attention.shared_kv_heads`) where transformers' ``sdpa`` would copy
-them to every query head at every step. Sampling log-probs are not returned (``logprobs=None``): the
+them to every query head at every step, and its linear layers compute with oneDNN over weights
+reordered once a call (:func:`podsrl.engines.linear.onednn_linears`). Sampling log-probs are not returned (``logprobs=None``): the
 trainer recomputes them in its own forward pass, which it needs anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -22,6 +24,7 @@ from podsrl.engines.attention import shared_kv_heads
 from podsrl.engines.base import Rollouts, Sampling
 from podsrl.engines.decode import chunked_cache
 from podsrl.engines.draw import generate_kwargs
+from podsrl.engines.linear import onednn_linears
 
 
 class TransformersEngine:
@@ -45,7 +48,9 @@ class TransformersEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with shared_kv_heads(self.model):  # no copy of the KV cache per query head on a CPU (attention.py)
+            rows = min(self.batch_size, len(repeated))
+            # on a CPU: no copy of the KV cache per query head (attention.py), the linear layers on oneDNN (linear.py)
+            with shared_kv_heads(self.model), onednn_linears(self.model, rows) if not self.synced_gpus else contextlib.nullcontext():
                 for start in range(0, len(repeated), self.batch_size):
                     chunk = repeated[start : start + self.batch_size]
                     width = max(len(ids) for ids in chunk)
