@@ -3,12 +3,12 @@
 Why: a decode step multiplies one token a rollout by every weight, tens to a few hundred rows a
 product. At those shapes PyTorch's ``F.linear`` (MKL on x86-64) ran the embedded model's layer
 products at 68-103 GFLOP/s and its output layer at 41-55 on this project's 2-core EPYC, against
-84-130 and 104-115 for oneDNN over a weight reordered once into its own blocked layout (scratch,
-64 and 128 rows, 2026-11-30; the matrix-product peak at the update's shapes was about 130 that day).
-vLLM's CPU build computes its products this way. In the whole sampling call of the embedded model
-it made the transformers engine 1.17x faster at 128 rollouts x 64 tokens (bench/hf_engine.py's
-``mkl linear`` way, docs/engines.md). The output layer alone on oneDNN (commit 4118664) had not
-been faster in the call: the layers' products together are what moved it.
+84-130 and 104-115 for oneDNN over a weight reordered once into its own blocked layout (timed alone,
+scratch, 64 and 128 rows, 2026-11-30). vLLM's CPU build computes its products this way. Side by side
+in the whole sampling call of the embedded model, the transformers engine sampled 1.22x the tokens a
+second at 128 rollouts x 64 tokens and 1.23x at 64 x 256 (bench/hf_engine.py's ``mkl linear`` way,
+results/hf-engine/cpu-amd-epyc-2026-11-30-linear*.json, docs/engines.md). The output layer alone on
+oneDNN, its weight read as it is (commit 4118664), had not been faster in the call.
 
 What: :func:`onednn_linears` is a context manager under which every plain ``torch.nn.Linear`` of a
 model whose weight is a float32 CPU tensor computes with ``torch.ops.mkldnn._linear_pointwise`` over
