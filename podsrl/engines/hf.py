@@ -48,9 +48,10 @@ class TransformersEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            rows = min(self.batch_size, len(repeated))
-            # on a CPU: no copy of the KV cache per query head (attention.py), the linear layers on oneDNN (linear.py)
-            with shared_kv_heads(self.model), onednn_linears(self.model, rows) if not self.synced_gpus else contextlib.nullcontext():
+            # On a CPU: no copy of the KV cache per query head (attention.py), the linear layers on oneDNN
+            # (linear.py; not under FSDP, whose sharded weights it would not switch anyway).
+            linears = contextlib.nullcontext() if self.synced_gpus else onednn_linears(self.model, min(self.batch_size, len(repeated)))
+            with shared_kv_heads(self.model), linears:
                 for start in range(0, len(repeated), self.batch_size):
                     chunk = repeated[start : start + self.batch_size]
                     width = max(len(ids) for ids in chunk)

@@ -36,7 +36,7 @@ import platform
 
 import torch
 
-__all__ = ["DEVICES", "applies", "onednn_linears"]
+__all__ = ["DEVICES", "applies", "available", "onednn_linears"]
 
 DEVICES = frozenset({"cpu"})  # device types where onednn_linears switches layers (measured on a CPU only)
 DTYPES = frozenset({torch.float32})  # measured in float32 only
