@@ -201,13 +201,11 @@ LABELS_BEFORE_LINEAR = {  # runs after podsrl/engines/decode.py, before podsrl/e
     "concatenated cache": "transformers' `DynamicCache` (a `torch.cat` of every layer's cache a step)",
     "before": "before: `torch.multinomial`, a prefill per row, the KV cache copied and concatenated",
 }
-LABELS = {  # today's; a run records the labels of its ways (call["labels"])
-    "today": "today: podsrl's draw, a prompt's rows share one prefill, the KV heads read in place, the cache grown in chunks, the linear layers on oneDNN",
-    "copied heads": "the KV cache copied per query head (transformers' `sdpa` with a mask)",
-    "multinomial": "transformers' `torch.multinomial`",
-    "concatenated cache": "transformers' `DynamicCache` (a `torch.cat` of every layer's cache a step)",
+LABELS = {  # today's; a run records the labels of its ways (call["labels"], in the order it timed them)
+    **LABELS_BEFORE_LINEAR,
+    "today": LABELS_BEFORE_LINEAR["today"] + ", the linear layers on oneDNN",
     "mkl linear": "the linear layers' own `F.linear` (MKL)",
-    "before": "before: `torch.multinomial`, a prefill per row, the KV cache copied and concatenated, the linear layers' `F.linear`",
+    "before": LABELS_BEFORE_LINEAR["before"] + ", the linear layers' `F.linear`",
 }
 
 

@@ -4,6 +4,8 @@ block, and switched while the engine samples."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -29,8 +31,8 @@ def _bound(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
 @pytest.mark.parametrize("rows", [1, 7, 64])
 def test_a_layer_on_onednn_is_within_its_products_rounding(rows):
     """x [2, rows, 96] through Linear(96, 200) with a bias, for a call's row hint of ``rows``: oneDNN's
-    result within the sum bound of the exact (float64) one, as F.linear's is; not F.linear's bit for
-    bit (another order of summation), and the layer is itself again after the block."""
+    result within the sum bound of the exact (float64) one, as F.linear's is, and the layer is itself
+    again after the block."""
     g = torch.Generator().manual_seed(rows)
     layer = torch.nn.Linear(96, 200)
     x = torch.randn(2, rows, 96, generator=g)
@@ -92,7 +94,7 @@ def test_the_engine_samples_with_its_layers_on_onednn(tokenizer, one_thread, mon
     seen.clear()
     import podsrl.engines.hf as hf
 
-    monkeypatch.setattr(hf, "onednn_linears", lambda model, rows: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(hf, "onednn_linears", lambda model, rows: contextlib.nullcontext())
     want = TransformersEngine(model, tokenizer, batch_size=8).generate(ps, greedy)
     assert seen and not any(seen)
     assert got.completion_ids == want.completion_ids
