@@ -20,15 +20,17 @@ rollouts of 256 tokens about 80 s on the transformers engines, 25 s on vLLM), th
 minute: about 11 minutes; ``--budget 10`` starts nothing past 10 (a call under way finishes).
 
 **The peak** (per model, per precision: float32 and bfloat16). The product of random [M x K]
-inputs and a [N x K] weight in that dtype, as a linear layer computes it (``F.linear``), for every
+inputs and a [N x K] weight in that dtype, as a linear layer computes it (``F.linear``) and, on an
+x86-64 CPU, also as oneDNN computes it over the weight reordered for M rows (the transformers engine's
+and vLLM's way there: :func:`kernels_for`; a run whose products have no ``kernels`` timed ``F.linear`` alone), for every
 product a forward of the model makes: the
 attention's projections q (hidden -> heads x head_dim), k and v (hidden -> KV heads x head_dim), o,
 the MLP's gate and up (hidden -> intermediate) and down (intermediate -> hidden), and the output
 layer (hidden -> vocabulary), at M = the tokens of one micro-batch's completion pass in the update
 (rows x completion length, for each length measured). Each product is timed at least 3 times (up to
 7, while its samples take under about 2 s in all; on a GPU a sample is enough back-to-back products to
-take some milliseconds); its rate is 2MKN over **the median of its 3 fastest samples**, and the
-precision's peak is **the best product's rate**, measured before the phases and again after them:
+take some milliseconds); its rate is 2MKN over **the median of its 3 fastest samples** with its
+faster kernel, and the precision's peak is **the best product's rate**, measured before the phases and again after them:
 every fraction is against **the higher of the two** (:func:`settle_peaks`). On a CPU without native
 bfloat16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo: :func:`podsrl.engines.dtype.cpu_bf16`) bfloat16 products are converted
 for float32 arithmetic: the peak is labelled "emulated", and it is what mixed precision gets there.
@@ -339,10 +341,27 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def product_gflops(m: int, k: int, n: int, dtype, device, *, max_seconds: float = 2.0) -> float:
+KERNELS = ("F.linear", "oneDNN")  # the ways a product is timed (kernels_for)
+
+
+def kernels_for(dtype, device) -> list[str]:
+    """The kernels a product is timed with (module docstring): ``F.linear`` everywhere (what the update
+    computes with); on an x86-64 CPU whose torch has oneDNN's linear ops
+    (:func:`podsrl.engines.linear.available`) also ``oneDNN`` over a weight reordered for the product's
+    rows, what the transformers engine samples with there and vLLM's CPU build computes with. A
+    kernel that refuses the dtype on this CPU (oneDNN's bfloat16 without avx512bw or avx_ne_convert)
+    is left out by :func:`best_product`."""
+    from podsrl.engines.linear import available
+
+    return list(KERNELS) if device.type == "cpu" and available() else ["F.linear"]
+
+
+def product_gflops(m: int, k: int, n: int, dtype, device, *, max_seconds: float = 2.0, kernel: str = "F.linear") -> float:
     """GFLOP/s of the product a linear layer of ``k`` inputs and ``n`` outputs makes on ``m`` tokens in
     ``dtype``, as the model computes it (``F.linear``: the weight [n x k]; on this project's CPU
-    ``torch.matmul`` of a [k x n] bfloat16 matrix takes a path 7x slower than the layer's): 2mkn over
+    ``torch.matmul`` of a [k x n] bfloat16 matrix takes a path 7x slower than the layer's) or, with
+    ``kernel="oneDNN"``, as the transformers engine samples on a CPU (``_linear_pointwise`` over the
+    weight reordered once for ``m`` rows, outside the timing: podsrl.engines.linear): 2mkn over
     the median of the 3 fastest of 3-7 samples (module docstring); on a GPU a sample is as many
     back-to-back products as take about 5 ms."""
     import torch
@@ -351,13 +370,24 @@ def product_gflops(m: int, k: int, n: int, dtype, device, *, max_seconds: float 
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
     weight = torch.randn(n, k, generator=gen).to(device=device, dtype=dtype)
-    linear(x, weight)  # warm-up: the library's kernel choice, the allocator
+    if kernel == "oneDNN":
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, m)  # raises where oneDNN refuses the dtype
+
+        def product():
+            return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    elif kernel == "F.linear":
+
+        def product():
+            return linear(x, weight)
+    else:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    product()  # warm-up: the library's kernel choice, the allocator
     _sync(device)
     inner = 1
     if device.type == "cuda":
         start = time.perf_counter()
         for _ in range(10):
-            linear(x, weight)
+            product()
         _sync(device)
         inner = max(1, math.ceil(0.005 / ((time.perf_counter() - start) / 10)))
     samples: list[float] = []
@@ -366,12 +396,27 @@ def product_gflops(m: int, k: int, n: int, dtype, device, *, max_seconds: float 
         _sync(device)
         start = time.perf_counter()
         for _ in range(inner):
-            linear(x, weight)
+            product()
         _sync(device)
         took = time.perf_counter() - start
         samples.append(took / inner)
         spent += took
     return 2.0 * m * k * n / statistics.median(sorted(samples)[:3]) / 1e9
+
+
+def best_product(m: int, k: int, n: int, dtype, device) -> dict:
+    """The product timed with each of :func:`kernels_for` (:func:`product_gflops`): ``{"gflops": the
+    best rate, "kernel": its kernel, "kernels": {kernel: rate}}``; a kernel that raises for this dtype
+    on this machine is left out (``F.linear``'s errors are not caught)."""
+    rates = {}
+    for kernel in kernels_for(dtype, device):
+        try:
+            rates[kernel] = product_gflops(m, k, n, dtype, device, kernel=kernel)
+        except RuntimeError:
+            if kernel == "F.linear":
+                raise
+    best = max(rates, key=rates.get)
+    return {"gflops": rates[best], "kernel": best, "kernels": rates}
 
 
 def matmul_peak(shapes: Shapes, tokens: list[int], dtype_name: str, device, *, emulated: bool) -> dict:
@@ -383,16 +428,17 @@ def matmul_peak(shapes: Shapes, tokens: list[int], dtype_name: str, device, *, e
     rows = []
     for m in sorted(set(tokens)):
         for name, k, n in shapes.products():
-            rows.append({"product": name, "M": m, "K": k, "N": n, "gflops": product_gflops(m, k, n, dtype, device)})
+            rows.append({"product": name, "M": m, "K": k, "N": n, **best_product(m, k, n, dtype, device)})
     best = max(rows, key=lambda r: r["gflops"])
-    return {"gflops": best["gflops"], "best": {k: best[k] for k in ("product", "M", "K", "N")}, "emulated": emulated, "products": rows,
-            "how": "2MKN over the median of the 3 fastest of 3-7 timed products; the peak is the best product's"}  # fmt: skip
+    return {"gflops": best["gflops"], "best": {k: best[k] for k in ("product", "M", "K", "N", "kernel")}, "emulated": emulated, "products": rows,
+            "how": "2MKN over the median of the 3 fastest of 3-7 timed products, each with every kernel of kernels_for; the peak is the best product's"}  # fmt: skip
 
 
 def decode_rate(shapes: Shapes, rows: int, dtype_name: str, device) -> dict:
     """The rate the machine multiplies one decode step's products at: ``rows`` tokens (one a row)
     through every product of a forward in ``dtype_name`` (a layer's L times, the output layer once),
-    their FLOP over the time they take, each product timed as the peak's are (:func:`product_gflops`).
+    their FLOP over the time they take, each product timed as the peak's are (:func:`best_product`: its
+    best kernel).
     What an engine could reach at that call size if it did nothing but those products."""
     import torch
 
@@ -401,11 +447,11 @@ def decode_rate(shapes: Shapes, rows: int, dtype_name: str, device) -> dict:
     flop = seconds = 0.0
     for k, n, count in [*((k, n, shapes.layers) for _, k, n in shapes.layer_products()), (shapes.hidden, shapes.vocab, 1)]:
         if (k, n) not in rates:
-            rates[(k, n)] = product_gflops(rows, k, n, dtype, device)
+            rates[(k, n)] = best_product(rows, k, n, dtype, device)["gflops"]
         f = 2.0 * rows * k * n * count
         flop, seconds = flop + f, seconds + f / (rates[(k, n)] * 1e9)
     return {"rows": rows, "dtype": dtype_name, "gflops": flop / seconds / 1e9,
-            "how": "a forward's products at M = the call's rollouts, each timed as the peak's; FLOP over their summed time"}  # fmt: skip
+            "how": "a forward's products at M = the call's rollouts, each timed as the peak's (its best kernel); FLOP over their summed time"}  # fmt: skip
 
 
 def settle_peaks(entry: dict, after: dict) -> None:
@@ -909,6 +955,18 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def kernel_bests(peaks: dict) -> dict:
+    """{precision: {kernel: its best product's GFLOP/s}} of a run's peaks, for runs that timed each
+    kernel (:func:`best_product`); {} for older runs (``F.linear`` alone)."""
+    out = {}
+    for precision, peak in peaks.items():
+        rows = [r for r in peak.get("products", []) if "kernels" in r]
+        kernels = dict.fromkeys(k for r in rows for k in r["kernels"])
+        if rows:
+            out[precision] = {k: max(r["kernels"][k] for r in rows if k in r["kernels"]) for k in kernels}
+    return out
+
+
 def results_tables(data: dict) -> str:
     """The tables for docs/results.md, per model (``--table FILE``): the peaks; the update's phases
     (rows: phase and precision; columns: each batch and length: tokens a second and fraction of the
@@ -923,6 +981,10 @@ def results_tables(data: dict) -> str:
             peaks += " (each the higher of two measurements, before the phases and after: " + "; ".join(
                 f"{p} {entry['peak_before'][p]['gflops']:.1f} and {entry['peak_after'][p]['gflops']:.1f}" for p in entry["peak"]) + ")"  # fmt: skip
         out += ["", f"**{name}** ({entry.get('weights', '?')} weights): matrix-product peak {peaks or '-'}", ""]
+        by_kernel = kernel_bests(entry.get("peak", {}))
+        if by_kernel:  # runs since the peak is timed with each kernel (kernels_for)
+            out[-1:] = ["", "The best product with each kernel: " + "; ".join(
+                f"{p} " + ", ".join(f"{kernel} {rate:.1f}" for kernel, rate in rates.items()) + " GFLOP/s" for p, rates in by_kernel.items()) + ".", ""]  # fmt: skip
         columns = list(dict.fromkeys((r["label"], r["prompt"], r["completion"]) for r in entry["update"]))
         if columns:
             out.append("| update phase | precision | " + " | ".join(f"{label}, {p}+{c}: tokens/s | of peak" for label, p, c in columns) + " |")

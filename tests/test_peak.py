@@ -259,15 +259,61 @@ def test_the_decode_rate_weighs_each_product_by_its_flop(peak, monkeypatch):
     their FLOP are 2M (2 x 144 + 40): the rate is 328 / 15 GFLOP/s, each distinct shape timed once at M."""
     timed = []
 
-    def fake(m, k, n, dtype, device, **_):
+    def fake(m, k, n, dtype, device, kernel="F.linear", **_):
         timed.append((m, k, n))
-        return float(k * n)
+        return float(k * n) if kernel == "F.linear" else 0.5 * k * n  # the best kernel's rate counts
 
     monkeypatch.setattr(peak, "product_gflops", fake)
+    monkeypatch.setattr(peak, "kernels_for", lambda dtype, device: ["oneDNN", "F.linear"])
     s = peak.Shapes(hidden=4, intermediate=8, vocab=10, layers=2, heads=2, kv_heads=1, head_dim=2)
     rate = peak.decode_rate(s, 3, "float32", torch.device("cpu"))
     assert rate["gflops"] == pytest.approx(328 / 15) and rate["rows"] == 3
-    assert sorted(timed) == [(3, 4, 2), (3, 4, 4), (3, 4, 8), (3, 4, 10), (3, 8, 4)]
+    assert sorted(timed) == [shape for shape in [(3, 4, 2), (3, 4, 4), (3, 4, 8), (3, 4, 10), (3, 8, 4)] for _ in range(2)]  # each kernel once
+
+
+def test_a_product_is_timed_with_each_kernel_and_the_best_counts(peak, monkeypatch):
+    """best_product: the faster kernel's rate and name, every kernel's rate; a kernel that refuses the
+    dtype (oneDNN's bfloat16 on a CPU without avx512bw) is left out, F.linear's errors are not; on a CPU
+    whose torch has oneDNN's linear ops both kernels time the real product, which is F.linear's."""
+    def fake(m, k, n, dtype, device, kernel="F.linear", **_):
+        if kernel == "oneDNN" and dtype == torch.bfloat16:
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert")
+        return {"F.linear": 10.0, "oneDNN": 12.0}[kernel]
+
+    with monkeypatch.context() as m:
+        m.setattr(peak, "product_gflops", fake)
+        m.setattr(peak, "kernels_for", lambda dtype, device: list(peak.KERNELS))
+        assert peak.best_product(4, 8, 8, torch.float32, torch.device("cpu")) == {"gflops": 12.0, "kernel": "oneDNN", "kernels": {"F.linear": 10.0, "oneDNN": 12.0}}
+        assert peak.best_product(4, 8, 8, torch.bfloat16, torch.device("cpu")) == {"gflops": 10.0, "kernel": "F.linear", "kernels": {"F.linear": 10.0}}
+        m.setattr(peak, "product_gflops", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("F.linear broke")))
+        with pytest.raises(RuntimeError, match="F.linear broke"):
+            peak.best_product(4, 8, 8, torch.float32, torch.device("cpu"))
+    from podsrl.engines.linear import available
+
+    assert peak.kernels_for(torch.float32, torch.device("cpu")) == (["F.linear", "oneDNN"] if available() else ["F.linear"])
+    assert peak.kernels_for(torch.float32, torch.device("meta")) == ["F.linear"]  # not a CPU: cuBLAS's F.linear alone
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        peak.product_gflops(2, 4, 4, torch.float32, torch.device("cpu"), kernel="mkl")
+    if available():
+        rate = peak.best_product(8, 16, 32, torch.float32, torch.device("cpu"))
+        assert set(rate["kernels"]) == {"F.linear", "oneDNN"} and rate["gflops"] == max(rate["kernels"].values()) > 0
+
+
+def test_the_peaks_line_says_each_kernels_best_product(peak):
+    """A run that timed each kernel prints each one's best product per precision below the peak; a run
+    before it (no ``kernels``) prints nothing more, so the committed tables stay as they were."""
+    products = [{"product": "q", "M": 8, "K": 4, "N": 4, "gflops": 12.0, "kernel": "oneDNN", "kernels": {"F.linear": 10.0, "oneDNN": 12.0}},
+                {"product": "o", "M": 8, "K": 4, "N": 4, "gflops": 11.0, "kernel": "F.linear", "kernels": {"F.linear": 11.0, "oneDNN": 9.0}}]  # fmt: skip
+    peaks = {"float32": {"gflops": 12.0, "emulated": False, "products": products},
+             "bfloat16": {"gflops": 2.0, "emulated": True, "products": [{"gflops": 2.0, "kernels": {"F.linear": 2.0}}]}}  # fmt: skip
+    assert peak.kernel_bests(peaks) == {"float32": {"F.linear": 11.0, "oneDNN": 12.0}, "bfloat16": {"F.linear": 2.0}}
+    entry = {"peak": peaks, "update": [], "sampler": [], "skipped": []}
+    data = {"machine": {"cpu": "cpu", "threads": 1, "torch": "t", "native_bf16": False}, "date": "2026-11-30", "command": "c", "models": {"m": entry}}
+    assert "The best product with each kernel: float32 F.linear 11.0, oneDNN 12.0 GFLOP/s; bfloat16 F.linear 2.0 GFLOP/s." in peak.results_tables(data)
+    for p in peaks.values():
+        for r in p["products"]:
+            r.pop("kernels")
+    assert peak.kernel_bests(peaks) == {} and "each kernel" not in peak.results_tables(data)
 
 
 def test_vllms_kv_cache_holds_the_whole_call(peak):
