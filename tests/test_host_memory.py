@@ -1,0 +1,37 @@
+"""bench/host_memory.py: the CPU update with glibc's allocator as it is and with freed memory kept,
+each way in fresh processes (issue 66)."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import pytest
+
+from conftest import script_module
+
+ROOT = Path(__file__).resolve().parents[1]
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's tunables: the bench refuses other C libraries")
+def test_the_bench_runs_each_way_in_its_own_process_with_its_tunables(tmp_path, monkeypatch):
+    """--quick: one process a way; the kept way's worker saw the tunables and glibc's none, even where
+    the caller's environment sets some; the JSON as written, and its table's ratios to glibc's."""
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1")
+    with script_module(ROOT / "bench" / "host_memory.py") as bench:
+        assert "GLIBC_TUNABLES" not in bench.environment("glibc") and bench.environment("kept")["GLIBC_TUNABLES"] == bench.KEPT
+        data = bench.main(["--quick", "--out", str(tmp_path / "hm.json")])
+        assert json.loads((tmp_path / "hm.json").read_text()) == json.loads(json.dumps(data))
+        assert data["runs"]["kept"][0]["tunables"] == bench.KEPT and data["runs"]["glibc"][0]["tunables"] is None
+        assert all(len(data["runs"][w]) == 1 and data["median"][w] > 0 and data["peak_rss_gib"][w] > 0 for w in bench.WAYS)
+        text = bench.table(data)
+        assert "| glibc | " in text and " | 1.00x | " in text and f"| {data['median']['glibc'] / data['median']['kept']:.2f}x |" in text
+
+
+def test_every_committed_host_memory_run_is_in_the_results_page_as_its_table():
+    page = (ROOT / "docs" / "results.md").read_text()
+    with script_module(ROOT / "bench" / "host_memory.py") as bench:
+        for path in sorted((ROOT / "results" / "host-memory").glob("*.json")):
+            assert bench.table(json.loads(path.read_text())) in page, f"paste `python bench/host_memory.py --table {path.relative_to(ROOT)}`"
