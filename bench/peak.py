@@ -344,16 +344,18 @@ def _sync(device) -> None:
 KERNELS = ("F.linear", "oneDNN")  # the ways a product is timed (kernels_for)
 
 
-def kernels_for(dtype, device) -> list[str]:
+def kernels_for(device) -> list[str]:
     """The kernels a product is timed with (module docstring): ``F.linear`` everywhere (what the update
     computes with); on an x86-64 CPU whose torch has oneDNN's linear ops
     (:func:`podsrl.engines.linear.available`) also ``oneDNN`` over a weight reordered for the product's
     rows, what the transformers engine samples with there and vLLM's CPU build computes with. A
     kernel that refuses the dtype on this CPU (oneDNN's bfloat16 without avx512bw or avx_ne_convert)
     is left out by :func:`best_product`."""
+    if device.type != "cpu":
+        return ["F.linear"]
     from podsrl.engines.linear import available
 
-    return list(KERNELS) if device.type == "cpu" and available() else ["F.linear"]
+    return list(KERNELS) if available() else ["F.linear"]
 
 
 def product_gflops(m: int, k: int, n: int, dtype, device, *, max_seconds: float = 2.0, kernel: str = "F.linear") -> float:
@@ -409,7 +411,7 @@ def best_product(m: int, k: int, n: int, dtype, device) -> dict:
     best rate, "kernel": its kernel, "kernels": {kernel: rate}}``; a kernel that raises for this dtype
     on this machine is left out (``F.linear``'s errors are not caught)."""
     rates = {}
-    for kernel in kernels_for(dtype, device):
+    for kernel in kernels_for(device):
         try:
             rates[kernel] = product_gflops(m, k, n, dtype, device, kernel=kernel)
         except RuntimeError:

@@ -264,7 +264,7 @@ def test_the_decode_rate_weighs_each_product_by_its_flop(peak, monkeypatch):
         return float(k * n) if kernel == "F.linear" else 0.5 * k * n  # the best kernel's rate counts
 
     monkeypatch.setattr(peak, "product_gflops", fake)
-    monkeypatch.setattr(peak, "kernels_for", lambda dtype, device: ["oneDNN", "F.linear"])
+    monkeypatch.setattr(peak, "kernels_for", lambda device: ["oneDNN", "F.linear"])
     s = peak.Shapes(hidden=4, intermediate=8, vocab=10, layers=2, heads=2, kv_heads=1, head_dim=2)
     rate = peak.decode_rate(s, 3, "float32", torch.device("cpu"))
     assert rate["gflops"] == pytest.approx(328 / 15) and rate["rows"] == 3
@@ -282,7 +282,7 @@ def test_a_product_is_timed_with_each_kernel_and_the_best_counts(peak, monkeypat
 
     with monkeypatch.context() as m:
         m.setattr(peak, "product_gflops", fake)
-        m.setattr(peak, "kernels_for", lambda dtype, device: list(peak.KERNELS))
+        m.setattr(peak, "kernels_for", lambda device: list(peak.KERNELS))
         assert peak.best_product(4, 8, 8, torch.float32, torch.device("cpu")) == {"gflops": 12.0, "kernel": "oneDNN", "kernels": {"F.linear": 10.0, "oneDNN": 12.0}}
         assert peak.best_product(4, 8, 8, torch.bfloat16, torch.device("cpu")) == {"gflops": 10.0, "kernel": "F.linear", "kernels": {"F.linear": 10.0}}
         m.setattr(peak, "product_gflops", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("F.linear broke")))
@@ -290,8 +290,8 @@ def test_a_product_is_timed_with_each_kernel_and_the_best_counts(peak, monkeypat
             peak.best_product(4, 8, 8, torch.float32, torch.device("cpu"))
     from podsrl.engines.linear import available
 
-    assert peak.kernels_for(torch.float32, torch.device("cpu")) == (["F.linear", "oneDNN"] if available() else ["F.linear"])
-    assert peak.kernels_for(torch.float32, torch.device("meta")) == ["F.linear"]  # not a CPU: cuBLAS's F.linear alone
+    assert peak.kernels_for(torch.device("cpu")) == (["F.linear", "oneDNN"] if available() else ["F.linear"])
+    assert peak.kernels_for(torch.device("meta")) == ["F.linear"]  # not a CPU: cuBLAS's F.linear alone
     with pytest.raises(ValueError, match="kernel must be one of"):
         peak.product_gflops(2, 4, 4, torch.float32, torch.device("cpu"), kernel="mkl")
     if available():
