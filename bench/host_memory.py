@@ -1,7 +1,8 @@
 """Benchmark: the CPU update with glibc's allocator as it is and with freed memory kept (issue 66).
 
     python bench/host_memory.py                     # 16 rows of 40 + 256 tokens, 2 rounds of 2 timed updates a way
-    python bench/host_memory.py --quick             # a tiny random Llama: checks that it runs
+    python bench/host_memory.py --sampler 128 --length 64    # the transformers engine's call of 128 x 64 tokens instead
+    python bench/host_memory.py --quick             # a tiny random Llama: checks that it runs (--quick --sampler 4: the embedded model)
 
 Why: glibc's ``malloc`` serves a block above its mmap threshold (128 KiB, raised as blocks are freed
 up to 32 MiB) with fresh pages and gives them back when it is freed, so the next block of that size
@@ -17,7 +18,9 @@ by round: ``glibc`` (the environment as it is, GLIBC_TUNABLES removed) and ``kep
 process loads the model, runs a warm-up update, then ``--updates`` timed ``run_update`` calls of one
 micro-batch (bench/peak.py's batch: one 40-token prompt shared by ``--rows`` random completions,
 advantages +1 and -1, float32), and reports their seconds and its peak resident memory
-(``ru_maxrss``). Printed: each way's median update, the ratio (glibc over kept: above 1, kept is
+(``ru_maxrss``). ``--sampler R`` times the transformers engine's sampling call instead (the embedded
+model, float32): R rollouts of exactly ``--length`` tokens from bench/peak.py's prompts (R / 16
+prompts of 36-44 tokens, end-of-sequence held off), a warm-up call, then ``--updates`` timed calls. Printed: each way's median update, the ratio (glibc over kept: above 1, kept is
 faster) and each way's largest peak memory. ``--out FILE`` writes the JSON (results/host-memory/);
 ``--table FILE`` prints a saved run's table.
 """
@@ -61,32 +64,54 @@ def worker(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
-    model, shapes, pad, _, _ = peak.build_model(args.model, device)
-    optimizer, scheduler = peak._optimizer(model)
+    model, shapes, pad, tokenizer, path = peak.build_model(args.model, device)
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, shapes.vocab - 1, (args.prompt,), generator=gen).tolist()
-    batch = peak._batch([prompt], args.rows, args.length, shapes.vocab, gen)
-    settings = peak._settings(args.length, pad, args.rows, False)
-    model.train()
-    run_update(model, optimizer, scheduler, batch, settings)
+    if args.sampler:
+        from podsrl.engines import Sampling
+
+        fixed = peak._FixedLength()
+        engines, _, _ = peak.make_engines(["transformers"], model, tokenizer, path, max_len=args.prompt + peak.PROMPT_SPREAD + args.length,
+                                          threads=args.threads, fixed=fixed)  # fmt: skip
+        fixed.length = args.length
+        k = peak.distinct_prompts(args.sampler)
+        prompts = [torch.randint(3, shapes.vocab - 1, (n,), generator=gen).tolist() for n in peak.prompt_lengths(args.prompt, k)]
+        sampling = Sampling(n=args.sampler // k, temperature=1.0, top_p=1.0, max_new_tokens=args.length, seed=0)
+
+        def once():
+            return sum(map(len, engines["transformers"].generate(prompts, sampling).completion_ids))
+    else:
+        optimizer, scheduler = peak._optimizer(model)
+        prompt = torch.randint(3, shapes.vocab - 1, (args.prompt,), generator=gen).tolist()
+        batch = peak._batch([prompt], args.rows, args.length, shapes.vocab, gen)
+        settings = peak._settings(args.length, pad, args.rows, False)
+        model.train()
+
+        def once():
+            run_update(model, optimizer, scheduler, batch, settings)
+            return args.rows * args.length
+
+    once()  # the warm-up
     seconds = []
     for _ in range(args.updates):
         start = time.perf_counter()
-        run_update(model, optimizer, scheduler, batch, settings)
+        tokens = once()
         seconds.append(time.perf_counter() - start)
-    return {"seconds": seconds, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    return {"seconds": seconds, "timed": "sampler" if args.sampler else "update", "tokens": tokens,  # completion tokens a timed call or update
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "tunables": os.environ.get("GLIBC_TUNABLES")}  # fmt: skip
 
 
 def table(data: dict) -> str:
     """The saved run's table (``--table``)."""
-    rows = ["| way | update: s (median) | vs glibc | peak memory: GiB |", "|---|---:|---:|---:|"]
+    s = data["sizes"]
+    sampler = s.get("sampler")  # runs before --sampler timed the update alone
+    rows = [f"| way | {'sampling call' if sampler else 'update'}: s (median) | vs glibc | peak memory: GiB |", "|---|---:|---:|---:|"]
     base = data["median"]["glibc"]
     for way in WAYS:
         rows.append(f"| {way} | {data['median'][way]:.2f} | {base / data['median'][way]:.2f}x | {data['peak_rss_gib'][way]:.2f} |")
-    s = data["sizes"]
-    head = (f"{data['machine']}, {s['threads']} threads, torch {data['torch']}; {data['date'][:10]}; `{data['command']}`: "
-            f"{s['rows']} rows of {s['prompt']} + {s['length']} tokens, {s['rounds']} rounds of {s['updates']} timed updates a way")  # fmt: skip
+    what = (f"the transformers engine's call of {sampler} x {s['length']} tokens, {s['rounds']} rounds of {s['updates']} timed calls a way" if sampler
+            else f"{s['rows']} rows of {s['prompt']} + {s['length']} tokens, {s['rounds']} rounds of {s['updates']} timed updates a way")  # fmt: skip
+    head = f"{data['machine']}, {s['threads']} threads, torch {data['torch']}; {data['date'][:10]}; `{data['command']}`: {what}"
     return head + "\n\n" + "\n".join(rows)
 
 
@@ -95,7 +120,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=40)
     parser.add_argument("--length", type=int, default=256)
-    parser.add_argument("--updates", type=int, default=2, help="timed updates a process")
+    parser.add_argument("--updates", type=int, default=2, help="timed updates (or sampling calls) a process")
+    parser.add_argument("--sampler", type=int, default=0, help="time the transformers engine's call of this many rollouts instead of the update")
     parser.add_argument("--rounds", type=int, default=2, help="processes a way, the ways alternating")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="bench/peak.py's model name (default: the embedded one)")
@@ -110,14 +136,16 @@ def main(argv: list[str] | None = None) -> dict | None:
     import peak
 
     if args.quick:
-        args.model, args.rows, args.prompt, args.length, args.updates, args.rounds, args.threads = "tiny-llama", 2, 8, 16, 1, 1, 1
+        args.rows, args.prompt, args.length, args.updates, args.rounds, args.threads = 2, 8, 16, 1, 1, 1
+        args.model = args.model or (None if args.sampler else "tiny-llama")  # the sampler needs a tokenizer: the embedded model's
     args.model = args.model or peak.EMBEDDED
     if args.worker:
         print(json.dumps(worker(args)))
         return None
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         raise SystemExit("bench/host_memory.py: glibc's tunables: Linux with glibc only")
-    forwarded = [f"--{k}={getattr(args, k)}" for k in ("rows", "prompt", "length", "updates", "threads", "model")]
+    forwarded = [f"--{k}={getattr(args, k)}" for k in ("rows", "prompt", "length", "updates", "threads", "model", "sampler")]
+    what = "calls" if args.sampler else "updates"
     runs: dict[str, list[dict]] = {w: [] for w in WAYS}
     started = time.time()
     for r in range(args.rounds):
@@ -126,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             if out.returncode != 0:
                 raise SystemExit(f"bench/host_memory.py: the {way} worker failed:\n{out.stderr[-3000:]}")
             runs[way].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"round {r + 1} {way:>5}: updates {', '.join(f'{s:.2f}' for s in runs[way][-1]['seconds'])} s, "
+            print(f"round {r + 1} {way:>5}: {what} {', '.join(f'{s:.2f}' for s in runs[way][-1]['seconds'])} s, "
                   f"peak memory {runs[way][-1]['peak_rss_gib']:.2f} GiB", flush=True)  # fmt: skip
     import torch
 
@@ -135,11 +163,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     data = {"benchmark": "host_memory", "command": "python bench/host_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(torch.device("cpu"), args.threads)["cpu"],
             "torch": torch.__version__, "tunables": KEPT, "seconds": round(time.time() - started, 1),
-            "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model")},
+            "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model", "sampler")},
             "runs": runs, "median": {w: statistics.median(s for run in runs[w] for s in run["seconds"]) for w in WAYS},
             "peak_rss_gib": {w: max(run["peak_rss_gib"] for run in runs[w]) for w in WAYS}}  # fmt: skip
     print(table(data))
-    print(f"update time glibc / kept: {data['median']['glibc'] / data['median']['kept']:.2f}x")
+    print(f"{'sampling call' if args.sampler else 'update'} time glibc / kept: {data['median']['glibc'] / data['median']['kept']:.2f}x")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")

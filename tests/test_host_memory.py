@@ -25,6 +25,7 @@ def test_the_bench_runs_each_way_in_its_own_process_with_its_tunables(tmp_path, 
         data = bench.main(["--quick", "--out", str(tmp_path / "hm.json")])
         assert json.loads((tmp_path / "hm.json").read_text()) == json.loads(json.dumps(data))
         assert data["runs"]["kept"][0]["tunables"] == bench.KEPT and data["runs"]["glibc"][0]["tunables"] is None
+        assert all(run["timed"] == "update" and run["tokens"] == 2 * 16 for w in bench.WAYS for run in data["runs"][w])
         assert all(len(data["runs"][w]) == 1 and data["median"][w] > 0 and data["peak_rss_gib"][w] > 0 for w in bench.WAYS)
         text = bench.table(data)
         assert "| glibc | " in text and " | 1.00x | " in text and f"| {data['median']['glibc'] / data['median']['kept']:.2f}x |" in text
@@ -35,3 +36,15 @@ def test_every_committed_host_memory_run_is_in_the_results_page_as_its_table():
     with script_module(ROOT / "bench" / "host_memory.py") as bench:
         for path in sorted((ROOT / "results" / "host-memory").glob("*.json")):
             assert bench.table(json.loads(path.read_text())) in page, f"paste `python bench/host_memory.py --table {path.relative_to(ROOT)}`"
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's tunables: the bench refuses other C libraries")
+def test_the_bench_times_a_sampling_call_instead_with_the_embedded_model(tmp_path):
+    """--quick --sampler 4: the transformers engine's call of 4 rollouts (the embedded model: the tiny
+    random one has no tokenizer) in each way's process; the table says it timed calls."""
+    with script_module(ROOT / "bench" / "host_memory.py") as bench:
+        data = bench.main(["--quick", "--sampler", "4", "--out", str(tmp_path / "hm.json")])
+        assert data["sizes"]["sampler"] == 4 and data["sizes"]["model"] == "smollm2-135m-instruct"
+        assert all(data["median"][w] > 0 for w in bench.WAYS) and data["runs"]["kept"][0]["tunables"] == bench.KEPT
+        assert all(run["timed"] == "sampler" and run["tokens"] == 4 * 16 for w in bench.WAYS for run in data["runs"][w])  # held at 16 tokens
+        assert "the transformers engine's call of 4 x 16 tokens" in bench.table(data) and "| sampling call: s (median) |" in bench.table(data)
