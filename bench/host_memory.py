@@ -54,7 +54,7 @@ def environment(way: str) -> dict:
 
 
 def worker(args: argparse.Namespace) -> dict:
-    """One process: the warm-up and the timed updates (module docstring)."""
+    """One process: a warm-up, then the timed updates or sampling calls (``--sampler``; module docstring)."""
     import resource
 
     import torch
