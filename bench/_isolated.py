@@ -19,16 +19,18 @@ ROOT = Path(__file__).resolve().parents[1]
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
 
 
-def run_isolated(script: str, args: list[str], spec: dict, *, log: Path, prefix: str, python: str | Path | None = None) -> dict:
+def run_isolated(script: str, args: list[str], spec: dict, *, log: Path, prefix: str, python: str | Path | None = None,
+                 environ: dict | None = None) -> dict:  # fmt: skip
     """Run ``python script *args --spec-json ... --result FILE`` with ``spec`` (plus a scratch
-    directory as ``spec["tmp"]``); return the worker's JSON result with ``wall_seconds`` added (the
+    directory as ``spec["tmp"]``) in ``environ`` (default: this process's environment) with
+    :data:`OFFLINE_ENV` over it; return the worker's JSON result with ``wall_seconds`` added (the
     process's whole life, model loading included), or ``{"error": ...}`` with the log's tail."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         result = Path(tmp) / "result.json"
         command = [str(python or sys.executable), script, *args, json.dumps({**spec, "tmp": tmp}), "--result", str(result)]
         start = time.perf_counter()
         with open(log, "w") as f:
-            proc = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE_ENV}, check=False)
+            proc = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env={**(os.environ if environ is None else environ), **OFFLINE_ENV}, check=False)
         if proc.returncode != 0 or not result.exists():
             tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
             return {"error": f"exit code {proc.returncode}; log {log}:\n{tail}"}

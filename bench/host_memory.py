@@ -33,8 +33,8 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,9 +53,14 @@ def environment(way: str) -> dict:
     return env
 
 
-def worker(args: argparse.Namespace) -> dict:
+SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler")  # what a worker is told
+
+
+def worker(spec: dict) -> dict:
     """One process: a warm-up, then the timed updates or sampling calls (``--sampler``; module docstring)."""
     import resource
+
+    args = argparse.Namespace(**{k: spec[k] for k in SPEC})
 
     import torch
 
@@ -129,7 +134,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None, help="print a saved run's table and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args(argv)
+    if args.worker:  # bench/_isolated.py's protocol: the spec as JSON, the result to a file
+        Path(args.result).write_text(json.dumps(worker(json.loads(rest[0]))))
+        return None
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.table:
         print(table(json.loads(args.table.read_text())))
         return None
@@ -139,21 +150,21 @@ def main(argv: list[str] | None = None) -> dict | None:
         args.rows, args.prompt, args.length, args.updates, args.rounds, args.threads = 2, 8, 16, 1, 1, 1
         args.model = args.model or (None if args.sampler else "tiny-llama")  # the sampler needs a tokenizer: the embedded model's
     args.model = args.model or peak.EMBEDDED
-    if args.worker:
-        print(json.dumps(worker(args)))
-        return None
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         raise SystemExit("bench/host_memory.py: glibc's tunables: Linux with glibc only")
-    forwarded = [f"--{k}={getattr(args, k)}" for k in ("rows", "prompt", "length", "updates", "threads", "model", "sampler")]
+    from _isolated import run_isolated
+
+    spec = {k: getattr(args, k) for k in SPEC}
     what = "calls" if args.sampler else "updates"
     runs: dict[str, list[dict]] = {w: [] for w in WAYS}
     started = time.time()
+    logs = tempfile.mkdtemp(prefix="host-memory-logs-")
     for r in range(args.rounds):
         for way in WAYS if r % 2 == 0 else WAYS[::-1]:
-            out = subprocess.run([sys.executable, __file__, "--worker", *forwarded], env=environment(way), capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(f"bench/host_memory.py: the {way} worker failed:\n{out.stderr[-3000:]}")
-            runs[way].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            out = run_isolated(__file__, ["--worker"], spec, log=Path(logs) / f"{way}-{r + 1}.log", prefix="host-memory-", environ=environment(way))
+            if "error" in out:
+                raise SystemExit(f"bench/host_memory.py: the {way} worker (round {r + 1}) failed: {out['error']}")
+            runs[way].append(out)
             print(f"round {r + 1} {way:>5}: {what} {', '.join(f'{s:.2f}' for s in runs[way][-1]['seconds'])} s, "
                   f"peak memory {runs[way][-1]['peak_rss_gib']:.2f} GiB", flush=True)  # fmt: skip
     import torch
