@@ -1,4 +1,5 @@
-"""Benchmark: the CPU update with glibc's allocator as it is and with freed memory kept (issue 66).
+"""Benchmark: the CPU update with glibc's allocator as it is, with freed memory kept and with huge
+pages (issue 66).
 
     python bench/host_memory.py                     # 16 rows of 40 + 256 tokens, 2 rounds of 2 timed updates a way
     python bench/host_memory.py --sampler 128 --length 64    # the transformers engine's call of 128 x 64 tokens instead
@@ -11,17 +12,22 @@ above 32 MiB at each micro-batch (the kept logits, [rows x tokens x vocabulary] 
 16 rows of 256 tokens of the embedded model, their gradient, the log-softmax's chunks). glibc's
 tunables (``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...:glibc.malloc.trim_threshold=...``, read
 when a process starts; PyTorch's CPU performance guide points at them, and at jemalloc and tcmalloc)
-keep such blocks in the heap for the next one.
+keep such blocks in the heap for the next one. Or the faults can be made fewer: PyTorch asks the
+kernel for transparent huge pages (2 MiB, ``madvise(MADV_HUGEPAGE)``) on its CPU blocks of 2 MiB and
+more where ``THP_MEM_ALLOC_ENABLE=1`` is set when it starts (:data:`THP`), one fault for 512 pages
+(where /sys/kernel/mm/transparent_hugepage/enabled says ``madvise`` or ``always``).
 
 What: each way runs in a fresh process (the tunables act at start-up), the ways alternating round
-by round: ``glibc`` (the environment as it is, GLIBC_TUNABLES removed) and ``kept`` (:data:`KEPT`). A
+by round: ``glibc`` (the environment as it is, GLIBC_TUNABLES and THP_MEM_ALLOC_ENABLE removed),
+``kept`` (:data:`KEPT`) and ``thp`` (THP_MEM_ALLOC_ENABLE=1); ``--ways`` picks them. A
 process loads the model, runs a warm-up update, then ``--updates`` timed ``run_update`` calls of one
 micro-batch (bench/peak.py's batch: one 40-token prompt shared by ``--rows`` random completions,
 advantages +1 and -1, float32), and reports their seconds and its peak resident memory
 (``ru_maxrss``). ``--sampler R`` times the transformers engine's sampling call instead (the embedded
 model, float32): R rollouts of exactly ``--length`` tokens from bench/peak.py's prompts (R / 16
-prompts of 36-44 tokens, end-of-sequence held off), a warm-up call, then ``--updates`` timed calls. Printed: each way's median update, the ratio (glibc over kept: above 1, kept is
-faster) and each way's largest peak memory. ``--out FILE`` writes the JSON (results/host-memory/);
+prompts of 36-44 tokens, end-of-sequence held off), a warm-up call, then ``--updates`` timed calls.
+Printed: each way's median update, its ratio to glibc's (above 1: faster than glibc as it is) and
+each way's largest peak memory. ``--out FILE`` writes the JSON (results/host-memory/);
 ``--table FILE`` prints a saved run's table.
 """
 
@@ -42,15 +48,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 KEPT = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=17179869184"  # 4 GiB - 1, 16 GiB
-WAYS = ("glibc", "kept")
+THP = "THP_MEM_ALLOC_ENABLE"  # PyTorch's (c10's alloc_cpu): huge pages for its CPU blocks of 2 MiB and more, read once at start
+WAYS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT}, "thp": {THP: "1"}}  # way -> what its worker's environment adds
+DEFAULT_WAYS = ("glibc", "kept", "thp")
 
 
 def environment(way: str) -> dict:
-    """The worker's environment for ``way``: one thread a process is set by the worker itself."""
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    if way == "kept":
-        env["GLIBC_TUNABLES"] = KEPT
-    return env
+    """The worker's environment for ``way``: the caller's without GLIBC_TUNABLES and
+    THP_MEM_ALLOC_ENABLE, plus the way's own. One thread a process is set by the worker itself."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", THP)}
+    return env | WAYS[way]
 
 
 SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler")  # what a worker is told
@@ -103,7 +110,17 @@ def worker(spec: dict) -> dict:
         seconds.append(time.perf_counter() - start)
     return {"seconds": seconds, "timed": "sampler" if args.sampler else "update", "tokens": tokens,  # completion tokens a timed call or update
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "tunables": os.environ.get("GLIBC_TUNABLES")}  # fmt: skip
+            "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get(THP)}  # fmt: skip
+
+
+def transparent_hugepage() -> str | None:
+    """The kernel's huge-page mode (``always``, ``madvise`` or ``never``: the bracketed word of
+    /sys/kernel/mm/transparent_hugepage/enabled), None where it cannot be read."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else None
 
 
 def table(data: dict) -> str:
@@ -112,7 +129,7 @@ def table(data: dict) -> str:
     sampler = s.get("sampler")  # runs before --sampler timed the update alone
     rows = [f"| way | {'sampling call' if sampler else 'update'}: s (median) | vs glibc | peak memory: GiB |", "|---|---:|---:|---:|"]
     base = data["median"]["glibc"]
-    for way in WAYS:
+    for way in data["median"]:  # the run's ways, glibc first
         rows.append(f"| {way} | {data['median'][way]:.2f} | {base / data['median'][way]:.2f}x | {data['peak_rss_gib'][way]:.2f} |")
     what = (f"the transformers engine's call of {sampler} x {s['length']} tokens, {s['rounds']} rounds of {s['updates']} timed calls a way" if sampler
             else f"{s['rows']} rows of {s['prompt']} + {s['length']} tokens, {s['rounds']} rounds of {s['updates']} timed updates a way")  # fmt: skip
@@ -130,6 +147,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--rounds", type=int, default=2, help="processes a way, the ways alternating")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="bench/peak.py's model name (default: the embedded one)")
+    parser.add_argument("--ways", default=",".join(DEFAULT_WAYS), help=f"comma-separated, glibc first (of {', '.join(WAYS)})")
     parser.add_argument("--quick", action="store_true", help="a tiny random Llama, 2 rows of 8 + 16 tokens")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None, help="print a saved run's table and exit")
@@ -152,15 +170,18 @@ def main(argv: list[str] | None = None) -> dict | None:
     args.model = args.model or peak.EMBEDDED
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         raise SystemExit("bench/host_memory.py: glibc's tunables: Linux with glibc only")
+    ways = tuple(args.ways.split(","))
+    if ways[0] != "glibc" or len(set(ways)) != len(ways) or not set(ways) <= set(WAYS) or len(ways) < 2:
+        parser.error(f"--ways {args.ways!r}: glibc first, then one or more of {', '.join(w for w in WAYS if w != 'glibc')}, each once")
     from _isolated import run_isolated
 
     spec = {k: getattr(args, k) for k in SPEC}
     what = "calls" if args.sampler else "updates"
-    runs: dict[str, list[dict]] = {w: [] for w in WAYS}
+    runs: dict[str, list[dict]] = {w: [] for w in ways}
     started = time.time()
     logs = tempfile.mkdtemp(prefix="host-memory-logs-")
     for r in range(args.rounds):
-        for way in WAYS if r % 2 == 0 else WAYS[::-1]:
+        for way in ways if r % 2 == 0 else ways[::-1]:
             out = run_isolated(__file__, ["--worker"], spec, log=Path(logs) / f"{way}-{r + 1}.log", prefix="host-memory-", environ=environment(way))
             if "error" in out:
                 raise SystemExit(f"bench/host_memory.py: the {way} worker (round {r + 1}) failed: {out['error']}")
@@ -175,10 +196,12 @@ def main(argv: list[str] | None = None) -> dict | None:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(torch.device("cpu"), args.threads)["cpu"],
             "torch": torch.__version__, "tunables": KEPT, "seconds": round(time.time() - started, 1),
             "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model", "sampler")},
-            "runs": runs, "median": {w: statistics.median(s for run in runs[w] for s in run["seconds"]) for w in WAYS},
-            "peak_rss_gib": {w: max(run["peak_rss_gib"] for run in runs[w]) for w in WAYS}}  # fmt: skip
+            "runs": runs, "median": {w: statistics.median(s for run in runs[w] for s in run["seconds"]) for w in ways},
+            "peak_rss_gib": {w: max(run["peak_rss_gib"] for run in runs[w]) for w in ways},
+            "transparent_hugepage": transparent_hugepage()}  # fmt: skip
     print(table(data))
-    print(f"{'sampling call' if args.sampler else 'update'} time glibc / kept: {data['median']['glibc'] / data['median']['kept']:.2f}x")
+    for way in ways[1:]:
+        print(f"{'sampling call' if args.sampler else 'update'} time glibc / {way}: {data['median']['glibc'] / data['median'][way]:.2f}x")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")

@@ -1,5 +1,5 @@
-"""bench/host_memory.py: the CPU update with glibc's allocator as it is and with freed memory kept,
-each way in fresh processes (issue 66)."""
+"""bench/host_memory.py: the CPU update with glibc's allocator as it is, with freed memory kept and
+with PyTorch's huge pages, each way in fresh processes (issue 66)."""
 
 from __future__ import annotations
 
@@ -17,18 +17,32 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's tunables: the bench refuses other C libraries")
 def test_the_bench_runs_each_way_in_its_own_process_with_its_tunables(tmp_path, monkeypatch):
-    """--quick: one process a way; the kept way's worker saw the tunables and glibc's none, even where
-    the caller's environment sets some; the JSON as written, and its table's ratios to glibc's."""
+    """--quick: one process a way; the kept way's worker saw the tunables, the thp way's PyTorch's
+    huge-page switch and glibc's neither, even where the caller's environment sets both; the JSON as
+    written, and its table's ratios to glibc's."""
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1")
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
     with script_module(ROOT / "bench" / "host_memory.py") as bench:
-        assert "GLIBC_TUNABLES" not in bench.environment("glibc") and bench.environment("kept")["GLIBC_TUNABLES"] == bench.KEPT
+        assert not {"GLIBC_TUNABLES", bench.THP} & set(bench.environment("glibc"))
+        assert bench.environment("kept")["GLIBC_TUNABLES"] == bench.KEPT and bench.THP not in bench.environment("kept")
+        assert bench.environment("thp")[bench.THP] == "1" and "GLIBC_TUNABLES" not in bench.environment("thp")
         data = bench.main(["--quick", "--out", str(tmp_path / "hm.json")])
         assert json.loads((tmp_path / "hm.json").read_text()) == json.loads(json.dumps(data))
+        assert list(data["runs"]) == ["glibc", "kept", "thp"]
         assert data["runs"]["kept"][0]["tunables"] == bench.KEPT and data["runs"]["glibc"][0]["tunables"] is None
-        assert all(run["timed"] == "update" and run["tokens"] == 2 * 16 for w in bench.WAYS for run in data["runs"][w])
-        assert all(len(data["runs"][w]) == 1 and data["median"][w] > 0 and data["peak_rss_gib"][w] > 0 for w in bench.WAYS)
+        assert data["runs"]["thp"][0]["thp"] == "1" and data["runs"]["glibc"][0]["thp"] is None and data["runs"]["kept"][0]["thp"] is None
+        assert all(run["timed"] == "update" and run["tokens"] == 2 * 16 for w in data["runs"] for run in data["runs"][w])
+        assert all(len(data["runs"][w]) == 1 and data["median"][w] > 0 and data["peak_rss_gib"][w] > 0 for w in data["runs"])
         text = bench.table(data)
-        assert "| glibc | " in text and " | 1.00x | " in text and f"| {data['median']['glibc'] / data['median']['kept']:.2f}x |" in text
+        assert "| glibc | " in text and " | 1.00x | " in text
+        assert all(f"| {w} | {data['median'][w]:.2f} | {data['median']['glibc'] / data['median'][w]:.2f}x |" in text for w in ("kept", "thp"))
+
+
+@pytest.mark.parametrize("ways", ["kept,glibc", "glibc", "glibc,kept,kept", "glibc,jemalloc"])
+def test_the_bench_refuses_ways_without_glibc_first_or_unknown_or_repeated(ways, capsys):
+    with script_module(ROOT / "bench" / "host_memory.py") as bench, pytest.raises(SystemExit):
+        bench.main(["--quick", "--ways", ways])
+    assert "--ways" in capsys.readouterr().err
 
 
 def test_every_committed_host_memory_run_is_in_the_results_page_as_its_table():
@@ -43,8 +57,8 @@ def test_the_bench_times_a_sampling_call_instead_with_the_embedded_model(tmp_pat
     """--quick --sampler 4: the transformers engine's call of 4 rollouts (the embedded model: the tiny
     random one has no tokenizer) in each way's process; the table says it timed calls."""
     with script_module(ROOT / "bench" / "host_memory.py") as bench:
-        data = bench.main(["--quick", "--sampler", "4", "--out", str(tmp_path / "hm.json")])
+        data = bench.main(["--quick", "--sampler", "4", "--ways", "glibc,kept", "--out", str(tmp_path / "hm.json")])
         assert data["sizes"]["sampler"] == 4 and data["sizes"]["model"] == "smollm2-135m-instruct"
-        assert all(data["median"][w] > 0 for w in bench.WAYS) and data["runs"]["kept"][0]["tunables"] == bench.KEPT
-        assert all(run["timed"] == "sampler" and run["tokens"] == 4 * 16 for w in bench.WAYS for run in data["runs"][w])  # held at 16 tokens
+        assert all(data["median"][w] > 0 for w in data["runs"]) and data["runs"]["kept"][0]["tunables"] == bench.KEPT
+        assert all(run["timed"] == "sampler" and run["tokens"] == 4 * 16 for w in data["runs"] for run in data["runs"][w])  # held at 16 tokens
         assert "the transformers engine's call of 4 x 16 tokens" in bench.table(data) and "| sampling call: s (median) |" in bench.table(data)
