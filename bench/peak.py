@@ -98,6 +98,11 @@ Before the sampler, where its model shares key/value heads, **a decode step's at
 per query head (transformers' ``sdpa`` with a mask: a GPU's engines today), PyTorch's ``enable_gqa``
 (the CPU engines'; on the lent H200 the fastest too), and the query heads grouped, each over every layer.
 
+``--engines none`` times no sampler (the peaks and the update only). The JSON records the process's
+``GLIBC_TUNABLES`` (``machine``), and the tables' first line shows it where set: ``podsrl train``
+starts with glibc keeping freed memory (podsrl/hostmem.py), a bench as its command line says, so
+``GLIBC_TUNABLES=... python bench/peak.py ...`` measures the update as the CLI runs it.
+
 ``--budget MINUTES``: the parts run in order (peaks; GPU: the update at 1.5B, at 0.5B, then the
 sampler, one size after the other) and one that would start with less than ``MIN_PART_SECONDS`` left
 is skipped and recorded as skipped (on a GPU a sampler's warm-up, a compile, with less than
@@ -481,7 +486,8 @@ def machine(device, threads: int) -> dict:
 
     info = {"device": device.type, "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": threads, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "float32_matmul_precision": torch.get_float32_matmul_precision()}  # fmt: skip
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}  # fmt: skip  # podsrl's CLI sets podsrl.hostmem.KEPT
     if device.type == "cuda":
         native = gpu_bf16()
         info.update(gpu=torch.cuda.get_device_name(device), native_bf16=native,
@@ -892,7 +898,7 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
                 skipped.append({"part": f"{name}: attention", "why": f"{type(err).__name__}: {err}"})
                 print(f"{name}: attention three ways failed, recorded as skipped: {type(err).__name__}: {err}", flush=True)
             report.write()
-        if sizes.sampler_model in (None, name) and left(f"{name}: sampler"):
+        if sizes.engines and sizes.sampler_model in (None, name) and left(f"{name}: sampler"):
             fixed = _FixedLength()
             if tokenizer is None:
                 import samplers
@@ -974,8 +980,9 @@ def results_tables(data: dict) -> str:
     (rows: phase and precision; columns: each batch and length: tokens a second and fraction of the
     peak; on a GPU the peak memory); the samplers (rows: engine; columns: rollouts x length)."""
     m = data["machine"]
-    out = [f"{m.get('gpu') or m['cpu']}, {m['threads']} threads, torch {m['torch']}, bfloat16 {'native' if m['native_bf16'] else 'emulated'}; "
-           f"{data['date'][:10]}; `{data['command']}`"]  # fmt: skip
+    out = [f"{m.get('gpu') or m['cpu']}, {m['threads']} threads, torch {m['torch']}, bfloat16 {'native' if m['native_bf16'] else 'emulated'}"
+           + (f", GLIBC_TUNABLES={m['glibc_tunables']}" if m.get("glibc_tunables") else "")  # runs since 2026-11-30 record it; podsrl's CLI sets one
+           + f"; {data['date'][:10]}; `{data['command']}`"]  # fmt: skip
     num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for name, entry in data["models"].items():
         peaks = ", ".join(f"{p} {v['gflops']:.1f} GFLOP/s" + (" (emulated)" if v["emulated"] else "") for p, v in entry.get("peak", {}).items())
@@ -1064,7 +1071,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the update with mixed precision off (float32), on (mixed) or both (the default; the GPU mode: mixed); "
                              "float32 alone skips the emulated bfloat16 update, minutes at 16 rows, on a CPU without native bfloat16; "
                              "none times no update (the peaks and the samplers only)")
-    parser.add_argument("--engines", default=None, help="comma-separated samplers (default: transformers, transformers-static, vllm on the CPU)")
+    parser.add_argument("--engines", default=None, help="comma-separated samplers (default: transformers, transformers-static, vllm on the CPU); "
+                                                        "none: no sampler (the peaks and the update only)")
     parser.add_argument("--profile", type=_call_size, default=None, metavar="RxC",
                         help="CPU: after the timed calls, profile one call of R rollouts of C tokens per engine (where its time goes)")
     parser.add_argument("--seed", type=int, default=0)
@@ -1098,7 +1106,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.update_precision:
         overrides["mixed"] = {"both": (False, True), "float32": (False,), "mixed": (True,), "none": ()}[args.update_precision]
     if args.engines:
-        overrides["engines"] = tuple(x.strip() for x in args.engines.split(",") if x.strip())
+        overrides["engines"] = () if args.engines == "none" else tuple(x.strip() for x in args.engines.split(",") if x.strip())
     sizes = dataclasses.replace(sizes, **overrides)
     on_gpu = args.gpu and not args.tiny
     args.threads = args.threads if args.threads is not None else (None if on_gpu else 1)

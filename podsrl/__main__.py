@@ -1,7 +1,6 @@
-"""``python -m podsrl ...``: the CLI, also what launchers run (``torchrun -m podsrl train``)."""
+"""``python -m podsrl ...``: the CLI, also what launchers run (``torchrun -m podsrl train``); through
+:func:`podsrl.hostmem.entry`, as the ``podsrl`` command."""
 
-import sys
+from podsrl.hostmem import entry
 
-from podsrl.cli import main
-
-sys.exit(main())
+entry()

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from podsrl import hostmem
 from podsrl.config import Config, RolloutConfig
 from podsrl.core.downsample import Selection, downsample, has_signal
 from podsrl.core.seeds import Stream, step_seed
@@ -670,6 +671,7 @@ def _describe(run: Setup, model) -> str:
     return (
         _device_line(run, model)
         + f", {run.precision.describe()}"
+        + (f", {hostmem.describe()}" if next(model.parameters()).device.type == "cpu" else "")
         + (f", exact early stopping in rounds of {cfg.rollout.round_size or 'm'} (reward values {list(run.reward_values or [])})"
            if cfg.rollout.early_stop == "exact" else "")
         + (f", dynamic sampling (up to {cfg.rollout.max_gen_batches} batches of {cfg.train.prompts_per_step} prompts a step)"

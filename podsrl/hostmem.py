@@ -1,0 +1,91 @@
+"""The CLI's entry point: on Linux with glibc, ``podsrl train | eval | compare`` restart themselves
+once, at start, with glibc told to keep freed memory for reuse (issue 66).
+
+Why: a CPU update allocates and frees tensors far above glibc's mmap threshold (128 KiB, raised as
+blocks are freed up to 32 MiB) at every micro-batch: the kept logits, [rows x tokens x vocabulary]
+float32 (805 MB at 16 rows of 256 tokens of the embedded model), their gradient, the log-softmax's
+chunks. glibc serves each with fresh pages and unmaps it when it is freed, so the next one is
+faulted in again page by page, every page zeroed by the kernel. Two of glibc's tunables keep such
+blocks in the heap for the next one (:data:`KEPT`: an mmap threshold of 4 GiB - 1 and a trim
+threshold of 16 GiB), as PyTorch's own CPU launcher (``torch.backends.xeon.run_cpu``) keeps freed
+memory in jemalloc or tcmalloc. Measured side by side in fresh processes (bench/host_memory.py,
+docs/results.md, "The update and glibc's allocator"): the update at 16 rows of 40 + 256 tokens
+1.08x and 1.16x as fast on a 2-core AMD EPYC in two runs, at the same peak memory; 1.04x at 64
+tokens and a sampling call 1.05x, both not resolved. Huge pages (PyTorch's
+``THP_MEM_ALLOC_ENABLE=1``: fewer faults, each page still zeroed) gave 1.00x there.
+
+The cost: the process keeps the memory it freed (its resident size stays near its peak between
+phases instead of falling back), and the tunables act only when a process starts, so the CLI starts
+again: :func:`entry` replaces the process with the same command line (``os.execve``: the same
+process id, which torchrun, SLURM and signals see) before anything heavy is imported, about a
+tenth of a second. Child processes inherit the setting (torchrun's ranks, vLLM's workers,
+``podsrl compare``'s runs) and do not restart.
+
+When it does not: ``PODSRL_KEEP_FREED_MEMORY=0``; ``GLIBC_TUNABLES`` already set (yours, or an
+earlier start's: never changed); not Linux with glibc; a command other than train, eval and compare;
+podsrl used as a library (only the CLI's entry point restarts; set ``GLIBC_TUNABLES`` yourself when
+starting Python). The start-up line says which (:func:`describe`). This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import NamedTuple
+
+__all__ = ["COMMANDS", "KEPT", "SWITCH", "Restart", "decide", "describe", "entry"]
+
+KEPT = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=17179869184"  # 4 GiB - 1, 16 GiB
+SWITCH = "PODSRL_KEEP_FREED_MEMORY"  # "0": glibc as it is
+COMMANDS = frozenset({"train", "eval", "compare"})  # the commands that train or sample
+
+
+class Restart(NamedTuple):
+    """What :func:`decide` chose: restart with :data:`KEPT` (``restart``) or not, and why."""
+
+    restart: bool
+    reason: str
+
+
+def decide(argv: list[str], environ, *, system: str | None = None, libc: str | None = None) -> Restart:
+    """Whether the CLI started as ``podsrl ARGV`` should restart with :data:`KEPT`. ``system`` and
+    ``libc``: ``platform.system()`` and ``platform.libc_ver()[0]`` (None: this machine's)."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in COMMANDS:
+        return Restart(False, f"not for {command or 'no command'}")
+    if environ.get(SWITCH, "1").strip() == "0":
+        return Restart(False, f"{SWITCH}=0")
+    if "GLIBC_TUNABLES" in environ:
+        return Restart(False, "GLIBC_TUNABLES is set already")
+    system = platform.system() if system is None else system
+    libc = platform.libc_ver()[0] if libc is None else libc
+    if system != "Linux" or libc != "glibc":
+        return Restart(False, f"glibc's tunables need Linux with glibc ({system}, {libc or 'another C library'})")
+    return Restart(True, "glibc's allocator as it is unmaps large freed blocks")
+
+
+def entry() -> None:
+    """The ``podsrl`` command and ``python -m podsrl``: restart with :data:`KEPT` where :func:`decide`
+    says to (``os.execve`` of this very command line), then run the CLI."""
+    if decide(sys.argv[1:], os.environ).restart:
+        try:
+            os.execve(sys.executable, sys.orig_argv, {**os.environ, "GLIBC_TUNABLES": KEPT})
+        except OSError as exc:  # cannot restart: run as it is, and say so
+            print(f"podsrl: could not restart with glibc keeping freed memory ({exc}); running as it is", file=sys.stderr)
+    from podsrl.cli import main
+
+    sys.exit(main())
+
+
+def describe(environ=None) -> str:
+    """For the start-up line of a run on a CPU: whether glibc keeps freed memory, and how to change it."""
+    environ = os.environ if environ is None else environ
+    tunables = environ.get("GLIBC_TUNABLES")
+    if tunables == KEPT:
+        return f"glibc keeps freed memory (GLIBC_TUNABLES={KEPT}; {SWITCH}=0 to not)"
+    if tunables is not None:
+        return f"glibc's allocator as GLIBC_TUNABLES={tunables} sets it"
+    if environ.get(SWITCH, "1").strip() == "0":
+        return f"glibc's allocator as it is ({SWITCH}=0)"
+    return "the C library's allocator as it is"
