@@ -4,6 +4,7 @@ pages (issue 66).
     python bench/host_memory.py                     # 16 rows of 40 + 256 tokens, 2 rounds of 2 timed updates a way
     python bench/host_memory.py --sampler 128 --length 64    # the transformers engine's call of 128 x 64 tokens instead
     python bench/host_memory.py --quick             # a tiny random Llama: checks that it runs (--quick --sampler 4: the embedded model)
+    python bench/host_memory.py --train --ways glibc,kept --rounds 1    # whole `podsrl train` runs (the demo), as users start them
 
 Why: glibc's ``malloc`` serves a block above its mmap threshold (128 KiB, raised as blocks are freed
 up to 32 MiB) with fresh pages and gives them back when it is freed, so the next block of that size
@@ -27,7 +28,15 @@ advantages +1 and -1, float32), and reports their seconds and its peak resident 
 model, float32): R rollouts of exactly ``--length`` tokens from bench/peak.py's prompts (R / 16
 prompts of 36-44 tokens, end-of-sequence held off), a warm-up call, then ``--updates`` timed calls.
 Printed: each way's median update, its ratio to glibc's (above 1: faster than glibc as it is) and
-each way's largest peak memory. ``--out FILE`` writes the JSON (results/host-memory/);
+each way's largest peak memory.
+
+``--train`` runs the CLI instead: ``python -m podsrl train`` with its defaults (the demo: a time
+budget of training minutes, evaluations before and after) plus ``--setting KEY=VALUE`` s, in each
+way's environment as a user starts it: ``kept`` with neither GLIBC_TUNABLES nor
+PODSRL_KEEP_FREED_MEMORY set (the CLI restarts itself with :data:`KEPT`, podsrl/hostmem.py), ``glibc``
+with PODSRL_KEEP_FREED_MEMORY=0, ``thp`` with that and THP_MEM_ALLOC_ENABLE=1. Each run's steps, the
+medians of its steps' ``time/step``, ``time/update`` and ``time/generate`` (metrics.jsonl), its peak
+memory (``os.wait4``'s) and its start-up line's word on the allocator. ``--out FILE`` writes the JSON (results/host-memory/);
 ``--table FILE`` prints a saved run's table.
 """
 
@@ -60,11 +69,40 @@ def environment(way: str) -> dict:
     return env | WAYS[way]
 
 
-SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler")  # what a worker is told
+SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler", "train", "setting", "way")  # what a worker is told
+
+
+def train_environment(way: str) -> dict:
+    """``--train``: the CLI's environment for ``way``, as a user starts it (module docstring)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", THP, "PODSRL_KEEP_FREED_MEMORY")}
+    return env | {"glibc": {"PODSRL_KEEP_FREED_MEMORY": "0"}, "kept": {}, "thp": {"PODSRL_KEEP_FREED_MEMORY": "0", THP: "1"}}[way]
+
+
+def train_worker(spec: dict) -> dict:
+    """``--train``: one ``podsrl train`` run in ``spec["way"]``'s environment, and what it measured."""
+    import subprocess
+
+    run_dir = Path(spec["tmp"]) / "run"
+    with open(Path(spec["tmp"]) / "out.log", "w") as log:
+        child = subprocess.Popen([sys.executable, "-m", "podsrl", "train", "--out", str(run_dir), *(f"--{s}" for s in spec["setting"])], cwd=ROOT,
+                                 env=train_environment(spec["way"]), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        _, status, usage = os.wait4(child.pid, 0)
+    text = (Path(spec["tmp"]) / "out.log").read_text()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"podsrl train exited {os.waitstatus_to_exitcode(status)}:\n{text[-3000:]}")
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    said = next((part.strip() for line in text.splitlines() if line.startswith("podsrl: model on") for part in line.split(", ")
+                 if "allocator" in part or "freed memory" in part), None)  # fmt: skip
+    median = {k: statistics.median(r[f"time/{k}"] for r in steps) for k in ("step", "update", "generate")}
+    return {"seconds": [median["step"]], "timed": "train", "steps": len(steps), "median": median, "said": said,
+            "peak_rss_gib": usage.ru_maxrss / 2**20, "tunables": None, "thp": None}  # fmt: skip
 
 
 def worker(spec: dict) -> dict:
-    """One process: a warm-up, then the timed updates or sampling calls (``--sampler``; module docstring)."""
+    """One process: a warm-up, then the timed updates or sampling calls (``--sampler``), or a
+    ``podsrl train`` run (``--train``; module docstring)."""
+    if spec.get("train"):
+        return train_worker(spec)
     import resource
 
     args = argparse.Namespace(**{k: spec[k] for k in SPEC})
@@ -126,6 +164,8 @@ def transparent_hugepage() -> str | None:
 def table(data: dict) -> str:
     """The saved run's table (``--table``)."""
     s = data["sizes"]
+    if s.get("train"):
+        return train_table(data)
     sampler = s.get("sampler")  # runs before --sampler timed the update alone
     rows = [f"| way | {'sampling call' if sampler else 'update'}: s (median) | vs glibc | peak memory: GiB |", "|---|---:|---:|---:|"]
     base = data["median"]["glibc"]
@@ -134,6 +174,22 @@ def table(data: dict) -> str:
     what = (f"the transformers engine's call of {sampler} x {s['length']} tokens, {s['rounds']} rounds of {s['updates']} timed calls a way" if sampler
             else f"{s['rows']} rows of {s['prompt']} + {s['length']} tokens, {s['rounds']} rounds of {s['updates']} timed updates a way")  # fmt: skip
     head = f"{data['machine']}, {s['threads']} threads, torch {data['torch']}; {data['date'][:10]}; `{data['command']}`: {what}"
+    return head + "\n\n" + "\n".join(rows)
+
+
+def train_table(data: dict) -> str:
+    """``--train``: a row per run (the ways alternating), its steps, medians and peak memory."""
+    s = data["sizes"]
+    rows = ["| way | round | steps | step: s (median) | update: s (median) | sampling: s (median) | peak memory: GiB | the start-up line |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for r in range(s["rounds"]):
+        for way in data["runs"]:
+            run = data["runs"][way][r]
+            m = run["median"]
+            rows.append(f"| {way} | {r + 1} | {run['steps']} | {m['step']:.2f} | {m['update']:.2f} | {m['generate']:.2f} | {run['peak_rss_gib']:.2f} | "
+                        f"{run['said']} |")  # fmt: skip
+    settings = " ".join(f"--{x}" for x in s["setting"]) or "its defaults"
+    head = f"{data['machine']}, torch {data['torch']}; {data['date'][:10]}; `{data['command']}`: `podsrl train` with {settings}, {s['rounds']} round(s)"
     return head + "\n\n" + "\n".join(rows)
 
 
@@ -149,6 +205,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--model", default=None, help="bench/peak.py's model name (default: the embedded one)")
     parser.add_argument("--ways", default=",".join(DEFAULT_WAYS), help=f"comma-separated, glibc first (of {', '.join(WAYS)})")
     parser.add_argument("--quick", action="store_true", help="a tiny random Llama, 2 rows of 8 + 16 tokens")
+    parser.add_argument("--train", action="store_true", help="whole `podsrl train` runs instead (module docstring)")
+    parser.add_argument("--setting", action="append", default=[], help="--train: a setting KEY=VALUE for podsrl train (repeatable)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None, help="print a saved run's table and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -175,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         parser.error(f"--ways {args.ways!r}: glibc first, then one or more of {', '.join(w for w in WAYS if w != 'glibc')}, each once")
     from _isolated import run_isolated
 
+    args.way = None
     spec = {k: getattr(args, k) for k in SPEC}
     what = "calls" if args.sampler else "updates"
     runs: dict[str, list[dict]] = {w: [] for w in ways}
@@ -182,11 +241,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     logs = tempfile.mkdtemp(prefix="host-memory-logs-")
     for r in range(args.rounds):
         for way in ways if r % 2 == 0 else ways[::-1]:
-            out = run_isolated(__file__, ["--worker"], spec, log=Path(logs) / f"{way}-{r + 1}.log", prefix="host-memory-", environ=environment(way))
+            out = run_isolated(__file__, ["--worker"], spec | {"way": way}, log=Path(logs) / f"{way}-{r + 1}.log", prefix="host-memory-",
+                               environ=environment(way))  # fmt: skip
             if "error" in out:
                 raise SystemExit(f"bench/host_memory.py: the {way} worker (round {r + 1}) failed: {out['error']}")
             runs[way].append(out)
-            print(f"round {r + 1} {way:>5}: {what} {', '.join(f'{s:.2f}' for s in runs[way][-1]['seconds'])} s, "
+            print(f"round {r + 1} {way:>5}: {'train: a median step' if args.train else what} {', '.join(f'{s:.2f}' for s in runs[way][-1]['seconds'])} s, "
                   f"peak memory {runs[way][-1]['peak_rss_gib']:.2f} GiB", flush=True)  # fmt: skip
     import torch
 
@@ -195,13 +255,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     data = {"benchmark": "host_memory", "command": "python bench/host_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(torch.device("cpu"), args.threads)["cpu"],
             "torch": torch.__version__, "tunables": KEPT, "seconds": round(time.time() - started, 1),
-            "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model", "sampler")},
+            "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model", "sampler", "train", "setting")},
             "runs": runs, "median": {w: statistics.median(s for run in runs[w] for s in run["seconds"]) for w in ways},
             "peak_rss_gib": {w: max(run["peak_rss_gib"] for run in runs[w]) for w in ways},
             "transparent_hugepage": transparent_hugepage()}  # fmt: skip
     print(table(data))
     for way in ways[1:]:
-        print(f"{'sampling call' if args.sampler else 'update'} time glibc / {way}: {data['median']['glibc'] / data['median'][way]:.2f}x")
+        print(f"{'train step' if args.train else 'sampling call' if args.sampler else 'update'} time glibc / {way}: "
+              f"{data['median']['glibc'] / data['median'][way]:.2f}x")  # fmt: skip
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")

@@ -68,7 +68,7 @@ def decide(argv: list[str], environ, *, system: str | None = None, libc: str | N
 def entry() -> None:
     """The ``podsrl`` command and ``python -m podsrl``: restart with :data:`KEPT` where :func:`decide`
     says to (``os.execve`` of this very command line), then run the CLI."""
-    if decide(sys.argv[1:], os.environ).restart:
+    if sys.executable and decide(sys.argv[1:], os.environ).restart:  # an embedded interpreter may not know its executable
         try:
             os.execve(sys.executable, sys.orig_argv, {**os.environ, "GLIBC_TUNABLES": KEPT})
         except OSError as exc:  # cannot restart: run as it is, and say so

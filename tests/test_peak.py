@@ -199,6 +199,18 @@ def test_the_update_can_be_timed_in_float32_alone(peak, tmp_path):
     assert "bfloat16 autocast" not in peak.results_tables(data)
 
 
+def test_the_peaks_and_the_update_alone_record_the_allocators_tunables(peak, tmp_path, monkeypatch):
+    """--engines none: no sampler; the JSON records GLIBC_TUNABLES (the CLI sets podsrl.hostmem.KEPT)
+    and the tables' first line shows it, where set; unset, neither."""
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1")  # read from the environment, acts only at a start
+    data = peak.main(["--quick", "--update-precision", "float32", "--engines", "none", "--out", str(tmp_path / "p.json")])
+    assert data["models"]["tiny-llama"]["sampler"] == [] and len(data["models"]["tiny-llama"]["update"]) == 2
+    assert data["machine"]["glibc_tunables"] == "glibc.malloc.trim_threshold=1"
+    assert ", GLIBC_TUNABLES=glibc.malloc.trim_threshold=1; " in peak.results_tables(data).splitlines()[0]
+    data["machine"]["glibc_tunables"] = None
+    assert "GLIBC_TUNABLES" not in peak.results_tables(data)
+
+
 @pytest.mark.usefixtures("one_thread")
 def test_the_samplers_alone_against_the_peak_and_their_decode_products(peak, tmp_path):
     """--update-precision none: the peaks and the samplers, no update; each sampler row beside the rate
