@@ -32,9 +32,10 @@ each way's largest peak memory.
 
 ``--train`` runs the CLI instead: ``python -m podsrl train`` with its defaults (the demo: a time
 budget of training minutes, evaluations before and after) plus ``--setting KEY=VALUE`` s, in each
-way's environment as a user starts it: ``kept`` with neither GLIBC_TUNABLES nor
-PODSRL_KEEP_FREED_MEMORY set (the CLI restarts itself with :data:`KEPT`, podsrl/hostmem.py), ``glibc``
-with PODSRL_KEEP_FREED_MEMORY=0, ``thp`` with that and THP_MEM_ALLOC_ENABLE=1. Each run's steps, the
+way's environment as a user starts it: ``kept`` with PODSRL_KEEP_FREED_MEMORY=1 (the CLI restarts
+itself with :data:`KEPT`, podsrl/hostmem.py), ``glibc`` with neither it nor GLIBC_TUNABLES set (the
+default; the run of 2026-11-30 set PODSRL_KEEP_FREED_MEMORY=0 there: keeping was the default at its
+commit), ``thp`` with THP_MEM_ALLOC_ENABLE=1. Each run's steps, the
 medians of its steps' ``time/step``, ``time/update`` and ``time/generate`` (metrics.jsonl), its peak
 memory (``os.wait4``'s) and its start-up line's word on the allocator. ``--out FILE`` writes the JSON (results/host-memory/);
 ``--table FILE`` prints a saved run's table.
@@ -75,7 +76,7 @@ SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler", "t
 def train_environment(way: str) -> dict:
     """``--train``: the CLI's environment for ``way``, as a user starts it (module docstring)."""
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", THP, "PODSRL_KEEP_FREED_MEMORY")}
-    return env | {"glibc": {"PODSRL_KEEP_FREED_MEMORY": "0"}, "kept": {}, "thp": {"PODSRL_KEEP_FREED_MEMORY": "0", THP: "1"}}[way]
+    return env | {"glibc": {}, "kept": {"PODSRL_KEEP_FREED_MEMORY": "1"}, "thp": {THP: "1"}}[way]
 
 
 def train_worker(spec: dict) -> dict:

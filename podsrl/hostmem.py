@@ -1,5 +1,6 @@
-"""The CLI's entry point: on Linux with glibc, ``podsrl train | eval | compare`` restart themselves
-once, at start, with glibc told to keep freed memory for reuse (issue 66).
+"""The CLI's entry point: with ``PODSRL_KEEP_FREED_MEMORY=1`` on Linux with glibc, ``podsrl train |
+eval | compare`` restart themselves once, at start, with glibc told to keep freed memory for reuse
+(issue 66). Off by default: it makes the CPU update faster and a whole run's peak memory larger.
 
 Why: a CPU update allocates and frees tensors far above glibc's mmap threshold (128 KiB, raised as
 blocks are freed up to 32 MiB) at every micro-batch: the kept logits, [rows x tokens x vocabulary]
@@ -8,23 +9,25 @@ chunks. glibc serves each with fresh pages and unmaps it when it is freed, so th
 faulted in again page by page, every page zeroed by the kernel. Two of glibc's tunables keep such
 blocks in the heap for the next one (:data:`KEPT`: an mmap threshold of 4 GiB - 1 and a trim
 threshold of 16 GiB), as PyTorch's own CPU launcher (``torch.backends.xeon.run_cpu``) keeps freed
-memory in jemalloc or tcmalloc. Measured side by side in fresh processes (bench/host_memory.py,
-docs/results.md, "The update and glibc's allocator"): the update at 16 rows of 40 + 256 tokens
-1.08x and 1.16x as fast on a 2-core AMD EPYC in two runs, at the same peak memory; 1.04x at 64
-tokens and a sampling call 1.05x, both not resolved. Huge pages (PyTorch's
-``THP_MEM_ALLOC_ENABLE=1``: fewer faults, each page still zeroed) gave 1.00x there.
+memory in jemalloc or tcmalloc.
 
-The cost: the process keeps the memory it freed (its resident size stays near its peak between
-phases instead of falling back), and the tunables act only when a process starts, so the CLI starts
-again: :func:`entry` replaces the process with the same command line (``os.execve``: the same
-process id, which torchrun, SLURM and signals see) before anything heavy is imported, about a
-tenth of a second. Child processes inherit the setting (torchrun's ranks, vLLM's workers,
-``podsrl compare``'s runs) and do not restart.
+Measured side by side in fresh processes on a 2-core AMD EPYC (bench/host_memory.py, docs/results.md,
+"The update and glibc's allocator"): the update at 16 rows of 40 + 256 tokens 1.08x and 1.16x as
+fast in two runs at the same peak memory, 1.04x at 64 tokens and a sampling call 1.05x (both not
+resolved); whole ``podsrl train`` runs of the demo (16-token answers, vLLM sampling in the process)
+1.05x a step, not resolved (the update 1.03-1.15x, the sampling a little slower), at 0.7-1.1 GiB more
+peak memory (8.2 against 7.1-7.5 GiB): freed blocks the update keeps are not what the sampler asks
+for. Hence opt-in: worth it where long completions make the update the step's cost and memory is
+not short. Huge pages (PyTorch's ``THP_MEM_ALLOC_ENABLE=1``: fewer faults, each page still zeroed)
+gave 1.00x.
 
-When it does not: ``PODSRL_KEEP_FREED_MEMORY=0``; ``GLIBC_TUNABLES`` already set (yours, or an
-earlier start's: never changed); not Linux with glibc; a command other than train, eval and compare;
-podsrl used as a library (only the CLI's entry point restarts; set ``GLIBC_TUNABLES`` yourself when
-starting Python). The start-up line says which (:func:`describe`). This module imports no torch.
+How: the tunables act only when a process starts, so :func:`entry` replaces the process with the same
+command line (``os.execve``: the same process id, which torchrun, SLURM and signals see) before
+anything heavy is imported, about a tenth of a second. Child processes inherit the setting
+(torchrun's ranks, vLLM's workers, ``podsrl compare``'s runs) and do not restart. Never over a
+``GLIBC_TUNABLES`` already set; not off Linux with glibc; not for other commands; not for podsrl used
+as a library (set ``GLIBC_TUNABLES`` yourself when starting Python). The start-up line says which
+(:func:`describe`). This module imports no torch.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import NamedTuple
 __all__ = ["COMMANDS", "KEPT", "SWITCH", "Restart", "decide", "describe", "entry"]
 
 KEPT = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=17179869184"  # 4 GiB - 1, 16 GiB
-SWITCH = "PODSRL_KEEP_FREED_MEMORY"  # "0": glibc as it is
+SWITCH = "PODSRL_KEEP_FREED_MEMORY"  # "1": restart with KEPT; unset or anything else: glibc as it is
 COMMANDS = frozenset({"train", "eval", "compare"})  # the commands that train or sample
 
 
@@ -54,15 +57,15 @@ def decide(argv: list[str], environ, *, system: str | None = None, libc: str | N
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in COMMANDS:
         return Restart(False, f"not for {command or 'no command'}")
-    if environ.get(SWITCH, "1").strip() == "0":
-        return Restart(False, f"{SWITCH}=0")
+    if environ.get(SWITCH, "").strip() != "1":
+        return Restart(False, f"{SWITCH} is not 1")
     if "GLIBC_TUNABLES" in environ:
         return Restart(False, "GLIBC_TUNABLES is set already")
     system = platform.system() if system is None else system
     libc = platform.libc_ver()[0] if libc is None else libc
     if system != "Linux" or libc != "glibc":
         return Restart(False, f"glibc's tunables need Linux with glibc ({system}, {libc or 'another C library'})")
-    return Restart(True, "glibc's allocator as it is unmaps large freed blocks")
+    return Restart(True, f"{SWITCH}=1")
 
 
 def entry() -> None:
@@ -83,9 +86,7 @@ def describe(environ=None) -> str:
     environ = os.environ if environ is None else environ
     tunables = environ.get("GLIBC_TUNABLES")
     if tunables == KEPT:
-        return f"glibc keeps freed memory (GLIBC_TUNABLES={KEPT}; {SWITCH}=0 to not)"
+        return f"glibc keeps freed memory (GLIBC_TUNABLES={KEPT})"
     if tunables is not None:
         return f"glibc's allocator as GLIBC_TUNABLES={tunables} sets it"
-    if environ.get(SWITCH, "1").strip() == "0":
-        return f"glibc's allocator as it is ({SWITCH}=0)"
-    return "the C library's allocator as it is"
+    return f"the C library's allocator as it is ({SWITCH}=1 on Linux: glibc keeps freed memory; a faster CPU update for more peak memory)"

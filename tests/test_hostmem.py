@@ -1,5 +1,5 @@
-"""podsrl/hostmem.py: the CLI restarts itself once with glibc keeping freed memory, for the commands
-that train or sample, never over the user's own setting (issue 66)."""
+"""podsrl/hostmem.py: asked (PODSRL_KEEP_FREED_MEMORY=1), the CLI restarts itself once with glibc keeping
+freed memory, for the commands that train or sample, never over the user's own setting (issue 66)."""
 
 from __future__ import annotations
 
@@ -23,30 +23,29 @@ LINUX = dict(system="Linux", libc="glibc")
 @pytest.mark.parametrize(
     ("argv", "environ", "where", "restart", "why"),
     [
-        (["train"], {}, LINUX, True, "unmaps large freed blocks"),
-        (["train", "my.toml", "--select.m=8"], {}, LINUX, True, ""),
-        (["eval", "--run", "runs/x"], {}, LINUX, True, ""),
-        (["compare", "configs/compare.toml"], {}, LINUX, True, ""),
-        (["plot", "runs/a"], {}, LINUX, False, "not for plot"),
-        (["env"], {}, LINUX, False, "not for env"),
-        ([], {}, LINUX, False, "not for no command"),
-        (["train"], {SWITCH: "0"}, LINUX, False, f"{SWITCH}=0"),
-        (["train"], {SWITCH: "1"}, LINUX, True, ""),
-        (["train"], {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, LINUX, False, "set already"),  # the user's, or an earlier start's
-        (["train"], {}, dict(system="Darwin", libc=""), False, "Linux with glibc (Darwin, another C library)"),
-        (["train"], {}, dict(system="Linux", libc=""), False, "Linux with glibc (Linux, another C library)"),  # musl
+        (["train"], {SWITCH: "1"}, LINUX, True, f"{SWITCH}=1"),
+        (["train", "my.toml", "--select.m=8"], {SWITCH: "1"}, LINUX, True, ""),
+        (["eval", "--run", "runs/x"], {SWITCH: "1"}, LINUX, True, ""),
+        (["compare", "configs/compare.toml"], {SWITCH: "1"}, LINUX, True, ""),
+        (["train"], {}, LINUX, False, f"{SWITCH} is not 1"),  # off by default
+        (["train"], {SWITCH: "0"}, LINUX, False, f"{SWITCH} is not 1"),
+        (["plot", "runs/a"], {SWITCH: "1"}, LINUX, False, "not for plot"),
+        (["env"], {SWITCH: "1"}, LINUX, False, "not for env"),
+        ([], {SWITCH: "1"}, LINUX, False, "not for no command"),
+        (["train"], {SWITCH: "1", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, LINUX, False, "set already"),  # the user's, or an earlier start's
+        (["train"], {SWITCH: "1"}, dict(system="Darwin", libc=""), False, "Linux with glibc (Darwin, another C library)"),
+        (["train"], {SWITCH: "1"}, dict(system="Linux", libc=""), False, "Linux with glibc (Linux, another C library)"),  # musl
     ],
 )
-def test_decide_restarts_only_the_commands_that_train_or_sample_on_glibc_when_nobody_chose(argv, environ, where, restart, why):
+def test_decide_restarts_only_when_asked_for_the_commands_that_train_or_sample_on_glibc(argv, environ, where, restart, why):
     chosen = decide(argv, environ, **where)
     assert chosen.restart == restart and why in chosen.reason, chosen
 
 
 def test_describe_says_what_the_allocator_does_and_how_to_change_it():
-    assert describe({"GLIBC_TUNABLES": KEPT}) == f"glibc keeps freed memory (GLIBC_TUNABLES={KEPT}; {SWITCH}=0 to not)"
+    assert describe({"GLIBC_TUNABLES": KEPT}) == f"glibc keeps freed memory (GLIBC_TUNABLES={KEPT})"
     assert describe({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == "glibc's allocator as GLIBC_TUNABLES=glibc.malloc.arena_max=2 sets it"
-    assert describe({SWITCH: "0"}) == f"glibc's allocator as it is ({SWITCH}=0)"
-    assert describe({}) == "the C library's allocator as it is"
+    assert describe({}) == f"the C library's allocator as it is ({SWITCH}=1 on Linux: glibc keeps freed memory; a faster CPU update for more peak memory)"
 
 
 ENTRY = """
@@ -69,13 +68,14 @@ def _entry(*argv: str, **env: str) -> list[list[str]]:
 
 @pytest.mark.skipif(not GLIBC, reason="the restart is for Linux with glibc")
 def test_the_entry_point_restarts_once_in_the_same_process_with_the_tunables_then_runs_the_cli():
-    """``podsrl train``: the command line runs twice (a restart) under one process id, the CLI once,
-    with GLIBC_TUNABLES = KEPT; ``podsrl plot`` and PODSRL_KEEP_FREED_MEMORY=0 run it once, as they are."""
-    (start, pid), (again, pid2), (main, pid3, tunables) = _entry("train")
+    """``PODSRL_KEEP_FREED_MEMORY=1 podsrl train``: the command line runs twice (a restart) under one
+    process id, the CLI once, with GLIBC_TUNABLES = KEPT; without the switch, and ``podsrl plot`` with it,
+    it runs once, as it is."""
+    (start, pid), (again, pid2), (main, pid3, tunables) = _entry("train", **{SWITCH: "1"})
     assert (start, again, main) == ("start", "start", "main") and pid == pid2 == pid3 and tunables == KEPT
-    assert [line[0] for line in _entry("plot", "runs/a")] == ["start", "main"]
-    assert [line[0] for line in _entry("train", **{SWITCH: "0"})] == ["start", "main"]
-    assert _entry("train", GLIBC_TUNABLES="glibc.malloc.arena_max=2")[-1][2] == "glibc.malloc.arena_max=2"  # theirs, kept as it is
+    assert [line[0] for line in _entry("train")] == ["start", "main"] and _entry("train")[-1][2] == "None"
+    assert [line[0] for line in _entry("plot", "runs/a", **{SWITCH: "1"})] == ["start", "main"]
+    assert _entry("train", GLIBC_TUNABLES="glibc.malloc.arena_max=2", **{SWITCH: "1"})[-1][2] == "glibc.malloc.arena_max=2"  # theirs, kept as it is
 
 
 def test_the_train_start_up_line_says_what_the_allocator_does_on_a_cpu(monkeypatch):
