@@ -57,7 +57,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-KEPT = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=17179869184"  # 4 GiB - 1, 16 GiB
+from podsrl.hostmem import KEPT, SWITCH  # noqa: E402  (the CLI's, with PODSRL_KEEP_FREED_MEMORY=1; hostmem imports no torch)
+
 THP = "THP_MEM_ALLOC_ENABLE"  # PyTorch's (c10's alloc_cpu): huge pages for its CPU blocks of 2 MiB and more, read once at start
 WAYS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT}, "thp": {THP: "1"}}  # way -> what its worker's environment adds
 DEFAULT_WAYS = ("glibc", "kept", "thp")
@@ -75,8 +76,8 @@ SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler", "t
 
 def train_environment(way: str) -> dict:
     """``--train``: the CLI's environment for ``way``, as a user starts it (module docstring)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", THP, "PODSRL_KEEP_FREED_MEMORY")}
-    return env | {"glibc": {}, "kept": {"PODSRL_KEEP_FREED_MEMORY": "1"}, "thp": {THP: "1"}}[way]
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", THP, SWITCH)}
+    return env | {"glibc": {}, "kept": {SWITCH: "1"}, "thp": {THP: "1"}}[way]
 
 
 def train_worker(spec: dict) -> dict:

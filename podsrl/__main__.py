@@ -1,6 +1,6 @@
 """``python -m podsrl ...``: the CLI, also what launchers run (``torchrun -m podsrl train``); through
-:func:`podsrl.hostmem.entry`, as the ``podsrl`` command."""
+:func:`podsrl.launch.entry`, as the ``podsrl`` command."""
 
-from podsrl.hostmem import entry
+from podsrl.launch import entry
 
 entry()

@@ -1,4 +1,4 @@
-"""The CLI's entry point: with ``PODSRL_KEEP_FREED_MEMORY=1`` on Linux with glibc, ``podsrl train |
+"""Before the CLI starts: with ``PODSRL_KEEP_FREED_MEMORY=1`` on Linux with glibc, ``podsrl train |
 eval | compare`` restart themselves once, at start, with glibc told to keep freed memory for reuse
 (issue 66). Off by default: it makes the CPU update faster and a whole run's peak memory larger.
 
@@ -21,7 +21,8 @@ for. Hence opt-in: worth it where long completions make the update the step's co
 not short. Huge pages (PyTorch's ``THP_MEM_ALLOC_ENABLE=1``: fewer faults, each page still zeroed)
 gave 1.00x.
 
-How: the tunables act only when a process starts, so :func:`entry` replaces the process with the same
+How: the tunables act only when a process starts, so :func:`restart_if_asked` (called by the CLI's
+entry point, :func:`podsrl.launch.entry`) replaces the process with the same
 command line (``os.execve``: the same process id, which torchrun, SLURM and signals see) before
 anything heavy is imported, about a tenth of a second. Child processes inherit the setting
 (torchrun's ranks, vLLM's workers, ``podsrl compare``'s runs) and do not restart. Never over a
@@ -37,7 +38,7 @@ import platform
 import sys
 from typing import NamedTuple
 
-__all__ = ["COMMANDS", "KEPT", "SWITCH", "Restart", "decide", "describe", "entry"]
+__all__ = ["COMMANDS", "KEPT", "SWITCH", "Restart", "decide", "describe", "restart_if_asked"]
 
 KEPT = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=17179869184"  # 4 GiB - 1, 16 GiB
 SWITCH = "PODSRL_KEEP_FREED_MEMORY"  # "1": restart with KEPT; unset or anything else: glibc as it is
@@ -68,17 +69,14 @@ def decide(argv: list[str], environ, *, system: str | None = None, libc: str | N
     return Restart(True, f"{SWITCH}=1")
 
 
-def entry() -> None:
-    """The ``podsrl`` command and ``python -m podsrl``: restart with :data:`KEPT` where :func:`decide`
-    says to (``os.execve`` of this very command line), then run the CLI."""
+def restart_if_asked() -> None:
+    """Replace this process with its own command line under :data:`KEPT` where :func:`decide` says
+    to (``os.execve``); return where it does not, or where the restart fails (said on stderr)."""
     if sys.executable and decide(sys.argv[1:], os.environ).restart:  # an embedded interpreter may not know its executable
         try:
             os.execve(sys.executable, sys.orig_argv, {**os.environ, "GLIBC_TUNABLES": KEPT})
         except OSError as exc:  # cannot restart: run as it is, and say so
             print(f"podsrl: could not restart with glibc keeping freed memory ({exc}); running as it is", file=sys.stderr)
-    from podsrl.cli import main
-
-    sys.exit(main())
 
 
 def describe(environ=None) -> str:

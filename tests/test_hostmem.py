@@ -49,12 +49,11 @@ def test_describe_says_what_the_allocator_does_and_how_to_change_it():
 
 
 ENTRY = """
-import os, sys
-import podsrl.cli
-podsrl.cli.main = lambda: print("main", os.getpid(), os.environ.get("GLIBC_TUNABLES")) or 0
+import os, sys, types
+sys.modules["podsrl.cli"] = types.SimpleNamespace(main=lambda: print("main", os.getpid(), os.environ.get("GLIBC_TUNABLES")) or 0)  # no torch
 sys.argv = ["podsrl", *sys.argv[1:]]
 print("start", os.getpid(), flush=True)
-from podsrl.hostmem import entry
+from podsrl.launch import entry
 entry()
 """
 
