@@ -24,17 +24,24 @@ def log_normaliser(
 ) -> tuple[Tensor, Tensor | None]:
     """logsumexp(logits / temperature) [R] and, optionally, the entropy [R] of softmax(logits /
     temperature), both float32 and detached; logits [R, V] of any float dtype, ``chunk_size`` rows
-    at a time (two float32 [chunk, V] buffers)."""
-    R = logits.shape[0]
+    at a time (two float32 [chunk, V] buffers, reused from chunk to chunk)."""
+    R, V = logits.shape
     lse = torch.empty(R, dtype=torch.float32, device=logits.device)
     entropy = torch.empty(R, dtype=torch.float32, device=logits.device) if with_entropy else None
+    # Two [chunk, V] float32 buffers for all chunks: a fresh one per chunk (over 32 MiB at 256 x a
+    # 49k vocabulary) is a fresh mmap on glibc, whose page zeroing cost more than the arithmetic.
+    d_buf = torch.empty((min(chunk_size, R), V), dtype=torch.float32, device=logits.device)
+    e_buf = torch.empty_like(d_buf)
     for s in range(0, R, chunk_size):
-        x = logits[s : s + chunk_size].float()
-        d = x / temperature if temperature != 1.0 else x.clone()  # [c, V], owned: modified in place
+        x = logits[s : s + chunk_size]
+        d, e = d_buf[: x.shape[0]], e_buf[: x.shape[0]]
+        d.copy_(x)  # float32, owned: modified in place
+        if temperature != 1.0:
+            d.div_(temperature)
         m = d.amax(dim=-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # an all -inf row: no NaN from -inf - -inf
         d.sub_(m)  # x - max <= 0
-        e = d.exp()
+        torch.exp(d, out=e)
         z = e.sum(dim=-1, keepdim=True)  # [c, 1]
         lse[s : s + chunk_size] = (m + z.log()).squeeze(-1)
         if entropy is not None:

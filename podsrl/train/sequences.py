@@ -219,10 +219,17 @@ class _TokenLogProbs(torch.autograd.Function):
         grad = grad.float()
         row_grad = torch.zeros_like(lse).index_add_(0, rows, grad)  # [R]
         out = torch.empty_like(logits)
+        # The softmax is built in place: in out's own rows when they are float32, else in one
+        # [c, V] float32 buffer reused from chunk to chunk (no fresh allocation per chunk).
+        buf = None if logits.dtype == torch.float32 else torch.empty((min(c, logits.shape[0]), logits.shape[1]), dtype=torch.float32, device=logits.device)
         for s in range(0, logits.shape[0], c):
-            p = logits[s : s + c].float()
-            p = p / t if t != 1.0 else p.clone()
+            x = logits[s : s + c]
+            p = out[s : s + c] if buf is None else buf[: x.shape[0]]
+            p.copy_(x)
+            if t != 1.0:
+                p.div_(t)
             p.sub_(lse[s : s + c, None]).exp_().mul_(row_grad[s : s + c, None] / -t)
-            out[s : s + c] = p
+            if buf is not None:
+                out[s : s + c] = p
         out.index_put_((rows, targets), (grad / t).to(out.dtype), accumulate=True)
         return out, None, None, None, None, None
