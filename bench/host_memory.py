@@ -47,7 +47,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -57,27 +56,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from podsrl.hostmem import KEPT, SWITCH  # noqa: E402  (the CLI's, with PODSRL_KEEP_FREED_MEMORY=1; hostmem imports no torch)
+from podsrl.hostmem import KEPT, SWITCH, tunables_unsupported  # noqa: E402  (the CLI's, with PODSRL_KEEP_FREED_MEMORY=1; hostmem imports no torch)
 
 THP = "THP_MEM_ALLOC_ENABLE"  # PyTorch's (c10's alloc_cpu): huge pages for its CPU blocks of 2 MiB and more, read once at start
 WAYS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT}, "thp": {THP: "1"}}  # way -> what its worker's environment adds
+TRAIN_WAYS = {"glibc": {}, "kept": {SWITCH: "1"}, "thp": {THP: "1"}}  # --train: what the CLI's environment adds (module docstring)
+CLEARED = ("GLIBC_TUNABLES", THP, SWITCH)  # removed from the caller's environment before a way adds its own
 DEFAULT_WAYS = ("glibc", "kept", "thp")
 
 
-def environment(way: str) -> dict:
-    """The worker's environment for ``way``: the caller's without GLIBC_TUNABLES and
-    THP_MEM_ALLOC_ENABLE, plus the way's own. One thread a process is set by the worker itself."""
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", THP)}
-    return env | WAYS[way]
+def environment(way: str, *, train: bool = False) -> dict:
+    """The environment of ``way``'s worker (``train``: of its ``podsrl train`` run, as a user starts
+    it): the caller's without :data:`CLEARED`, plus the way's own. One thread a process is set by the
+    worker itself."""
+    return {k: v for k, v in os.environ.items() if k not in CLEARED} | (TRAIN_WAYS if train else WAYS)[way]
 
 
 SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler", "train", "setting", "way")  # what a worker is told
-
-
-def train_environment(way: str) -> dict:
-    """``--train``: the CLI's environment for ``way``, as a user starts it (module docstring)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", THP, SWITCH)}
-    return env | {"glibc": {}, "kept": {SWITCH: "1"}, "thp": {THP: "1"}}[way]
 
 
 def train_worker(spec: dict) -> dict:
@@ -87,7 +82,7 @@ def train_worker(spec: dict) -> dict:
     run_dir = Path(spec["tmp"]) / "run"
     with open(Path(spec["tmp"]) / "out.log", "w") as log:
         child = subprocess.Popen([sys.executable, "-m", "podsrl", "train", "--out", str(run_dir), *(f"--{s}" for s in spec["setting"])], cwd=ROOT,
-                                 env=train_environment(spec["way"]), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                                 env=environment(spec["way"], train=True), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         _, status, usage = os.wait4(child.pid, 0)
     text = (Path(spec["tmp"]) / "out.log").read_text()
     if os.waitstatus_to_exitcode(status) != 0:
@@ -228,8 +223,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         args.rows, args.prompt, args.length, args.updates, args.rounds, args.threads = 2, 8, 16, 1, 1, 1
         args.model = args.model or (None if args.sampler else "tiny-llama")  # the sampler needs a tokenizer: the embedded model's
     args.model = args.model or peak.EMBEDDED
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        raise SystemExit("bench/host_memory.py: glibc's tunables: Linux with glibc only")
+    if why := tunables_unsupported():
+        raise SystemExit(f"bench/host_memory.py: {why}")
     ways = tuple(args.ways.split(","))
     if ways[0] != "glibc" or len(set(ways)) != len(ways) or not set(ways) <= set(WAYS) or len(ways) < 2:
         parser.error(f"--ways {args.ways!r}: glibc first, then one or more of {', '.join(w for w in WAYS if w != 'glibc')}, each once")

@@ -38,7 +38,7 @@ import platform
 import sys
 from typing import NamedTuple
 
-__all__ = ["COMMANDS", "KEPT", "SWITCH", "Restart", "decide", "describe", "restart_if_asked"]
+__all__ = ["COMMANDS", "KEPT", "SWITCH", "Restart", "decide", "describe", "restart_if_asked", "tunables_unsupported"]
 
 KEPT = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=17179869184"  # 4 GiB - 1, 16 GiB
 SWITCH = "PODSRL_KEEP_FREED_MEMORY"  # "1": restart with KEPT; unset or anything else: glibc as it is
@@ -62,11 +62,18 @@ def decide(argv: list[str], environ, *, system: str | None = None, libc: str | N
         return Restart(False, f"{SWITCH} is not 1")
     if "GLIBC_TUNABLES" in environ:
         return Restart(False, "GLIBC_TUNABLES is set already")
+    why = tunables_unsupported(system=system, libc=libc)
+    return Restart(False, why) if why else Restart(True, f"{SWITCH}=1")
+
+
+def tunables_unsupported(*, system: str | None = None, libc: str | None = None) -> str | None:
+    """Why glibc's tunables do not apply on this machine, or None on Linux with glibc. ``system`` and
+    ``libc``: ``platform.system()`` and ``platform.libc_ver()[0]`` (None: this machine's)."""
     system = platform.system() if system is None else system
     libc = platform.libc_ver()[0] if libc is None else libc
     if system != "Linux" or libc != "glibc":
-        return Restart(False, f"glibc's tunables need Linux with glibc ({system}, {libc or 'another C library'})")
-    return Restart(True, f"{SWITCH}=1")
+        return f"glibc's tunables need Linux with glibc ({system}, {libc or 'another C library'})"
+    return None
 
 
 def restart_if_asked() -> None:

@@ -52,6 +52,14 @@ def test_every_committed_host_memory_run_is_in_the_results_page_as_its_table():
             assert bench.table(json.loads(path.read_text())) in page, f"paste `python bench/host_memory.py --table {path.relative_to(ROOT)}`"
 
 
+def test_the_bench_refuses_a_machine_without_glibc_saying_why(monkeypatch):
+    with script_module(ROOT / "bench" / "host_memory.py") as bench:
+        monkeypatch.setattr(bench, "tunables_unsupported", lambda: "glibc's tunables need Linux with glibc (Darwin, another C library)")
+        with pytest.raises(SystemExit, match=r"bench/host_memory.py: glibc's tunables need Linux with glibc \(Darwin"):
+            bench.main(["--quick"])
+
+
+@pytest.mark.slow  # two processes loading the embedded model, about 40 s; the update's quick test above runs the same workers by default
 @pytest.mark.skipif(not GLIBC, reason="glibc's tunables: the bench refuses other C libraries")
 def test_the_bench_times_a_sampling_call_instead_with_the_embedded_model(tmp_path):
     """--quick --sampler 4: the transformers engine's call of 4 rollouts (the embedded model: the tiny
@@ -72,8 +80,8 @@ def test_the_bench_times_whole_train_runs_started_as_users_start_them(tmp_path):
     tiny = ["train.max_steps=1", "eval.at_start=false", "eval.at_end=false", "rollout.engine=transformers", "rollout.n=4", "select.m=2",
             "train.prompts_per_step=2", "rollout.max_new_tokens=4"]  # fmt: skip
     with script_module(ROOT / "bench" / "host_memory.py") as bench:
-        assert "GLIBC_TUNABLES" not in bench.train_environment("kept") and bench.train_environment("kept")["PODSRL_KEEP_FREED_MEMORY"] == "1"
-        assert not {"GLIBC_TUNABLES", "PODSRL_KEEP_FREED_MEMORY"} & set(bench.train_environment("glibc"))
+        assert "GLIBC_TUNABLES" not in bench.environment("kept", train=True) and bench.environment("kept", train=True)["PODSRL_KEEP_FREED_MEMORY"] == "1"
+        assert not {"GLIBC_TUNABLES", "PODSRL_KEEP_FREED_MEMORY"} & set(bench.environment("glibc", train=True))
         data = bench.main(["--quick", "--train", "--ways", "glibc,kept", *(f"--setting={x}" for x in tiny), "--out", str(tmp_path / "hm.json")])
         kept, glibc = data["runs"]["kept"][0], data["runs"]["glibc"][0]
         assert kept["said"].startswith("glibc keeps freed memory (GLIBC_TUNABLES=" + bench.KEPT) and glibc["said"].startswith("the C library's allocator as it is (PODSRL_KEEP_FREED_MEMORY=1 ")
