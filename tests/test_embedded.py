@@ -45,9 +45,13 @@ def test_embedded_model_trains_two_steps(tmp_path):
             assert row[key] is not None and math.isfinite(row[key]), key
         assert 0 < row["completion_len"] <= 16
         assert row["kept"] == 4
-        for key in ("loss", "grad_norm", "entropy", "clip_frac_low", "clip_frac_high"):
+        for key in ("loss", "grad_norm", "clip_frac_low", "clip_frac_high"):
             assert row[key] is not None and math.isfinite(row[key]), key
-        assert row["entropy"] > 0 and row["tokens_kept"] > 0
+        assert row["tokens_kept"] > 0
+        # A step whose kept groups all scored alike runs no row (and the transformers engine returns
+        # no sampling log-probs to measure): its entropy is not measured, null rather than 0.
+        assert row["entropy"] > 0 if row["rows_run"] else row["entropy"] is None, row
+    assert any(row["rows_run"] for row in rows)
     evals = read_jsonl(run / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 2]
     assert all(e["problems"] == 8 and 0 <= e["accuracy"] <= 1 for e in evals)

@@ -199,6 +199,7 @@ def test_a_step_without_signal_still_steps_the_optimizer(tiny_policy):
         stats = run_update(m2, optimizer2, scheduler2, silent, update_settings(skip_zero_advantage=skip, **settings))
         assert stats.grad_norm == 0.0 and stats.loss == 0.0
         assert stats.rows_run == (0 if skip else 10)
+        assert (stats.entropy is None) == skip and stats.metrics()["entropy"] == stats.entropy  # no forward: not measured (null), not 0
         assert all(not torch.equal(b, p) for b, p in zip(params, params2))  # it moved
         results.append([p.detach().clone() for p in params2])
     for a, b in zip(*results):  # zero gradients both ways: the same AdamW step, bit for bit

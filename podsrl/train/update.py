@@ -188,7 +188,7 @@ class UpdateStats:
     clip_frac_low: float
     clip_frac_high: float
     ratio_mean: float
-    entropy: float  # mean over the completion tokens of the rows that had a forward pass
+    entropy: float | None  # mean over the completion tokens of the rows that had a forward pass; None where none had one
     kl: float | None
     tokens_total: int  # completion tokens of the kept rollouts
     tokens_kept: int  # tokens in the policy-gradient term (after D3S token selection: of rows with A != 0 only)
@@ -398,7 +398,7 @@ def run_update(
         clip_frac_low=sums.clip_low / max(sums.pg_tokens, 1),
         clip_frac_high=sums.clip_high / max(sums.pg_tokens, 1),
         ratio_mean=sums.ratio / sums.pg_tokens if sums.pg_tokens else 1.0,
-        entropy=sums.entropy / max(sums.entropy_tokens, 1),
+        entropy=sums.entropy / sums.entropy_tokens if sums.entropy_tokens else None,  # no forward pass: not measured, not 0
         kl=sums.kl / max(sums.kl_tokens, 1) if settings.loss.beta > 0 else None,
         tokens_total=tokens_total,
         tokens_kept=tokens_kept,
