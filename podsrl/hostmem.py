@@ -4,9 +4,11 @@ eval | compare`` restart themselves once, at start, with glibc told to keep free
 
 Why: a CPU update allocates and frees tensors far above glibc's mmap threshold (128 KiB, raised as
 blocks are freed up to 32 MiB) at every micro-batch: the kept logits, [rows x tokens x vocabulary]
-float32 (805 MB at 16 rows of 256 tokens of the embedded model), their gradient, the log-softmax's
-chunks. glibc serves each with fresh pages and unmaps it when it is freed, so the next one is
-faulted in again page by page, every page zeroed by the kernel. Two of glibc's tunables keep such
+float32 (805 MB at 16 rows of 256 tokens of the embedded model), and the model's activations (the
+logits' gradient and the log-softmax's chunks were such blocks too, in the measurements below;
+they are now written in place: podsrl/train/sequences.py). glibc serves each with fresh pages and
+unmaps it when it is freed, so the next one is faulted in again page by page, every page zeroed by
+the kernel. Two of glibc's tunables keep such
 blocks in the heap for the next one (:data:`KEPT`: an mmap threshold of 4 GiB - 1 and a trim
 threshold of 16 GiB), as PyTorch's own CPU launcher (``torch.backends.xeon.run_cpu``) keeps freed
 memory in jemalloc or tcmalloc.

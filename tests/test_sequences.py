@@ -134,3 +134,73 @@ def test_token_logprobs_masked_vocabulary():
     torch.testing.assert_close(entropy, torch.tensor([0.6931472, 0.0]), rtol=1e-5, atol=1e-5)
     lp.sum().backward()
     assert torch.isfinite(logits.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("make", ["product", "product, viewed", "exp of a product", "leaf", "transposed product"])
+def test_the_gradient_overwrites_the_logits_only_where_nothing_reads_them_after(make, dtype):
+    """Logits an output layer's product makes (through views) take their own gradient in place; logits
+    whose producer keeps them for its backward (exp), a caller's own tensor and a non-contiguous view
+    get a fresh one. The gradients match log_softmax's either way (the overwritten ones included)."""
+    from podsrl.train import sequences
+
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(12, 8, generator=g).to(dtype).requires_grad_()
+    weight = torch.randn(37, 8, generator=g).to(dtype).requires_grad_()
+    rows = torch.tensor([0, 0, 1, 2, 4, 4, 7, 11])
+    targets = torch.randint(0, 37, (8,), generator=g)
+    upstream = torch.randn(8, generator=g)
+
+    def logits_of(h, w):
+        if make == "product":
+            return h @ w.T  # [12, 37]
+        if make == "product, viewed":
+            return (h @ w.T).view(3, 4, 37).reshape(12, 37)
+        if make == "exp of a product":
+            return (h @ w.T / 4).exp()  # exp's backward reads its output
+        if make == "transposed product":
+            return (w @ h.T).T
+        return h.detach().float().matmul(w.detach().float().T).to(dtype).requires_grad_()  # a leaf
+
+    logits = logits_of(hidden, weight)
+    assert sequences._gradient_in_place(logits) == (make in ("product", "product, viewed"))
+    before = logits.detach().clone()
+    got, _ = token_logprobs(logits, targets, rows=rows, temperature=0.8, chunk_size=5, overwrite_logits=True)
+    (got * upstream).sum().backward()
+    got_grads = [t.grad for t in ((logits,) if make == "leaf" else (hidden, weight))]
+    if make not in ("product", "product, viewed"):
+        assert torch.equal(logits.detach(), before)  # left as it was
+
+    h2, w2 = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    ref = before.clone().requires_grad_() if make == "leaf" else logits_of(h2, w2)
+    want = torch.log_softmax(ref.float() / 0.8, dim=-1)[rows, targets]
+    (want * upstream).sum().backward()
+    want_grads = [ref.grad] if make == "leaf" else [h2.grad, w2.grad]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_models_logits_take_their_gradient_in_place(tiny_model, one_thread, share, monkeypatch):
+    """The output layer's logits of a transformers model (shared prompt or not) are overwritten by their
+    gradient: the update's [rows x tokens x V] gradient tensor is not allocated."""
+    from podsrl.train import sequences
+
+    seen = []
+    real = sequences._gradient_in_place
+    monkeypatch.setattr(sequences, "_gradient_in_place", lambda logits: seen.append(real(logits)) or seen[-1])
+    prompts, completions = _batch(tiny_model.config.vocab_size)
+    got, _ = forward_logprobs(tiny_model, pack(prompts, completions, pad_id=0), share_prompts=share, overwrite_logits=True)
+    got.sum().backward()
+    assert seen and all(seen), seen
+
+
+def test_logits_are_overwritten_only_when_asked_so_a_graph_can_be_kept(tiny_model, one_thread):
+    """By default the backward leaves the logits alone: a caller may backpropagate twice through one
+    forward (retain_graph), as a per-token gradient norm does."""
+    prompts, completions = _batch(tiny_model.config.vocab_size)
+    got, _ = forward_logprobs(tiny_model, pack(prompts, completions, pad_id=0))
+    first = torch.autograd.grad(got[0, 0], list(tiny_model.parameters()), retain_graph=True, allow_unused=True)
+    again = torch.autograd.grad(got[0, 0], list(tiny_model.parameters()), allow_unused=True)
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(first, again))

@@ -540,7 +540,7 @@ def _policy_iteration(u: _Update, micro_batches: list[_MicroBatch], totals: Batc
         rows = [u.rows[i] for i in mb.rows]
         need_entropy = rows[0].entropy is None
         logprobs, entropy = forward_logprobs(u.model, mb.pack, temperature=s.temperature, with_entropy=need_entropy, share_prompts=u.share_prompts,
-                                             mixed_precision=s.mixed_precision)  # fmt: skip
+                                             mixed_precision=s.mixed_precision, overwrite_logits=True)  # fmt: skip  (one backward below)
         if need_entropy:
             for row, e in zip(rows, mb.split(entropy)):
                 row.entropy = e
