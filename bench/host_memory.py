@@ -1,5 +1,5 @@
 """Benchmark: the CPU update with glibc's allocator as it is, with freed memory kept and with huge
-pages (issue 66).
+pages, and with the logits' gradient in a fresh tensor as before commit ae0d70c (issue 66).
 
     python bench/host_memory.py                     # 16 rows of 40 + 256 tokens, 2 rounds of 2 timed updates a way
     python bench/host_memory.py --sampler 128 --length 64    # the transformers engine's call of 128 x 64 tokens instead
@@ -10,7 +10,8 @@ Why: glibc's ``malloc`` serves a block above its mmap threshold (128 KiB, raised
 up to 32 MiB) with fresh pages and gives them back when it is freed, so the next block of that size
 is faulted in again page by page, each page zeroed by the kernel. A CPU update allocates tensors far
 above 32 MiB at each micro-batch (the kept logits, [rows x tokens x vocabulary] float32: 805 MB at
-16 rows of 256 tokens of the embedded model, their gradient, the log-softmax's chunks). glibc's
+16 rows of 256 tokens of the embedded model; their gradient and the log-softmax's chunks until
+commits f94e9c4 and ae0d70c wrote them in place). glibc's
 tunables (``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...:glibc.malloc.trim_threshold=...``, read
 when a process starts; PyTorch's CPU performance guide points at them, and at jemalloc and tcmalloc)
 keep such blocks in the heap for the next one. Or the faults can be made fewer: PyTorch asks the
@@ -20,7 +21,10 @@ more where ``THP_MEM_ALLOC_ENABLE=1`` is set when it starts (:data:`THP`), one f
 
 What: each way runs in a fresh process (the tunables act at start-up), the ways alternating round
 by round: ``glibc`` (the environment as it is, GLIBC_TUNABLES and THP_MEM_ALLOC_ENABLE removed),
-``kept`` (:data:`KEPT`) and ``thp`` (THP_MEM_ALLOC_ENABLE=1); ``--ways`` picks them. A
+``kept`` (:data:`KEPT`) and ``thp`` (THP_MEM_ALLOC_ENABLE=1); ``fresh`` (the update only) is glibc
+as it is with the update's logits' gradient in a fresh [rows x tokens x V] tensor, as before commit
+ae0d70c (:data:`FRESH`: the worker makes ``podsrl.train.sequences._gradient_in_place`` say no, and
+records whether the update asked it and what it answered). ``--ways`` picks them. A
 process loads the model, runs a warm-up update, then ``--updates`` timed ``run_update`` calls of one
 micro-batch (bench/peak.py's batch: one 40-token prompt shared by ``--rows`` random completions,
 advantages +1 and -1, float32), and reports their seconds and its peak resident memory
@@ -59,9 +63,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from podsrl.hostmem import KEPT, SWITCH, tunables_unsupported  # noqa: E402  (the CLI's, with PODSRL_KEEP_FREED_MEMORY=1; hostmem imports no torch)
 
 THP = "THP_MEM_ALLOC_ENABLE"  # PyTorch's (c10's alloc_cpu): huge pages for its CPU blocks of 2 MiB and more, read once at start
-WAYS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT}, "thp": {THP: "1"}}  # way -> what its worker's environment adds
+FRESH = "PODSRL_BENCH_FRESH_GRADIENT"  # this bench's worker only: "1": the logits' gradient in a fresh tensor (module docstring)
+WAYS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT}, "thp": {THP: "1"}, "fresh": {FRESH: "1"}}  # way -> what its worker's environment adds
 TRAIN_WAYS = {"glibc": {}, "kept": {SWITCH: "1"}, "thp": {THP: "1"}}  # --train: what the CLI's environment adds (module docstring)
-CLEARED = ("GLIBC_TUNABLES", THP, SWITCH)  # removed from the caller's environment before a way adds its own
+CLEARED = ("GLIBC_TUNABLES", THP, SWITCH, FRESH)  # removed from the caller's environment before a way adds its own
 DEFAULT_WAYS = ("glibc", "kept", "thp")
 
 
@@ -127,6 +132,13 @@ def worker(spec: dict) -> dict:
         def once():
             return sum(map(len, engines["transformers"].generate(prompts, sampling).completion_ids))
     else:
+        from podsrl.train import sequences
+
+        asked = sequences._gradient_in_place
+        if os.environ.get(FRESH) == "1":
+            asked = lambda logits: False  # noqa: E731  (the fresh way: as before commit ae0d70c)
+        answers = []  # what the timed updates' backward was told, one answer a call
+        sequences._gradient_in_place = lambda logits: answers.append(asked(logits)) or answers[-1]
         optimizer, scheduler = peak._optimizer(model)
         prompt = torch.randint(3, shapes.vocab - 1, (args.prompt,), generator=gen).tolist()
         batch = peak._batch([prompt], args.rows, args.length, shapes.vocab, gen)
@@ -138,6 +150,8 @@ def worker(spec: dict) -> dict:
             return args.rows * args.length
 
     once()  # the warm-up
+    if not args.sampler:
+        answers.clear()
     seconds = []
     for _ in range(args.updates):
         start = time.perf_counter()
@@ -145,7 +159,8 @@ def worker(spec: dict) -> dict:
         seconds.append(time.perf_counter() - start)
     return {"seconds": seconds, "timed": "sampler" if args.sampler else "update", "tokens": tokens,  # completion tokens a timed call or update
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get(THP)}  # fmt: skip
+            "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get(THP),
+            "gradient_in_place": None if args.sampler or not answers else all(answers)}  # fmt: skip
 
 
 def transparent_hugepage() -> str | None:
@@ -228,6 +243,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     ways = tuple(args.ways.split(","))
     if ways[0] != "glibc" or len(set(ways)) != len(ways) or not set(ways) <= set(WAYS) or len(ways) < 2:
         parser.error(f"--ways {args.ways!r}: glibc first, then one or more of {', '.join(w for w in WAYS if w != 'glibc')}, each once")
+    if "fresh" in ways and (args.sampler or args.train):
+        parser.error(f"--ways {args.ways!r}: fresh is the update's logits' gradient: not with --sampler or --train")
     from _isolated import run_isolated
 
     args.way = None

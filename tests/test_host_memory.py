@@ -26,11 +26,13 @@ def test_the_bench_runs_each_way_in_its_own_process_with_its_tunables(tmp_path, 
         assert not {"GLIBC_TUNABLES", bench.THP} & set(bench.environment("glibc"))
         assert bench.environment("kept")["GLIBC_TUNABLES"] == bench.KEPT and bench.THP not in bench.environment("kept")
         assert bench.environment("thp")[bench.THP] == "1" and "GLIBC_TUNABLES" not in bench.environment("thp")
-        data = bench.main(["--quick", "--out", str(tmp_path / "hm.json")])
+        data = bench.main(["--quick", "--ways", "glibc,kept,thp,fresh", "--out", str(tmp_path / "hm.json")])
         assert json.loads((tmp_path / "hm.json").read_text()) == json.loads(json.dumps(data))
-        assert list(data["runs"]) == ["glibc", "kept", "thp"]
+        assert list(data["runs"]) == ["glibc", "kept", "thp", "fresh"]
         assert data["runs"]["kept"][0]["tunables"] == bench.KEPT and data["runs"]["glibc"][0]["tunables"] is None
         assert data["runs"]["thp"][0]["thp"] == "1" and data["runs"]["glibc"][0]["thp"] is None and data["runs"]["kept"][0]["thp"] is None
+        # the update asked whether to write the logits' gradient in place: yes but in the fresh way
+        assert {w: data["runs"][w][0]["gradient_in_place"] for w in data["runs"]} == {"glibc": True, "kept": True, "thp": True, "fresh": False}
         assert all(run["timed"] == "update" and run["tokens"] == 2 * 16 for w in data["runs"] for run in data["runs"][w])
         assert all(len(data["runs"][w]) == 1 and data["median"][w] > 0 and data["peak_rss_gib"][w] > 0 for w in data["runs"])
         text = bench.table(data)
@@ -38,10 +40,11 @@ def test_the_bench_runs_each_way_in_its_own_process_with_its_tunables(tmp_path, 
         assert all(f"| {w} | {data['median'][w]:.2f} | {data['median']['glibc'] / data['median'][w]:.2f}x |" in text for w in ("kept", "thp"))
 
 
-@pytest.mark.parametrize("ways", ["kept,glibc", "glibc", "glibc,kept,kept", "glibc,jemalloc"])
+@pytest.mark.parametrize("ways", ["kept,glibc", "glibc", "glibc,kept,kept", "glibc,jemalloc", "glibc,fresh --sampler 4", "glibc,fresh --train"])
 def test_the_bench_refuses_ways_without_glibc_first_or_unknown_or_repeated(ways, capsys):
+    ways, *rest = ways.split()
     with script_module(ROOT / "bench" / "host_memory.py") as bench, pytest.raises(SystemExit):
-        bench.main(["--quick", "--ways", ways])
+        bench.main(["--quick", "--ways", ways, *rest])
     assert "--ways" in capsys.readouterr().err
 
 
