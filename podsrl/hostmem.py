@@ -20,7 +20,8 @@ resolved); whole ``podsrl train`` runs of the demo (16-token answers, vLLM sampl
 1.05x a step, not resolved (the update 1.03-1.15x, the sampling a little slower), at 0.7-1.1 GiB more
 peak memory (8.2 against 7.1-7.5 GiB): freed blocks the update keeps are not what the sampler asks
 for. Hence opt-in: worth it where long completions make the update the step's cost and memory is
-not short. Huge pages (PyTorch's ``THP_MEM_ALLOC_ENABLE=1``: fewer faults, each page still zeroed)
+not short. Since the update writes its logits' gradient in place (commit ae0d70c) it gave 1.07x, not
+resolved, at the same peak memory (docs/results.md, "The update writes in place"). Huge pages (PyTorch's ``THP_MEM_ALLOC_ENABLE=1``: fewer faults, each page still zeroed)
 gave 1.00x.
 
 How: the tunables act only when a process starts, so :func:`restart_if_asked` (called by the CLI's
@@ -96,4 +97,4 @@ def describe(environ=None) -> str:
         return f"glibc keeps freed memory (GLIBC_TUNABLES={KEPT})"
     if tunables is not None:
         return f"glibc's allocator as GLIBC_TUNABLES={tunables} sets it"
-    return f"the C library's allocator as it is ({SWITCH}=1 on Linux: glibc keeps freed memory; a faster CPU update for more peak memory)"
+    return f"the C library's allocator as it is ({SWITCH}=1 on Linux: glibc keeps freed memory; docs/results.md measures it)"

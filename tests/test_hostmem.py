@@ -45,7 +45,7 @@ def test_decide_restarts_only_when_asked_for_the_commands_that_train_or_sample_o
 def test_describe_says_what_the_allocator_does_and_how_to_change_it():
     assert describe({"GLIBC_TUNABLES": KEPT}) == f"glibc keeps freed memory (GLIBC_TUNABLES={KEPT})"
     assert describe({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == "glibc's allocator as GLIBC_TUNABLES=glibc.malloc.arena_max=2 sets it"
-    assert describe({}) == f"the C library's allocator as it is ({SWITCH}=1 on Linux: glibc keeps freed memory; a faster CPU update for more peak memory)"
+    assert describe({}) == f"the C library's allocator as it is ({SWITCH}=1 on Linux: glibc keeps freed memory; docs/results.md measures it)"
 
 
 ENTRY = """
