@@ -1,17 +1,17 @@
 """Before the CLI starts: with ``PODSRL_KEEP_FREED_MEMORY=1`` on Linux with glibc, ``podsrl train |
 eval | compare`` restart themselves once, at start, with glibc told to keep freed memory for reuse
-(issue 66). Off by default: it makes the CPU update faster and a whole run's peak memory larger.
+(issue 66). Off by default: it made the CPU update faster and a whole run's peak memory larger, and
+since the update writes in place its gain is not resolved (below).
 
 Why: a CPU update allocates and frees tensors far above glibc's mmap threshold (128 KiB, raised as
 blocks are freed up to 32 MiB) at every micro-batch: the kept logits, [rows x tokens x vocabulary]
 float32 (805 MB at 16 rows of 256 tokens of the embedded model), and the model's activations (the
-logits' gradient and the log-softmax's chunks were such blocks too, in the measurements below;
-they are now written in place: podsrl/train/sequences.py). glibc serves each with fresh pages and
-unmaps it when it is freed, so the next one is faulted in again page by page, every page zeroed by
-the kernel. Two of glibc's tunables keep such
-blocks in the heap for the next one (:data:`KEPT`: an mmap threshold of 4 GiB - 1 and a trim
-threshold of 16 GiB), as PyTorch's own CPU launcher (``torch.backends.xeon.run_cpu``) keeps freed
-memory in jemalloc or tcmalloc.
+logits' gradient and the log-softmax's chunks were such blocks too, in the first measurements
+below; they are now written in place: podsrl/train/sequences.py). glibc serves each with fresh pages
+and unmaps it when it is freed, so the next one is faulted in again page by page, every page zeroed
+by the kernel. Two of glibc's tunables keep such blocks in the heap for the next one (:data:`KEPT`:
+an mmap threshold of 4 GiB - 1 and a trim threshold of 16 GiB), as PyTorch's own CPU launcher
+(``torch.backends.xeon.run_cpu``) keeps freed memory in jemalloc or tcmalloc.
 
 Measured side by side in fresh processes on a 2-core AMD EPYC (bench/host_memory.py, docs/results.md,
 "The update and glibc's allocator"): the update at 16 rows of 40 + 256 tokens 1.08x and 1.16x as
@@ -19,10 +19,10 @@ fast in two runs at the same peak memory, 1.04x at 64 tokens and a sampling call
 resolved); whole ``podsrl train`` runs of the demo (16-token answers, vLLM sampling in the process)
 1.05x a step, not resolved (the update 1.03-1.15x, the sampling a little slower), at 0.7-1.1 GiB more
 peak memory (8.2 against 7.1-7.5 GiB): freed blocks the update keeps are not what the sampler asks
-for. Hence opt-in: worth it where long completions make the update the step's cost and memory is
-not short. Since the update writes its logits' gradient in place (commit ae0d70c) it gave 1.07x, not
-resolved, at the same peak memory (docs/results.md, "The update writes in place"). Huge pages (PyTorch's ``THP_MEM_ALLOC_ENABLE=1``: fewer faults, each page still zeroed)
-gave 1.00x.
+for. Since the update writes its logits' gradient in place (commit ae0d70c): 1.07x, not resolved,
+at the same peak memory ("The update writes in place"). Hence opt-in: worth trying where long
+completions make the update the step's cost and memory is not short. Huge pages (PyTorch's
+``THP_MEM_ALLOC_ENABLE=1``: fewer faults, each page still zeroed) gave 1.00x.
 
 How: the tunables act only when a process starts, so :func:`restart_if_asked` (called by the CLI's
 entry point, :func:`podsrl.launch.entry`) replaces the process with the same
