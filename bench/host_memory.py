@@ -11,16 +11,16 @@ up to 32 MiB) with fresh pages and gives them back when it is freed, so the next
 is faulted in again page by page, each page zeroed by the kernel. A CPU update allocates tensors far
 above 32 MiB at each micro-batch (the kept logits, [rows x tokens x vocabulary] float32: 805 MB at
 16 rows of 256 tokens of the embedded model; their gradient and the log-softmax's chunks until
-commits f94e9c4 and ae0d70c wrote them in place). glibc's
-tunables (``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...:glibc.malloc.trim_threshold=...``, read
-when a process starts; PyTorch's CPU performance guide points at them, and at jemalloc and tcmalloc)
-keep such blocks in the heap for the next one. Or the faults can be made fewer: PyTorch asks the
+commits f94e9c4 and ae0d70c wrote them in place). glibc's tunables
+(``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...:glibc.malloc.trim_threshold=...``, read when a
+process starts; PyTorch's CPU performance guide points at them, and at jemalloc and tcmalloc) keep
+such blocks in the heap for the next one. Or the faults can be made fewer: PyTorch asks the
 kernel for transparent huge pages (2 MiB, ``madvise(MADV_HUGEPAGE)``) on its CPU blocks of 2 MiB and
 more where ``THP_MEM_ALLOC_ENABLE=1`` is set when it starts (:data:`THP`), one fault for 512 pages
 (where /sys/kernel/mm/transparent_hugepage/enabled says ``madvise`` or ``always``).
 
 What: each way runs in a fresh process (the tunables act at start-up), the ways alternating round
-by round: ``glibc`` (the environment as it is, GLIBC_TUNABLES and THP_MEM_ALLOC_ENABLE removed),
+by round: ``glibc`` (the environment as it is, without the variables of :data:`CLEARED`),
 ``kept`` (:data:`KEPT`) and ``thp`` (THP_MEM_ALLOC_ENABLE=1); ``fresh`` (the update only) is glibc
 as it is with the update's logits' gradient in a fresh [rows x tokens x V] tensor, as before commit
 ae0d70c (:data:`FRESH`: the worker makes ``podsrl.train.sequences._gradient_in_place`` say no, and
@@ -118,6 +118,7 @@ def worker(spec: dict) -> dict:
     device = torch.device("cpu")
     model, shapes, pad, tokenizer, path = peak.build_model(args.model, device)
     gen = torch.Generator().manual_seed(0)
+    answers: list[bool] = []  # the update's: what its backward was told, one answer a call (module docstring)
     if args.sampler:
         from podsrl.engines import Sampling
 
@@ -137,7 +138,6 @@ def worker(spec: dict) -> dict:
         asked = sequences._gradient_in_place
         if os.environ.get(FRESH) == "1":
             asked = lambda logits: False  # noqa: E731  (the fresh way: as before commit ae0d70c)
-        answers = []  # what the timed updates' backward was told, one answer a call
         sequences._gradient_in_place = lambda logits: answers.append(asked(logits)) or answers[-1]
         optimizer, scheduler = peak._optimizer(model)
         prompt = torch.randint(3, shapes.vocab - 1, (args.prompt,), generator=gen).tolist()
@@ -150,8 +150,7 @@ def worker(spec: dict) -> dict:
             return args.rows * args.length
 
     once()  # the warm-up
-    if not args.sampler:
-        answers.clear()
+    answers.clear()  # the timed calls' only
     seconds = []
     for _ in range(args.updates):
         start = time.perf_counter()
@@ -160,7 +159,7 @@ def worker(spec: dict) -> dict:
     return {"seconds": seconds, "timed": "sampler" if args.sampler else "update", "tokens": tokens,  # completion tokens a timed call or update
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get(THP),
-            "gradient_in_place": None if args.sampler or not answers else all(answers)}  # fmt: skip
+            "gradient_in_place": all(answers) if answers else None}  # fmt: skip
 
 
 def transparent_hugepage() -> str | None:

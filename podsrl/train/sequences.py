@@ -252,7 +252,7 @@ class _TokenLogProbs(torch.autograd.Function):
         for s in range(0, logits.shape[0], c):
             x = logits[s : s + c]
             p = out[s : s + c] if buf is None else buf[: x.shape[0]]
-            if p.data_ptr() != x.data_ptr():  # not the same rows (in place, float32)
+            if p.data_ptr() != x.data_ptr():  # not already the logits' own rows (float32 in place)
                 p.copy_(x)
             if t != 1.0:
                 p.div_(t)
