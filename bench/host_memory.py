@@ -5,6 +5,7 @@ pages, and with the logits' gradient in a fresh tensor as before commit ae0d70c 
     python bench/host_memory.py --sampler 128 --length 64    # the transformers engine's call of 128 x 64 tokens instead
     python bench/host_memory.py --quick             # a tiny random Llama: checks that it runs (--quick --sampler 4: the embedded model)
     python bench/host_memory.py --train --ways glibc,kept --rounds 1    # whole `podsrl train` runs (the demo), as users start them
+    python bench/host_memory.py --paired --rounds 8 # in place against fresh, the two alternating in one process (pairs)
 
 Why: glibc's ``malloc`` serves a block above its mmap threshold (128 KiB, raised as blocks are freed
 up to 32 MiB) with fresh pages and gives them back when it is freed, so the next block of that size
@@ -34,6 +35,14 @@ prompts of 36-44 tokens, end-of-sequence held off), a warm-up call, then ``--upd
 Printed: each way's median update, its ratio to glibc's (above 1: faster than glibc as it is) and
 each way's largest peak memory.
 
+``--paired`` compares ``glibc`` and ``fresh`` within one process (glibc's environment), where the
+machine's drift from process to process cannot hide a difference smaller than it: a warm-up update
+each way, then ``--rounds`` x ``--updates`` pairs of timed updates, one in place and one fresh, the
+way that goes first alternating from pair to pair. Printed: each way's median, and glibc / fresh
+pair by pair, summarised by its geometric mean with a Student-t 95% interval over the pairs' log
+ratios (:func:`paired_ratio`); "resolved" where the interval excludes 1. One process has one peak
+memory (the fresh way's, the higher): the separate processes above measure the ways' memory.
+
 ``--train`` runs the CLI instead: ``python -m podsrl train`` with its defaults (the demo: a time
 budget of training minutes, evaluations before and after) plus ``--setting KEY=VALUE`` s, in each
 way's environment as a user starts it: ``kept`` with PODSRL_KEEP_FREED_MEMORY=1 (the CLI restarts
@@ -50,6 +59,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import sys
@@ -61,6 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from podsrl.hostmem import KEPT, SWITCH, tunables_unsupported  # noqa: E402  (the CLI's, with PODSRL_KEEP_FREED_MEMORY=1; hostmem imports no torch)
+from podsrl.intervals import t_interval  # noqa: E402  (imports no torch either)
 
 THP = "THP_MEM_ALLOC_ENABLE"  # PyTorch's (c10's alloc_cpu): huge pages for its CPU blocks of 2 MiB and more, read once at start
 FRESH = "PODSRL_BENCH_FRESH_GRADIENT"  # this bench's worker only: "1": the logits' gradient in a fresh tensor (module docstring)
@@ -77,7 +88,8 @@ def environment(way: str, *, train: bool = False) -> dict:
     return {k: v for k, v in os.environ.items() if k not in CLEARED} | (TRAIN_WAYS if train else WAYS)[way]
 
 
-SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler", "train", "setting", "way")  # what a worker is told
+SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler", "train", "setting", "way", "paired", "rounds")  # what a worker is told
+PAIRED = ("glibc", "fresh")  # --paired: the ways that alternate within one process (glibc's environment)
 
 
 def train_worker(spec: dict) -> dict:
@@ -136,9 +148,13 @@ def worker(spec: dict) -> dict:
         from podsrl.train import sequences
 
         asked = sequences._gradient_in_place
-        if os.environ.get(FRESH) == "1":
-            asked = lambda logits: False  # noqa: E731  (the fresh way: as before commit ae0d70c)
-        sequences._gradient_in_place = lambda logits: answers.append(asked(logits)) or answers[-1]
+        fresh = {"now": os.environ.get(FRESH) == "1"}  # the fresh way: as before commit ae0d70c; --paired switches it update by update
+
+        def answer(logits) -> bool:
+            answers.append(False if fresh["now"] else asked(logits))
+            return answers[-1]
+
+        sequences._gradient_in_place = answer
         optimizer, scheduler = peak._optimizer(model)
         prompt = torch.randint(3, shapes.vocab - 1, (args.prompt,), generator=gen).tolist()
         batch = peak._batch([prompt], args.rows, args.length, shapes.vocab, gen)
@@ -149,6 +165,8 @@ def worker(spec: dict) -> dict:
             run_update(model, optimizer, scheduler, batch, settings)
             return args.rows * args.length
 
+    if args.paired:
+        return paired_worker(once, fresh, answers, args.rounds * args.updates)
     once()  # the warm-up
     answers.clear()  # the timed calls' only
     seconds = []
@@ -160,6 +178,41 @@ def worker(spec: dict) -> dict:
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get(THP),
             "gradient_in_place": all(answers) if answers else None}  # fmt: skip
+
+
+def paired_worker(once, fresh: dict, answers: list, pairs: int) -> dict:
+    """``--paired``: a warm-up update each way, then ``pairs`` pairs of timed updates, the way that
+    goes first alternating (``fresh["now"]`` chooses the way of the next update)."""
+    import resource
+
+    seconds: dict[str, list[float]] = {w: [] for w in PAIRED}
+    told: dict[str, list[bool]] = {w: [] for w in PAIRED}
+    for way in PAIRED:
+        fresh["now"] = way == "fresh"
+        once()
+    order = []
+    for p in range(pairs):
+        for way in PAIRED if p % 2 == 0 else PAIRED[::-1]:
+            fresh["now"] = way == "fresh"
+            answers.clear()
+            start = time.perf_counter()
+            once()
+            seconds[way].append(time.perf_counter() - start)
+            told[way].append(bool(answers) and all(answers))
+            order.append(way)
+    return {"seconds": seconds, "order": order, "timed": "update", "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get(THP), "gradient_in_place": {w: all(told[w]) for w in PAIRED}}  # fmt: skip
+
+
+def paired_ratio(base: list[float], other: list[float]) -> dict:
+    """base_i / other_i pair by pair (above 1: ``other`` faster), their geometric mean and its
+    Student-t 95% interval over the log ratios (None for fewer than two pairs); ``resolved`` where
+    the interval excludes 1."""
+    logs = [math.log(b / o) for b, o in zip(base, other, strict=True)]
+    interval = t_interval(logs)
+    low, high = (math.exp(x) for x in interval) if interval else (None, None)
+    return {"ratios": [math.exp(x) for x in logs], "geometric_mean": math.exp(statistics.fmean(logs)), "interval": [low, high] if interval else None,
+            "resolved": bool(interval) and (low > 1 or high < 1)}  # fmt: skip
 
 
 def transparent_hugepage() -> str | None:
@@ -177,6 +230,8 @@ def table(data: dict) -> str:
     s = data["sizes"]
     if s.get("train"):
         return train_table(data)
+    if s.get("paired"):
+        return paired_table(data)
     sampler = s.get("sampler")  # runs before --sampler timed the update alone
     rows = [f"| way | {'sampling call' if sampler else 'update'}: s (median) | vs glibc | peak memory: GiB |", "|---|---:|---:|---:|"]
     base = data["median"]["glibc"]
@@ -185,6 +240,19 @@ def table(data: dict) -> str:
     what = (f"the transformers engine's call of {sampler} x {s['length']} tokens, {s['rounds']} rounds of {s['updates']} timed calls a way" if sampler
             else f"{s['rows']} rows of {s['prompt']} + {s['length']} tokens, {s['rounds']} rounds of {s['updates']} timed updates a way")  # fmt: skip
     head = f"{data['machine']}, {s['threads']} threads, torch {data['torch']}; {data['date'][:10]}; `{data['command']}`: {what}"
+    return head + "\n\n" + "\n".join(rows)
+
+
+def paired_table(data: dict) -> str:
+    """``--paired``: each way's median and glibc / way pair by pair, in one process."""
+    s, r = data["sizes"], data["paired"]
+    low, high = r["interval"] or (None, None)
+    interval = f"[{low:.2f}, {high:.2f}]{', resolved' if r['resolved'] else ', not resolved'}" if low else "(one pair, no interval)"
+    rows = ["| way | update: s (median) | glibc / way, pair by pair: geometric mean [95% CI] |", "|---|---:|---:|",
+            f"| glibc | {data['median']['glibc']:.2f} | 1.00x |", f"| fresh | {data['median']['fresh']:.2f} | {r['geometric_mean']:.2f}x {interval} |"]  # fmt: skip
+    head = (f"{data['machine']}, {s['threads']} threads, torch {data['torch']}; {data['date'][:10]}; `{data['command']}`: {s['rows']} rows of "
+            f"{s['prompt']} + {s['length']} tokens, {len(r['ratios'])} pair{'s' if len(r['ratios']) != 1 else ''} of timed updates in one process, the first of a pair alternating; "
+            f"its peak memory {data['peak_rss_gib']['process']:.2f} GiB")  # fmt: skip
     return head + "\n\n" + "\n".join(rows)
 
 
@@ -214,10 +282,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--rounds", type=int, default=2, help="processes a way, the ways alternating")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="bench/peak.py's model name (default: the embedded one)")
-    parser.add_argument("--ways", default=",".join(DEFAULT_WAYS), help=f"comma-separated, glibc first (of {', '.join(WAYS)})")
+    parser.add_argument("--ways", default=None, help=f"comma-separated, glibc first (of {', '.join(WAYS)}; default {','.join(DEFAULT_WAYS)}, "
+                        f"with --paired {','.join(PAIRED)}, the only pair it takes)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a tiny random Llama, 2 rows of 8 + 16 tokens")
     parser.add_argument("--train", action="store_true", help="whole `podsrl train` runs instead (module docstring)")
     parser.add_argument("--setting", action="append", default=[], help="--train: a setting KEY=VALUE for podsrl train (repeatable)")
+    parser.add_argument("--paired", action="store_true", help="glibc and fresh alternating in one process: rounds x updates pairs (module docstring)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None, help="print a saved run's table and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -234,18 +304,23 @@ def main(argv: list[str] | None = None) -> dict | None:
     import peak
 
     if args.quick:
-        args.rows, args.prompt, args.length, args.updates, args.rounds, args.threads = 2, 8, 16, 1, 1, 1
+        args.rows, args.prompt, args.length, args.updates, args.rounds, args.threads = 2, 8, 16, 1, 2 if args.paired else 1, 1  # two pairs: an interval
         args.model = args.model or (None if args.sampler else "tiny-llama")  # the sampler needs a tokenizer: the embedded model's
     args.model = args.model or peak.EMBEDDED
     if why := tunables_unsupported():
         raise SystemExit(f"bench/host_memory.py: {why}")
+    args.ways = args.ways or ",".join(PAIRED if args.paired else DEFAULT_WAYS)
     ways = tuple(args.ways.split(","))
+    if args.paired and (ways != PAIRED or args.sampler or args.train):
+        parser.error(f"--paired: the update in place against fresh, {','.join(PAIRED)} (--ways {args.ways!r}); not with --sampler or --train")
     if ways[0] != "glibc" or len(set(ways)) != len(ways) or not set(ways) <= set(WAYS) or len(ways) < 2:
         parser.error(f"--ways {args.ways!r}: glibc first, then one or more of {', '.join(w for w in WAYS if w != 'glibc')}, each once")
     if "fresh" in ways and (args.sampler or args.train):
         parser.error(f"--ways {args.ways!r}: fresh is the update's logits' gradient: not with --sampler or --train")
     from _isolated import run_isolated
 
+    if args.paired:
+        return paired_main(args, argv)
     args.way = None
     spec = {k: getattr(args, k) for k in SPEC}
     what = "calls" if args.sampler else "updates"
@@ -276,6 +351,39 @@ def main(argv: list[str] | None = None) -> dict | None:
     for way in ways[1:]:
         print(f"{'train step' if args.train else 'sampling call' if args.sampler else 'update'} time glibc / {way}: "
               f"{data['median']['glibc'] / data['median'][way]:.2f}x")  # fmt: skip
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def paired_main(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """``--paired``: one worker in glibc's environment, the ways alternating inside it."""
+    from _isolated import run_isolated
+
+    args.way = "glibc"
+    started = time.time()
+    log = Path(tempfile.mkdtemp(prefix="host-memory-logs-")) / "paired.log"
+    out = run_isolated(__file__, ["--worker"], {k: getattr(args, k) for k in SPEC}, log=log, prefix="host-memory-", environ=environment("glibc"))
+    if "error" in out:
+        raise SystemExit(f"bench/host_memory.py: the paired worker failed: {out['error']}")
+    for way in PAIRED:
+        print(f"{way:>5}: updates {', '.join(f'{s:.2f}' for s in out['seconds'][way])} s", flush=True)
+    import torch
+
+    from peak import machine
+
+    data = {"benchmark": "host_memory", "command": "python bench/host_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(torch.device("cpu"), args.threads)["cpu"],
+            "torch": torch.__version__, "seconds": round(time.time() - started, 1),
+            "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model", "paired")},
+            "run": out, "median": {w: statistics.median(out["seconds"][w]) for w in PAIRED}, "peak_rss_gib": {"process": out["peak_rss_gib"]},
+            "paired": paired_ratio(out["seconds"]["glibc"], out["seconds"]["fresh"]), "transparent_hugepage": transparent_hugepage()}  # fmt: skip
+    print(table(data))
+    r = data["paired"]
+    words = "resolved" if r["resolved"] else "not resolved"
+    bounds = f" [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}], {words}" if r["interval"] else ", one pair"
+    print(f"update time glibc / fresh, pair by pair: {r['geometric_mean']:.2f}x{bounds} (below 1: writing the gradient in place is faster)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")
