@@ -4,12 +4,14 @@ with PyTorch's huge pages, each way in fresh processes (issue 66)."""
 from __future__ import annotations
 
 import json
+import math
 import platform
 from pathlib import Path
 
 import pytest
 
 from conftest import script_module
+from podsrl.intervals import t975
 
 ROOT = Path(__file__).resolve().parents[1]
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -46,6 +48,43 @@ def test_the_bench_refuses_ways_without_glibc_first_or_unknown_or_repeated(ways,
     with script_module(ROOT / "bench" / "host_memory.py") as bench, pytest.raises(SystemExit):
         bench.main(["--quick", "--ways", ways, *rest])
     assert "--ways" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's tunables: the bench refuses other C libraries")
+def test_paired_alternates_in_place_and_fresh_in_one_process(tmp_path):
+    """--quick --paired: one worker, a warm-up each way, then two pairs whose first way alternates;
+    the update wrote in place in glibc's updates only; the JSON as written, its table's ratio."""
+    with script_module(ROOT / "bench" / "host_memory.py") as bench:
+        data = bench.main(["--quick", "--paired", "--out", str(tmp_path / "hm.json")])
+        assert json.loads((tmp_path / "hm.json").read_text()) == json.loads(json.dumps(data))
+        run = data["run"]
+        assert run["order"] == ["glibc", "fresh", "fresh", "glibc"] and run["gradient_in_place"] == {"glibc": True, "fresh": False}
+        assert run["tunables"] is None and run["thp"] is None and all(len(run["seconds"][w]) == 2 for w in ("glibc", "fresh"))
+        assert data["paired"] == bench.paired_ratio(run["seconds"]["glibc"], run["seconds"]["fresh"]) and data["paired"]["interval"] is not None
+        text = bench.table(data)
+        assert "2 pairs of timed updates in one process" in text and f"| fresh | {data['median']['fresh']:.2f} | {data['paired']['geometric_mean']:.2f}x [" in text
+
+
+def test_paired_ratio_is_the_geometric_mean_with_an_interval_over_the_log_ratios():
+    with script_module(ROOT / "bench" / "host_memory.py") as bench:
+        r = bench.paired_ratio([2.0, 4.0], [1.0, 1.0])  # ratios 2 and 4: geometric mean sqrt(8); log ratios' sd log(2) / sqrt(2)
+        assert r["ratios"] == pytest.approx([2.0, 4.0]) and r["geometric_mean"] == pytest.approx(8**0.5)
+        half = t975(1) * (math.log(2) / 2**0.5) / 2**0.5
+        assert r["interval"] == pytest.approx([8**0.5 * math.exp(-half), 8**0.5 * math.exp(half)], rel=1e-9) and not r["resolved"]
+        faster = bench.paired_ratio([1.10, 1.12, 1.09, 1.11], [1.0, 1.0, 1.0, 1.0])  # every pair 9-12% apart: resolved
+        assert faster["resolved"] and faster["interval"][0] > 1
+        slower = bench.paired_ratio([0.90, 0.92, 0.91], [1.0, 1.0, 1.0])
+        assert slower["resolved"] and slower["interval"][1] < 1
+        assert bench.paired_ratio([1.0], [1.1]) == {"ratios": [pytest.approx(1 / 1.1)], "geometric_mean": pytest.approx(1 / 1.1), "interval": None, "resolved": False}
+        with pytest.raises(ValueError):
+            bench.paired_ratio([1.0, 2.0], [1.0])
+
+
+@pytest.mark.parametrize("argv", ["--ways glibc,kept", "--ways glibc,fresh,kept", "--sampler 4", "--train"])
+def test_paired_refuses_other_ways_the_sampler_and_train(argv, capsys):
+    with script_module(ROOT / "bench" / "host_memory.py") as bench, pytest.raises(SystemExit):
+        bench.main(["--quick", "--paired", *argv.split()])
+    assert "--paired: the update in place against fresh" in capsys.readouterr().err
 
 
 def test_every_committed_host_memory_run_is_in_the_results_page_as_its_table():
