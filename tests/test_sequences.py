@@ -204,3 +204,34 @@ def test_logits_are_overwritten_only_when_asked_so_a_graph_can_be_kept(tiny_mode
     first = torch.autograd.grad(got[0, 0], list(tiny_model.parameters()), retain_graph=True, allow_unused=True)
     again = torch.autograd.grad(got[0, 0], list(tiny_model.parameters()), allow_unused=True)
     assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_the_forward_reads_shared_key_value_heads_in_place_on_a_cpu(tiny_model, one_thread, share, monkeypatch):
+    """The tiny model's 4 query heads share 2 key/value heads. On a CPU the forward's attention reads
+    them in place: transformers' ``repeat_kv`` (whose copies attention would save for the backward) is
+    not called, in the forward nor the backward, and the model's attention is ``sdpa`` again afterwards
+    (the values and gradients: test_matches_plain_forward, against the plain forward, which copies).
+    Under gradient checkpointing it copies as before, and the backward's recomputation matches."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    real, calls = sdpa.repeat_kv, []
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda h, n: calls.append(n) or real(h, n))
+    packed = pack(*_batch(tiny_model.config.vocab_size), pad_id=0)
+    tiny_model.zero_grad()
+    got, _ = forward_logprobs(tiny_model, packed, share_prompts=share, overwrite_logits=True)
+    got.sum().backward()
+    assert calls == [] and tiny_model.config._attn_implementation == "sdpa"
+    reference_logprobs(tiny_model, packed, 1.0)
+    assert calls, "the plain forward copies the heads: the check above can fail"
+
+    calls.clear()
+    tiny_model.zero_grad()
+    tiny_model.gradient_checkpointing_enable()
+    try:
+        checkpointed, _ = forward_logprobs(tiny_model, packed, share_prompts=share)
+        checkpointed.sum().backward()  # recomputes each layer: the same attention as its forward, or it raises
+    finally:
+        tiny_model.gradient_checkpointing_disable()
+    assert calls and tiny_model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(checkpointed, got, rtol=0, atol=logprob_atol(tiny_model.config.vocab_size, float(got.detach().abs().max())))

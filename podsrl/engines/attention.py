@@ -1,4 +1,5 @@
-"""Grouped-query attention that reads the KV cache as it is, for sampling on a CPU (issue 66).
+"""Grouped-query attention that reads the KV cache as it is, for sampling on a CPU (issue 66), and
+for the update's forward there (podsrl.train.sequences: no copies saved for the backward).
 
 Why: most small instruct models share each key/value head among several query heads (SmolLM2-135M: 9
 query heads, 3 key/value heads; Qwen2.5: 14 and 2). transformers' ``sdpa`` attention asks PyTorch to
