@@ -1,11 +1,13 @@
 """Benchmark: the CPU update with glibc's allocator as it is, with freed memory kept and with huge
-pages, and with the logits' gradient in a fresh tensor as before commit ae0d70c (issue 66).
+pages, with the logits' gradient in a fresh tensor as before commit ae0d70c, and with the key/value
+heads copied per query head as before commit 58c0377 (issue 66).
 
     python bench/host_memory.py                     # 16 rows of 40 + 256 tokens, 2 rounds of 2 timed updates a way
     python bench/host_memory.py --sampler 128 --length 64    # the transformers engine's call of 128 x 64 tokens instead
     python bench/host_memory.py --quick             # a tiny random Llama: checks that it runs (--quick --sampler 4: the embedded model)
     python bench/host_memory.py --train --ways glibc,kept --rounds 1    # whole `podsrl train` runs (the demo), as users start them
-    python bench/host_memory.py --paired --rounds 8 # in place against fresh, the two alternating in one process (pairs)
+    python bench/host_memory.py --paired --rounds 5 # in place against fresh, the two alternating in one process (pairs)
+    python bench/host_memory.py --ways glibc,copied # the update's attention reading shared key/value heads in place, or copying them
 
 Why: glibc's ``malloc`` serves a block above its mmap threshold (128 KiB, raised as blocks are freed
 up to 32 MiB) with fresh pages and gives them back when it is freed, so the next block of that size
@@ -22,10 +24,14 @@ more where ``THP_MEM_ALLOC_ENABLE=1`` is set when it starts (:data:`THP`), one f
 
 What: each way runs in a fresh process (the tunables act at start-up), the ways alternating round
 by round: ``glibc`` (the environment as it is, without the variables of :data:`CLEARED`),
-``kept`` (:data:`KEPT`) and ``thp`` (THP_MEM_ALLOC_ENABLE=1); ``fresh`` (the update only) is glibc
-as it is with the update's logits' gradient in a fresh [rows x tokens x V] tensor, as before commit
-ae0d70c (:data:`FRESH`: the worker makes ``podsrl.train.sequences._gradient_in_place`` say no, and
-records whether the update asked it and what it answered). ``--ways`` picks them. A
+``kept`` (:data:`KEPT`) and ``thp`` (THP_MEM_ALLOC_ENABLE=1). Two more, the update only, are glibc
+as it is with one of podsrl's changes undone by the worker itself (:data:`IN_PROCESS`): ``fresh``, the
+update's logits' gradient in a fresh [rows x tokens x V] tensor, as before commit ae0d70c (the worker
+makes ``podsrl.train.sequences._gradient_in_place`` say no, and records whether the update asked it
+and what it answered), and ``copied``, the attention copying each shared key/value head out to its
+query heads, as transformers' ``sdpa`` does and the update did before commit 58c0377 (the worker
+makes ``podsrl.train.sequences._attention`` switch nothing, and records whether transformers'
+``repeat_kv`` copied heads). ``--ways`` picks them. A
 process loads the model, runs a warm-up update, then ``--updates`` timed ``run_update`` calls of one
 micro-batch (bench/peak.py's batch: one 40-token prompt shared by ``--rows`` random completions,
 advantages +1 and -1, float32), and reports their seconds and its peak resident memory
@@ -35,13 +41,14 @@ prompts of 36-44 tokens, end-of-sequence held off), a warm-up call, then ``--upd
 Printed: each way's median update, its ratio to glibc's (above 1: faster than glibc as it is) and
 each way's largest peak memory.
 
-``--paired`` compares ``glibc`` and ``fresh`` within one process (glibc's environment), where the
-machine's drift from process to process cannot hide a difference smaller than it: a warm-up update
-each way, then ``--rounds`` x ``--updates`` pairs of timed updates, one in place and one fresh, the
-way that goes first alternating from pair to pair. Printed: each way's median, and glibc / fresh
-pair by pair, summarised by its geometric mean with a Student-t 95% interval over the pairs' log
-ratios (:func:`paired_ratio`); "resolved" where the interval excludes 1. One process has one peak
-memory (the fresh way's, the higher): the separate processes above measure the ways' memory.
+``--paired`` compares ``glibc`` and one of :data:`IN_PROCESS` (``--ways glibc,fresh``, the default,
+or ``glibc,copied``) within one process (glibc's environment), where the machine's drift from
+process to process cannot hide a difference smaller than it: a warm-up update each way, then
+``--rounds`` x ``--updates`` pairs of timed updates, one each way, the way that goes first
+alternating from pair to pair. Printed: each way's median, and glibc / the other pair by pair,
+summarised by its geometric mean with a Student-t 95% interval over the pairs' log ratios
+(:func:`paired_ratio`); "resolved" where the interval excludes 1. One process has one peak memory
+(the higher way's): the separate processes above measure the ways' memory.
 
 ``--train`` runs the CLI instead: ``python -m podsrl train`` with its defaults (the demo: a time
 budget of training minutes, evaluations before and after) plus ``--setting KEY=VALUE`` s, in each
@@ -57,6 +64,7 @@ memory (``os.wait4``'s) and its start-up line's word on the allocator. ``--out F
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -74,10 +82,10 @@ from podsrl.hostmem import KEPT, SWITCH, tunables_unsupported  # noqa: E402  (th
 from podsrl.intervals import t_interval  # noqa: E402  (imports no torch either)
 
 THP = "THP_MEM_ALLOC_ENABLE"  # PyTorch's (c10's alloc_cpu): huge pages for its CPU blocks of 2 MiB and more, read once at start
-FRESH = "PODSRL_BENCH_FRESH_GRADIENT"  # this bench's worker only: "1": the logits' gradient in a fresh tensor (module docstring)
-WAYS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT}, "thp": {THP: "1"}, "fresh": {FRESH: "1"}}  # way -> what its worker's environment adds
+WAYS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT}, "thp": {THP: "1"}, "fresh": {}, "copied": {}}  # way -> what its worker's environment adds
+IN_PROCESS = ("fresh", "copied")  # glibc's environment, a change of podsrl's undone by the worker (module docstring); the update only
 TRAIN_WAYS = {"glibc": {}, "kept": {SWITCH: "1"}, "thp": {THP: "1"}}  # --train: what the CLI's environment adds (module docstring)
-CLEARED = ("GLIBC_TUNABLES", THP, SWITCH, FRESH)  # removed from the caller's environment before a way adds its own
+CLEARED = ("GLIBC_TUNABLES", THP, SWITCH)  # removed from the caller's environment before a way adds its own
 DEFAULT_WAYS = ("glibc", "kept", "thp")
 
 
@@ -89,7 +97,7 @@ def environment(way: str, *, train: bool = False) -> dict:
 
 
 SPEC = ("rows", "prompt", "length", "updates", "threads", "model", "sampler", "train", "setting", "way", "paired", "rounds")  # what a worker is told
-PAIRED = ("glibc", "fresh")  # --paired: the ways that alternate within one process (glibc's environment)
+PAIRED = ("glibc", "fresh")  # --paired's default ways: glibc and one of IN_PROCESS, alternating within one process
 
 
 def train_worker(spec: dict) -> dict:
@@ -131,6 +139,7 @@ def worker(spec: dict) -> dict:
     model, shapes, pad, tokenizer, path = peak.build_model(args.model, device)
     gen = torch.Generator().manual_seed(0)
     answers: list[bool] = []  # the update's: what its backward was told, one answer a call (module docstring)
+    copies: list[bool] = []  # the update's: whether transformers' repeat_kv copied heads, one a call
     if args.sampler:
         from podsrl.engines import Sampling
 
@@ -147,14 +156,22 @@ def worker(spec: dict) -> dict:
     else:
         from podsrl.train import sequences
 
-        asked = sequences._gradient_in_place
-        fresh = {"now": os.environ.get(FRESH) == "1"}  # the fresh way: as before commit ae0d70c; --paired switches it update by update
+        import transformers.integrations.sdpa_attention as sdpa
+
+        state = {"way": args.way}  # what the next update undoes (IN_PROCESS); --paired switches it update by update
+        asked, attention, repeat_kv = sequences._gradient_in_place, sequences._attention, sdpa.repeat_kv
 
         def answer(logits) -> bool:
-            answers.append(False if fresh["now"] else asked(logits))
+            answers.append(False if state["way"] == "fresh" else asked(logits))
             return answers[-1]
 
+        def counted(hidden, n_rep):
+            copies.append(n_rep > 1)
+            return repeat_kv(hidden, n_rep)
+
         sequences._gradient_in_place = answer
+        sequences._attention = lambda model: contextlib.nullcontext() if state["way"] == "copied" else attention(model)
+        sdpa.repeat_kv = counted
         optimizer, scheduler = peak._optimizer(model)
         prompt = torch.randint(3, shapes.vocab - 1, (args.prompt,), generator=gen).tolist()
         batch = peak._batch([prompt], args.rows, args.length, shapes.vocab, gen)
@@ -166,9 +183,10 @@ def worker(spec: dict) -> dict:
             return args.rows * args.length
 
     if args.paired:
-        return paired_worker(once, fresh, answers, args.rounds * args.updates)
+        return paired_worker(once, state, (answers, copies), (PAIRED[0], args.way), args.rounds * args.updates)
     once()  # the warm-up
     answers.clear()  # the timed calls' only
+    copies.clear()
     seconds = []
     for _ in range(args.updates):
         start = time.perf_counter()
@@ -177,31 +195,37 @@ def worker(spec: dict) -> dict:
     return {"seconds": seconds, "timed": "sampler" if args.sampler else "update", "tokens": tokens,  # completion tokens a timed call or update
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get(THP),
-            "gradient_in_place": all(answers) if answers else None}  # fmt: skip
+            "gradient_in_place": all(answers) if answers else None, "heads_copied": None if args.sampler else any(copies)}  # fmt: skip
 
 
-def paired_worker(once, fresh: dict, answers: list, pairs: int) -> dict:
-    """``--paired``: a warm-up update each way, then ``pairs`` pairs of timed updates, the way that
-    goes first alternating (``fresh["now"]`` chooses the way of the next update)."""
+def paired_worker(once, state: dict, records: tuple[list, list], ways: tuple[str, str], pairs: int) -> dict:
+    """``--paired``: a warm-up update each of ``ways``, then ``pairs`` pairs of timed updates, the way
+    that goes first alternating (``state["way"]`` chooses the way of the next update; ``records``: the
+    worker's answers and copies lists, which each update fills)."""
     import resource
 
-    seconds: dict[str, list[float]] = {w: [] for w in PAIRED}
-    told: dict[str, list[bool]] = {w: [] for w in PAIRED}
-    for way in PAIRED:
-        fresh["now"] = way == "fresh"
+    answers, copies = records
+    seconds: dict[str, list[float]] = {w: [] for w in ways}
+    told: dict[str, list[bool]] = {w: [] for w in ways}
+    copied: dict[str, list[bool]] = {w: [] for w in ways}
+    for way in ways:
+        state["way"] = way
         once()
     order = []
     for p in range(pairs):
-        for way in PAIRED if p % 2 == 0 else PAIRED[::-1]:
-            fresh["now"] = way == "fresh"
+        for way in ways if p % 2 == 0 else ways[::-1]:
+            state["way"] = way
             answers.clear()
+            copies.clear()
             start = time.perf_counter()
             once()
             seconds[way].append(time.perf_counter() - start)
             told[way].append(bool(answers) and all(answers))
+            copied[way].append(any(copies))
             order.append(way)
     return {"seconds": seconds, "order": order, "timed": "update", "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get(THP), "gradient_in_place": {w: all(told[w]) for w in PAIRED}}  # fmt: skip
+            "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get(THP), "gradient_in_place": {w: all(told[w]) for w in ways},
+            "heads_copied": {w: all(copied[w]) for w in ways}}  # fmt: skip
 
 
 def paired_ratio(base: list[float], other: list[float]) -> dict:
@@ -246,10 +270,11 @@ def table(data: dict) -> str:
 def paired_table(data: dict) -> str:
     """``--paired``: each way's median and glibc / way pair by pair, in one process."""
     s, r = data["sizes"], data["paired"]
+    other = next(w for w in data["median"] if w != "glibc")
     low, high = r["interval"] or (None, None)
     interval = f"[{low:.2f}, {high:.2f}]{', resolved' if r['resolved'] else ', not resolved'}" if low else "(one pair, no interval)"
     rows = ["| way | update: s (median) | glibc / way, pair by pair: geometric mean [95% CI] |", "|---|---:|---:|",
-            f"| glibc | {data['median']['glibc']:.2f} | 1.00x |", f"| fresh | {data['median']['fresh']:.2f} | {r['geometric_mean']:.2f}x {interval} |"]  # fmt: skip
+            f"| glibc | {data['median']['glibc']:.2f} | 1.00x |", f"| {other} | {data['median'][other]:.2f} | {r['geometric_mean']:.2f}x {interval} |"]  # fmt: skip
     head = (f"{data['machine']}, {s['threads']} threads, torch {data['torch']}; {data['date'][:10]}; `{data['command']}`: {s['rows']} rows of "
             f"{s['prompt']} + {s['length']} tokens, {len(r['ratios'])} pair{'s' if len(r['ratios']) != 1 else ''} of timed updates in one process, the first of a pair alternating; "
             f"its peak memory {data['peak_rss_gib']['process']:.2f} GiB")  # fmt: skip
@@ -283,11 +308,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="bench/peak.py's model name (default: the embedded one)")
     parser.add_argument("--ways", default=None, help=f"comma-separated, glibc first (of {', '.join(WAYS)}; default {','.join(DEFAULT_WAYS)}, "
-                        f"with --paired {','.join(PAIRED)}, the only pair it takes)")  # fmt: skip
+                        f"with --paired {','.join(PAIRED)} or glibc and another of {', '.join(IN_PROCESS)})")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a tiny random Llama, 2 rows of 8 + 16 tokens")
     parser.add_argument("--train", action="store_true", help="whole `podsrl train` runs instead (module docstring)")
     parser.add_argument("--setting", action="append", default=[], help="--train: a setting KEY=VALUE for podsrl train (repeatable)")
-    parser.add_argument("--paired", action="store_true", help="glibc and fresh alternating in one process: rounds x updates pairs (module docstring)")
+    parser.add_argument("--paired", action="store_true", help="glibc and fresh (or copied) alternating in one process: rounds x updates pairs (module docstring)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None, help="print a saved run's table and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -311,12 +336,12 @@ def main(argv: list[str] | None = None) -> dict | None:
         raise SystemExit(f"bench/host_memory.py: {why}")
     args.ways = args.ways or ",".join(PAIRED if args.paired else DEFAULT_WAYS)
     ways = tuple(args.ways.split(","))
-    if args.paired and (ways != PAIRED or args.sampler or args.train):
-        parser.error(f"--paired: the update in place against fresh, {','.join(PAIRED)} (--ways {args.ways!r}); not with --sampler or --train")
+    if args.paired and (len(ways) != 2 or ways[1] not in IN_PROCESS or args.sampler or args.train):
+        parser.error(f"--paired: glibc against one of {', '.join(IN_PROCESS)} (--ways {args.ways!r}); not with --sampler or --train")
     if ways[0] != "glibc" or len(set(ways)) != len(ways) or not set(ways) <= set(WAYS) or len(ways) < 2:
         parser.error(f"--ways {args.ways!r}: glibc first, then one or more of {', '.join(w for w in WAYS if w != 'glibc')}, each once")
-    if "fresh" in ways and (args.sampler or args.train):
-        parser.error(f"--ways {args.ways!r}: fresh is the update's logits' gradient: not with --sampler or --train")
+    if set(IN_PROCESS) & set(ways) and (args.sampler or args.train):
+        parser.error(f"--ways {args.ways!r}: {' and '.join(IN_PROCESS)} change the update: not with --sampler or --train")
     from _isolated import run_isolated
 
     if args.paired:
@@ -361,14 +386,15 @@ def paired_main(args: argparse.Namespace, argv: list[str] | None) -> dict:
     """``--paired``: one worker in glibc's environment, the ways alternating inside it."""
     from _isolated import run_isolated
 
-    args.way = "glibc"
+    ways = tuple(args.ways.split(","))
+    args.way = ways[1]  # the worker's first way: glibc's turn sets its own
     started = time.time()
     log = Path(tempfile.mkdtemp(prefix="host-memory-logs-")) / "paired.log"
     out = run_isolated(__file__, ["--worker"], {k: getattr(args, k) for k in SPEC}, log=log, prefix="host-memory-", environ=environment("glibc"))
     if "error" in out:
         raise SystemExit(f"bench/host_memory.py: the paired worker failed: {out['error']}")
-    for way in PAIRED:
-        print(f"{way:>5}: updates {', '.join(f'{s:.2f}' for s in out['seconds'][way])} s", flush=True)
+    for way in ways:
+        print(f"{way:>6}: updates {', '.join(f'{s:.2f}' for s in out['seconds'][way])} s", flush=True)
     import torch
 
     from peak import machine
@@ -377,13 +403,13 @@ def paired_main(args: argparse.Namespace, argv: list[str] | None) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(torch.device("cpu"), args.threads)["cpu"],
             "torch": torch.__version__, "seconds": round(time.time() - started, 1),
             "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model", "paired")},
-            "run": out, "median": {w: statistics.median(out["seconds"][w]) for w in PAIRED}, "peak_rss_gib": {"process": out["peak_rss_gib"]},
-            "paired": paired_ratio(out["seconds"]["glibc"], out["seconds"]["fresh"]), "transparent_hugepage": transparent_hugepage()}  # fmt: skip
+            "run": out, "median": {w: statistics.median(out["seconds"][w]) for w in ways}, "peak_rss_gib": {"process": out["peak_rss_gib"]},
+            "paired": paired_ratio(out["seconds"]["glibc"], out["seconds"][ways[1]]), "transparent_hugepage": transparent_hugepage()}  # fmt: skip
     print(table(data))
     r = data["paired"]
     words = "resolved" if r["resolved"] else "not resolved"
     bounds = f" [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}], {words}" if r["interval"] else ", one pair"
-    print(f"update time glibc / fresh, pair by pair: {r['geometric_mean']:.2f}x{bounds} (below 1: writing the gradient in place is faster)")
+    print(f"update time glibc / {ways[1]}, pair by pair: {r['geometric_mean']:.2f}x{bounds} (below 1: glibc, podsrl as it is, is faster)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")

@@ -20,21 +20,23 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 @pytest.mark.skipif(not GLIBC, reason="glibc's tunables: the bench refuses other C libraries")
 def test_the_bench_runs_each_way_in_its_own_process_with_its_tunables(tmp_path, monkeypatch):
     """--quick: one process a way; the kept way's worker saw the tunables, the thp way's PyTorch's
-    huge-page switch and glibc's neither, even where the caller's environment sets both; the JSON as
-    written, and its table's ratios to glibc's."""
+    huge-page switch and glibc's neither, even where the caller's environment sets both; the fresh and
+    copied ways undid their change of the update; the JSON as written, and its table's ratios to glibc's."""
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1")
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
     with script_module(ROOT / "bench" / "host_memory.py") as bench:
         assert not {"GLIBC_TUNABLES", bench.THP} & set(bench.environment("glibc"))
         assert bench.environment("kept")["GLIBC_TUNABLES"] == bench.KEPT and bench.THP not in bench.environment("kept")
         assert bench.environment("thp")[bench.THP] == "1" and "GLIBC_TUNABLES" not in bench.environment("thp")
-        data = bench.main(["--quick", "--ways", "glibc,kept,thp,fresh", "--out", str(tmp_path / "hm.json")])
+        data = bench.main(["--quick", "--ways", "glibc,kept,thp,fresh,copied", "--out", str(tmp_path / "hm.json")])
         assert json.loads((tmp_path / "hm.json").read_text()) == json.loads(json.dumps(data))
-        assert list(data["runs"]) == ["glibc", "kept", "thp", "fresh"]
+        assert list(data["runs"]) == ["glibc", "kept", "thp", "fresh", "copied"]
         assert data["runs"]["kept"][0]["tunables"] == bench.KEPT and data["runs"]["glibc"][0]["tunables"] is None
         assert data["runs"]["thp"][0]["thp"] == "1" and data["runs"]["glibc"][0]["thp"] is None and data["runs"]["kept"][0]["thp"] is None
-        # the update asked whether to write the logits' gradient in place: yes but in the fresh way
-        assert {w: data["runs"][w][0]["gradient_in_place"] for w in data["runs"]} == {"glibc": True, "kept": True, "thp": True, "fresh": False}
+        # the update asked whether to write the logits' gradient in place: yes but in the fresh way; its
+        # attention copied the key/value heads (the tiny model shares 2 among 4 query heads) in the copied way only
+        assert {w: data["runs"][w][0]["gradient_in_place"] for w in data["runs"]} == {"glibc": True, "kept": True, "thp": True, "fresh": False, "copied": True}
+        assert {w: data["runs"][w][0]["heads_copied"] for w in data["runs"]} == {"glibc": False, "kept": False, "thp": False, "fresh": False, "copied": True}
         assert all(run["timed"] == "update" and run["tokens"] == 2 * 16 for w in data["runs"] for run in data["runs"][w])
         assert all(len(data["runs"][w]) == 1 and data["median"][w] > 0 and data["peak_rss_gib"][w] > 0 for w in data["runs"])
         text = bench.table(data)
@@ -42,7 +44,8 @@ def test_the_bench_runs_each_way_in_its_own_process_with_its_tunables(tmp_path, 
         assert all(f"| {w} | {data['median'][w]:.2f} | {data['median']['glibc'] / data['median'][w]:.2f}x |" in text for w in ("kept", "thp"))
 
 
-@pytest.mark.parametrize("ways", ["kept,glibc", "glibc", "glibc,kept,kept", "glibc,jemalloc", "glibc,fresh --sampler 4", "glibc,fresh --train"])
+@pytest.mark.parametrize("ways", ["kept,glibc", "glibc", "glibc,kept,kept", "glibc,jemalloc", "glibc,fresh --sampler 4", "glibc,fresh --train",
+                                  "glibc,copied --sampler 4"])
 def test_the_bench_refuses_ways_without_glibc_first_or_unknown_or_repeated(ways, capsys):
     ways, *rest = ways.split()
     with script_module(ROOT / "bench" / "host_memory.py") as bench, pytest.raises(SystemExit):
@@ -51,18 +54,21 @@ def test_the_bench_refuses_ways_without_glibc_first_or_unknown_or_repeated(ways,
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's tunables: the bench refuses other C libraries")
-def test_paired_alternates_in_place_and_fresh_in_one_process(tmp_path):
+@pytest.mark.parametrize("other", ["fresh", "copied"])
+def test_paired_alternates_glibc_and_another_way_in_one_process(tmp_path, other):
     """--quick --paired: one worker, a warm-up each way, then two pairs whose first way alternates;
-    the update wrote in place in glibc's updates only; the JSON as written, its table's ratio."""
+    the other way's updates alone undid their change (the gradient in place, the heads read in
+    place); the JSON as written, its table's ratio."""
     with script_module(ROOT / "bench" / "host_memory.py") as bench:
-        data = bench.main(["--quick", "--paired", "--out", str(tmp_path / "hm.json")])
+        data = bench.main(["--quick", "--paired", "--ways", f"glibc,{other}", "--out", str(tmp_path / "hm.json")])
         assert json.loads((tmp_path / "hm.json").read_text()) == json.loads(json.dumps(data))
         run = data["run"]
-        assert run["order"] == ["glibc", "fresh", "fresh", "glibc"] and run["gradient_in_place"] == {"glibc": True, "fresh": False}
-        assert run["tunables"] is None and run["thp"] is None and all(len(run["seconds"][w]) == 2 for w in ("glibc", "fresh"))
-        assert data["paired"] == bench.paired_ratio(run["seconds"]["glibc"], run["seconds"]["fresh"]) and data["paired"]["interval"] is not None
+        assert run["order"] == ["glibc", other, other, "glibc"]
+        assert run["gradient_in_place"] == {"glibc": True, other: other != "fresh"} and run["heads_copied"] == {"glibc": False, other: other == "copied"}
+        assert run["tunables"] is None and run["thp"] is None and all(len(run["seconds"][w]) == 2 for w in ("glibc", other))
+        assert data["paired"] == bench.paired_ratio(run["seconds"]["glibc"], run["seconds"][other]) and data["paired"]["interval"] is not None
         text = bench.table(data)
-        assert "2 pairs of timed updates in one process" in text and f"| fresh | {data['median']['fresh']:.2f} | {data['paired']['geometric_mean']:.2f}x [" in text
+        assert "2 pairs of timed updates in one process" in text and f"| {other} | {data['median'][other]:.2f} | {data['paired']['geometric_mean']:.2f}x [" in text
 
 
 def test_paired_ratio_is_the_geometric_mean_with_an_interval_over_the_log_ratios():
@@ -80,11 +86,11 @@ def test_paired_ratio_is_the_geometric_mean_with_an_interval_over_the_log_ratios
             bench.paired_ratio([1.0, 2.0], [1.0])
 
 
-@pytest.mark.parametrize("argv", ["--ways glibc,kept", "--ways glibc,fresh,kept", "--sampler 4", "--train"])
+@pytest.mark.parametrize("argv", ["--ways glibc,kept", "--ways glibc,fresh,copied", "--ways glibc", "--sampler 4", "--train"])
 def test_paired_refuses_other_ways_the_sampler_and_train(argv, capsys):
     with script_module(ROOT / "bench" / "host_memory.py") as bench, pytest.raises(SystemExit):
         bench.main(["--quick", "--paired", *argv.split()])
-    assert "--paired: the update in place against fresh" in capsys.readouterr().err
+    assert "--paired: glibc against one of fresh, copied" in capsys.readouterr().err
 
 
 def test_every_committed_host_memory_run_is_in_the_results_page_as_its_table():
