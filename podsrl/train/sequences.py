@@ -26,10 +26,10 @@ what it computes (the tests check log-probs and gradients against that plain com
   its query heads (``repeat_kv``), and the copies are what attention saves for the backward. Under
   :func:`_attention` PyTorch's kernel reads the shared heads itself (``enable_gqa``,
   :mod:`podsrl.engines.attention`, as the engines sample): the same log-probs, gradients within
-  rounding, and 0.58 GiB less peak memory for the update of 16 rows of 40 + 256 tokens of the
-  embedded model (9.13 against 9.71 GiB, two processes each way, scratch; its time 1.05x by the
-  median of 4 alternating pairs, not resolved). Not under gradient checkpointing, whose recomputation
-  in the backward runs after the switch is undone and must save the tensors the forward saved.
+  rounding, and less peak memory for the update of 16 rows of 40 + 256 tokens of the embedded model
+  (the copies: 0.65 GB; 8.72-9.10 against 9.22-9.80 GiB in bench/host_memory.py's ``copied`` way,
+  its time not resolved: docs/results.md). Not under gradient checkpointing, whose recomputation in
+  the backward runs after the switch is undone and must save the tensors the forward saved.
 """
 
 from __future__ import annotations
