@@ -361,21 +361,31 @@ def main(argv: list[str] | None = None) -> dict | None:
             runs[way].append(out)
             print(f"round {r + 1} {way:>5}: {'train: a median step' if args.train else what} {', '.join(f'{s:.2f}' for s in runs[way][-1]['seconds'])} s, "
                   f"peak memory {runs[way][-1]['peak_rss_gib']:.2f} GiB", flush=True)  # fmt: skip
-    import torch
-
-    from peak import machine
-
-    data = {"benchmark": "host_memory", "command": "python bench/host_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(torch.device("cpu"), args.threads)["cpu"],
-            "torch": torch.__version__, "tunables": KEPT, "seconds": round(time.time() - started, 1),
-            "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model", "sampler", "train", "setting")},
-            "runs": runs, "median": {w: statistics.median(s for run in runs[w] for s in run["seconds"]) for w in ways},
-            "peak_rss_gib": {w: max(run["peak_rss_gib"] for run in runs[w]) for w in ways},
-            "transparent_hugepage": transparent_hugepage()}  # fmt: skip
+    data = record(args, argv, started, ("sampler", "train", "setting"), tunables=KEPT, runs=runs,
+                  median={w: statistics.median(s for run in runs[w] for s in run["seconds"]) for w in ways},
+                  peak_rss_gib={w: max(run["peak_rss_gib"] for run in runs[w]) for w in ways})  # fmt: skip
     print(table(data))
     for way in ways[1:]:
         print(f"{'train step' if args.train else 'sampling call' if args.sampler else 'update'} time glibc / {way}: "
               f"{data['median']['glibc'] / data['median'][way]:.2f}x")  # fmt: skip
+    return save(args, data)
+
+
+def record(args: argparse.Namespace, argv: list[str] | None, started: float, sizes: tuple[str, ...], **measured) -> dict:
+    """The run's JSON: its command, date, machine and sizes (the shared ones and ``sizes``), then ``measured``."""
+    import torch
+
+    from peak import machine
+
+    return {"benchmark": "host_memory", "command": "python bench/host_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(torch.device("cpu"), args.threads)["cpu"],
+            "torch": torch.__version__, "seconds": round(time.time() - started, 1),
+            "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model", *sizes)},
+            **measured, "transparent_hugepage": transparent_hugepage()}  # fmt: skip
+
+
+def save(args: argparse.Namespace, data: dict) -> dict:
+    """Write ``data`` to ``--out`` (if given); return it."""
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")
@@ -395,25 +405,14 @@ def paired_main(args: argparse.Namespace, argv: list[str] | None) -> dict:
         raise SystemExit(f"bench/host_memory.py: the paired worker failed: {out['error']}")
     for way in ways:
         print(f"{way:>6}: updates {', '.join(f'{s:.2f}' for s in out['seconds'][way])} s", flush=True)
-    import torch
-
-    from peak import machine
-
-    data = {"benchmark": "host_memory", "command": "python bench/host_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(torch.device("cpu"), args.threads)["cpu"],
-            "torch": torch.__version__, "seconds": round(time.time() - started, 1),
-            "sizes": {k: getattr(args, k) for k in ("rows", "prompt", "length", "updates", "rounds", "threads", "model", "paired")},
-            "run": out, "median": {w: statistics.median(out["seconds"][w]) for w in ways}, "peak_rss_gib": {"process": out["peak_rss_gib"]},
-            "paired": paired_ratio(out["seconds"]["glibc"], out["seconds"][ways[1]]), "transparent_hugepage": transparent_hugepage()}  # fmt: skip
+    data = record(args, argv, started, ("paired",), run=out, median={w: statistics.median(out["seconds"][w]) for w in ways},
+                  peak_rss_gib={"process": out["peak_rss_gib"]}, paired=paired_ratio(out["seconds"]["glibc"], out["seconds"][ways[1]]))  # fmt: skip
     print(table(data))
     r = data["paired"]
     words = "resolved" if r["resolved"] else "not resolved"
     bounds = f" [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}], {words}" if r["interval"] else ", one pair"
     print(f"update time glibc / {ways[1]}, pair by pair: {r['geometric_mean']:.2f}x{bounds} (below 1: glibc, podsrl as it is, is faster)")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-    return data
+    return save(args, data)
 
 
 if __name__ == "__main__":
