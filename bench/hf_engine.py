@@ -102,7 +102,7 @@ def load(quick: bool):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), load_tokenizer(path)
 
 
-WAYS = ("today", "copied heads", "multinomial", "concatenated cache", "mkl linear", "before")
+WAYS = ("today", "generate", "copied heads", "multinomial", "concatenated cache", "mkl linear", "before")
 PATCHED = ("generate_kwargs", "shared_kv_heads", "chunked_cache", "onednn_linears")  # podsrl.engines.hf's names the ways replace
 
 
@@ -121,32 +121,36 @@ def _ways(hf) -> dict[str, dict]:
     cache = {"chunked_cache": lambda model, cache=None: cache}  # transformers' DynamicCache: a torch.cat a step
     draw = {"generate_kwargs": transformers_own}
     linear = {"onednn_linears": lambda model, rows: contextlib.nullcontext()}  # the layers' own F.linear (MKL)
-    return {"today": {}, "copied heads": heads, "multinomial": draw, "concatenated cache": cache, "mkl linear": linear,
-            "before": {**heads, **draw, **cache, **linear, "_shared_prefill": lambda self, *a: None}}  # fmt: skip
+    generate = {"_loop": lambda model, cache: False}  # transformers' generate: every row to the call's end
+    return {"today": {}, "generate": generate, "copied heads": heads, "multinomial": draw, "concatenated cache": cache, "mkl linear": linear,
+            "before": {**heads, **draw, **cache, **linear, **generate, "_shared_prefill": lambda self, *a: None}}  # fmt: skip
 
 
-def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, ways=WAYS) -> dict:
+def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, ways=WAYS, ends: bool = False) -> dict:
     import podsrl.engines.hf as hf
-    from podsrl.engines import Sampling
+    from podsrl.engines import Sampling, loop
 
-    from _fixed_length import hold_length
+    from _fixed_length import EndAt, SuppressEos, ends_table
     from peak import prompt_lengths
 
     variants = _ways(hf)
     saved = {name: getattr(hf, name) for name in PATCHED}
-    saved_prefill = hf.TransformersEngine._shared_prefill
+    saved_prefill, saved_loop = hf.TransformersEngine._shared_prefill, loop.applies
 
     def patch(changes: dict) -> None:
         for name in PATCHED:
             setattr(hf, name, changes.get(name, saved[name]))
         hf.TransformersEngine._shared_prefill = changes.get("_shared_prefill", saved_prefill)
+        loop.applies = changes.get("_loop", saved_loop)
 
-    plain = hold_length(model)
     engine = hf.TransformersEngine(model, tokenizer, batch_size=rollouts)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompts = [torch.randint(3, vocab - 1, (n,), generator=gen).tolist() for n in prompt_lengths(PROMPT_LEN, PROMPTS)]
     k = PROMPTS if rollouts % PROMPTS == 0 else 1
+    eos = sorted(engine._eos_ids())
+    width = max(map(len, prompts[:k]))
+    engine.logits_processors = [EndAt(eos, width, ends_table(vocab, length)) if ends else SuppressEos(eos)]  # both decode paths
 
     def call(name: str, seed: int) -> tuple[float, int]:
         patch(variants[name])
@@ -157,22 +161,22 @@ def time_calls(model, tokenizer, *, rollouts: int, length: int, repeats: int, wa
         finally:
             patch({})
 
-    try:
-        seconds, _ = call("today", 0)
-        print(f"  warm-up today       {rollouts} x {length}: {seconds:6.2f} s")
-        names = [name for name in variants if name in ways]
-        rates: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(repeats):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                seconds, tokens = call(name, 1 + r)
-                rates[name].append(tokens / seconds)
-                print(f"  round {r + 1} {name:<11} {rollouts} x {length}: {tokens} tokens in {seconds:6.2f} s, {tokens / seconds:6.1f} tokens/s")
-    finally:
-        model.generate = plain
+    seconds, _ = call("today", 0)
+    print(f"  warm-up today       {rollouts} x {length}: {seconds:6.2f} s")
+    names = [name for name in variants if name in ways]
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    tokens_made: dict[str, list[int]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            seconds, tokens = call(name, 1 + r)
+            rates[name].append(tokens / seconds)
+            tokens_made[name].append(tokens)
+            print(f"  round {r + 1} {name:<11} {rollouts} x {length}: {tokens} tokens in {seconds:6.2f} s, {tokens / seconds:6.1f} tokens/s")
     medians = {n: statistics.median(v) for n, v in rates.items()}
     ratio = lambda way: medians["today"] / medians[way] if way in medians else None  # noqa: E731
-    return {"rollouts": rollouts, "length": length, "prompts": k, "prompt_lengths": [len(p) for p in prompts[:k]], "tokens_per_s": medians,
-            "rounds": rates, "draw_ratio": ratio("multinomial"), "heads_ratio": ratio("copied heads"),
+    return {"rollouts": rollouts, "length": length, "ends": "varied" if ends else "fixed", "prompts": k,
+            "prompt_lengths": [len(p) for p in prompts[:k]], "tokens_per_s": medians, "rounds": rates, "tokens": tokens_made,
+            "loop_ratio": ratio("generate"), "draw_ratio": ratio("multinomial"), "heads_ratio": ratio("copied heads"),
             "cache_ratio": ratio("concatenated cache"), "linear_ratio": ratio("mkl linear"), "ratio": ratio("before"),
             "labels": {name: LABELS[name] for name in names}}  # fmt: skip
 
@@ -201,11 +205,17 @@ LABELS_BEFORE_LINEAR = {  # runs after podsrl/engines/decode.py, before podsrl/e
     "concatenated cache": "transformers' `DynamicCache` (a `torch.cat` of every layer's cache a step)",
     "before": "before: `torch.multinomial`, a prefill per row, the KV cache copied and concatenated",
 }
-LABELS = {  # today's; a run records the labels of its ways (call["labels"], in the order it timed them)
+LABELS_BEFORE_LOOP = {  # runs of linear.py before loop.py (they record their labels)
     **LABELS_BEFORE_LINEAR,
     "today": LABELS_BEFORE_LINEAR["today"] + ", the linear layers on oneDNN",
     "mkl linear": "the linear layers' own `F.linear` (MKL)",
     "before": LABELS_BEFORE_LINEAR["before"] + ", the linear layers' `F.linear`",
+}
+LABELS = {  # today's; a run records the labels of its ways (call["labels"], in the order it timed them)
+    "today": LABELS_BEFORE_LOOP["today"] + ", finished rows leaving the batch",
+    "generate": "transformers' `generate` (every row to the call's last step)",
+    **{k: v for k, v in LABELS_BEFORE_LOOP.items() if k not in ("today", "before")},
+    "before": LABELS_BEFORE_LOOP["before"] + ", `generate`",
 }
 
 
@@ -214,6 +224,9 @@ def doc_table(record: dict) -> str:
     committed one)."""
     call = record["call"]
     lengths = f" of {min(call['prompt_lengths'])}-{max(call['prompt_lengths'])} tokens" if "prompt_lengths" in call else ""
+    size = f"{call['length']}"
+    if call.get("ends") == "varied":  # bench/_fixed_length.py's EndAt: every way the same tokens
+        size = f"up to {call['length']} (on average {call['tokens']['today'][0] / call['rollouts']:.1f})"
     lines = [
         f"{record['cpu']}, {record['threads']} threads, torch {record['torch']}; {record['date']}; `{record['command']}`",
         "",
@@ -221,7 +234,7 @@ def doc_table(record: dict) -> str:
         "|---|---:|---:|---:|",
         *(f"| {r['rows']} x {r['vocab']} | {r['multinomial_ms']:.1f} | {r['draw_ms']:.1f} | {r['ratio']:.1f}x |" for r in record["draws"]),
         "",
-        f"| transformers engine, one call of {call['rollouts']} x {call['length']} tokens ({call['prompts']} prompts{lengths}) | tokens/s, median of {len(call['rounds']['today'])} | today / it |",
+        f"| transformers engine, one call of {call['rollouts']} x {size} tokens ({call['prompts']} prompts{lengths}) | tokens/s, median of {len(call['rounds']['today'])} | today / it |",
         "|---|---:|---:|",
     ]
     rates = call["tokens_per_s"]
@@ -246,6 +259,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds of each part")
     parser.add_argument("--ways", default=",".join(w.replace(" ", "-") for w in WAYS),
                         help="the sampling call's ways to time, comma-separated, 'today' first (default all: " + ", ".join(w.replace(" ", "-") for w in WAYS) + ")")
+    parser.add_argument("--ends", action="store_true", help="completions of varied lengths (bench/_fixed_length.py's EndAt: about 80 tokens "
+                        "on average, a tenth cut at --length 256), the same in every way, instead of --length each")
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     parser.add_argument("--table", type=Path, help="measure nothing: print docs/engines.md's tables of this JSON file")
     args = parser.parse_args(argv)
@@ -253,7 +268,7 @@ def main(argv=None) -> int:
         print(doc_table(json.loads(args.table.read_text())), end="")
         return 0
     if args.quick:
-        args.rollouts, args.length, args.repeats = min(args.rollouts, 32), min(args.length, 4), min(args.repeats, 2)  # 16 prompts x 2
+        args.rollouts, args.length, args.repeats = min(args.rollouts, 32), min(args.length, 16 if args.ends else 4), min(args.repeats, 2)  # 16 prompts x 2
     torch.set_num_threads(args.threads)
     from podsrl.engines.dtype import cpu_model
 
@@ -264,7 +279,7 @@ def main(argv=None) -> int:
     ways = [w.strip().replace("-", " ") for w in args.ways.split(",")]
     if ways[0] != "today" or not set(ways) <= set(WAYS):
         parser.error(f"--ways: 'today' first, then any of {', '.join(w.replace(' ', '-') for w in WAYS[1:])}; got {args.ways!r}")
-    calls = time_calls(model, tokenizer, rollouts=args.rollouts, length=args.length, repeats=args.repeats, ways=ways)
+    calls = time_calls(model, tokenizer, rollouts=args.rollouts, length=args.length, repeats=args.repeats, ways=ways, ends=args.ends)
     command = "python bench/hf_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -273,8 +288,9 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     for row in draws:
         print(f"multinomial / draw at {row['rows']} rows: {row['ratio']:.2f}x the milliseconds")
-    what = f"transformers engine {calls['rollouts']} x {calls['length']}"
-    for key, name, why in (("draw_ratio", "multinomial", "the draw"), ("heads_ratio", "copied heads", "the KV heads read in place"),
+    what = f"transformers engine {calls['rollouts']} x {'up to ' if args.ends else ''}{calls['length']}"
+    for key, name, why in (("loop_ratio", "generate", "finished rows leaving the batch"),
+                           ("draw_ratio", "multinomial", "the draw"), ("heads_ratio", "copied heads", "the KV heads read in place"),
                            ("cache_ratio", "concatenated cache", "the cache grown in chunks"),
                            ("linear_ratio", "mkl linear", "the linear layers on oneDNN"),
                            ("ratio", "before", "all of them and the shared prefill")):  # fmt: skip

@@ -622,8 +622,8 @@ def _settings(completion: int, pad_id: int, micro_batch: int, mixed: bool):
 
 
 class _FixedLength:
-    """Every completion exactly ``length`` tokens: the policy's and the static engine's ``generate``
-    suppress end-of-sequence in place (bench/_fixed_length.py: not ``min_new_tokens``, whose
+    """Every completion exactly ``length`` tokens: the transformers engine and the static engine's
+    ``generate`` suppress end-of-sequence in place (bench/_fixed_length.py: not ``min_new_tokens``, whose
     ``torch.where`` over the scores real calls do not pay), vLLM's SamplingParams get ``min_tokens``."""
 
     def __init__(self):
@@ -633,6 +633,13 @@ class _FixedLength:
         from _fixed_length import hold_length
 
         hold_length(model)
+
+    @staticmethod
+    def hold_engine(engine) -> None:
+        """The transformers engine: its own processors (its decode loop on a CPU is not ``generate``)."""
+        from _fixed_length import SuppressEos
+
+        engine.logits_processors = [SuppressEos(sorted(engine._eos_ids()))]
 
     @staticmethod
     def patch_vllm() -> None:
@@ -678,7 +685,7 @@ def make_engines(names, model, tokenizer, path, *, max_len: int, threads: int | 
                               kv_cache_gib=kv_gib)  # fmt: skip
     engines = samplers.make_engines(args, model, tokenizer, [[0] * 40], path)
     if "transformers" in engines:
-        fixed.wrap_generate(model)
+        fixed.hold_engine(engines["transformers"])
     for name in ("transformers-static", "transformers-static-gqa"):
         if name in engines:
             fixed.wrap_generate(engines[name].sampler)
@@ -706,7 +713,10 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
         start = time.perf_counter()
         result = engine.generate(prompts[:k], Sampling(n=size // k, temperature=1.0, top_p=1.0, max_new_tokens=length, seed=seed))
         _sync(device)
-        return time.perf_counter() - start, sum(map(len, result.completion_ids)), list(getattr(engine, "calls", []))
+        seconds, tokens = time.perf_counter() - start, sum(map(len, result.completion_ids))
+        if tokens != size * length:  # the FLOP counts assume every row its length (_FixedLength)
+            raise RuntimeError(f"peak.py: {type(engine).__name__} made {tokens} tokens, not {size} x {length}: the fixed length did not hold")
+        return seconds, tokens, list(getattr(engine, "calls", []))
 
     warm: dict[tuple[str, int], float] = {}
     rates: dict[tuple[int, str], dict] = {}  # (rollouts, dtype) -> decode_rate

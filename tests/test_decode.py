@@ -4,12 +4,14 @@ and the engine samples the same tokens with it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
 import podsrl.engines.hf as hf
-from podsrl.engines import Sampling
+from podsrl.engines import Sampling, loop
 from podsrl.engines.decode import CHUNK, ChunkedLayer, chunked_cache
 from podsrl.engines.hf import TransformersEngine
 from test_static_engine import prompts, tokenizer, varied_model  # noqa: F401 (tokenizer: a fixture)
@@ -86,17 +88,22 @@ def test_without_cache_layers_generate_keeps_its_own_cache(tokenizer, one_thread
 @pytest.mark.parametrize("n", [1, 3])
 def test_the_engine_samples_the_same_tokens_with_the_chunked_cache(tokenizer, one_thread, monkeypatch, n):
     """Seeded sampling at temperature 1, prompts of 1 to 14 tokens, completions of 70 tokens (past a
-    chunk boundary), with and without a shared prefill (n = 3 and 1): the same completions as with
-    transformers' own DynamicCache."""
+    chunk boundary), with and without a shared prefill (n = 3 and 1): the engine's own loop over the
+    chunked cache, no finished row leaving the batch (loop.COMPACT_AT infinite), samples the same
+    completions as transformers' generate with its own DynamicCache: the same loop, step for step."""
     model = varied_model(tokenizer)
     ps = prompts(len(tokenizer))
     sampling = Sampling(n=n, temperature=1.0, top_p=1.0, max_new_tokens=CHUNK + 6, seed=7)
-    passed = []
-    generate = model.generate
-    monkeypatch.setattr(model, "generate", lambda **kw: passed.append(kw["past_key_values"]) or generate(**kw))
+    monkeypatch.setattr(loop, "COMPACT_AT", math.inf)
+    passed, sample = [], loop.sample
+    monkeypatch.setattr(loop, "sample", lambda model, ids, mask, cache, **kw: passed.append(cache) or sample(model, ids, mask, cache, **kw))
     got = TransformersEngine(model, tokenizer, batch_size=8).generate(ps, sampling)
-    assert passed and all(type(layer) is ChunkedLayer for cache in passed for layer in cache.layers)  # what generate started from
+    assert passed and all(type(layer) is ChunkedLayer for cache in passed for layer in cache.layers)  # what the loop started from
     monkeypatch.setattr(hf, "chunked_cache", lambda model, cache=None: None)
+    generated = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: generated.append(1) or generate(**kw))
     want = TransformersEngine(model, tokenizer, batch_size=8).generate(ps, sampling)
+    assert generated  # without the chunked cache: generate
     assert got.completion_ids == want.completion_ids
     assert max(map(len, got.completion_ids)) > CHUNK  # some rows ran past a chunk boundary

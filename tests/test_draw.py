@@ -136,19 +136,45 @@ def test_the_benchmark_runs(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_draw", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    from podsrl.engines import loop
+
     names = ("generate_kwargs", "shared_kv_heads", "chunked_cache", "onednn_linears")
     before = [getattr(hf, name) for name in names], hf.TransformersEngine._shared_prefill
+    applies = loop.applies
     threads = torch.get_num_threads()
     assert bench.main(["--quick", "--out", str(tmp_path / "draw.json")]) == 0
     torch.set_num_threads(threads)
     data = json.loads((tmp_path / "draw.json").read_text())
     assert [row["rows"] for row in data["draws"]] == [8, 16]
-    assert set(data["call"]["tokens_per_s"]) == set(data["call"]["labels"]) == {"today", "copied heads", "multinomial", "concatenated cache", "mkl linear", "before"}
-    assert all(data["call"][key] > 0 for key in ("ratio", "draw_ratio", "heads_ratio", "cache_ratio", "linear_ratio"))
+    assert set(data["call"]["tokens_per_s"]) == set(data["call"]["labels"]) == {"today", "generate", "copied heads", "multinomial", "concatenated cache", "mkl linear", "before"}
+    assert all(data["call"][key] > 0 for key in ("ratio", "loop_ratio", "draw_ratio", "heads_ratio", "cache_ratio", "linear_ratio"))
+    assert {n for made in data["call"]["tokens"].values() for n in made} == {32 * 4}  # every row its --length, both decode paths
     assert "oneDNN" in bench.doc_table(data)  # the run's own labels
     assert len(set(data["call"]["prompt_lengths"])) > 1, "the prompts should differ in length (left padding, as real calls)"
     assert data["command"].startswith("python bench/hf_engine.py --quick")
     assert ([getattr(hf, name) for name in names], hf.TransformersEngine._shared_prefill) == before
+    assert loop.applies is applies
+
+
+def test_the_benchmarks_varied_ends_are_the_same_in_both_decode_paths(tmp_path):
+    """bench/hf_engine.py --quick --ends: the rows end at varied lengths (bench/_fixed_length.py's
+    EndAt), the same tokens in the engine's loop and in generate, and the table says so."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "hf_engine.py"
+    spec = importlib.util.spec_from_file_location("bench_ends", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    threads = torch.get_num_threads()
+    assert bench.main(["--quick", "--ends", "--length", "16", "--ways", "today,generate", "--out", str(tmp_path / "ends.json")]) == 0
+    torch.set_num_threads(threads)
+    call = json.loads((tmp_path / "ends.json").read_text())["call"]
+    made = call["tokens"]
+    assert call["ends"] == "varied" and made["today"] == made["generate"]  # each round (seed) the same tokens both ways
+    assert all(32 * 8 <= n < 32 * 16 for n in made["today"])
+    assert "up to 16 (on average" in bench.doc_table(json.loads((tmp_path / "ends.json").read_text()))
 
 
 def test_every_committed_run_is_in_the_engines_page_as_its_table():

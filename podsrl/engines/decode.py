@@ -36,8 +36,8 @@ class ChunkedLayer(DynamicLayer or object):
 
     ``keys``/``values`` [B, H, S, D] are the buffers' first S positions (strided along S, contiguous
     in D, which PyTorch's attention kernels take as they are). Whatever replaces them (``crop``,
-    ``reorder_cache``, ``batch_select_indices``, ``batch_repeat_interleave``, ``reset``: DynamicLayer's
-    own methods, unchanged) is copied into a new buffer at the next ``update``."""
+    ``reorder_cache``, ``batch_repeat_interleave``, ``reset``: DynamicLayer's own methods, unchanged) is
+    copied into a new buffer at the next ``update``; ``batch_select_indices`` selects the buffers' rows."""
 
     _view: tuple[torch.Tensor, torch.Tensor] | None = None
     _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -56,6 +56,17 @@ class ChunkedLayer(DynamicLayer or object):
         self.keys, self.values = keys[:, :, : length + new], values[:, :, : length + new]
         self._view = (self.keys, self.values)
         return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices`` (podsrl/engines/loop.py drops finished rows): one copy of the
+        buffers' rows, which keep their spare positions, where DynamicLayer's own would copy the rows
+        and the next ``update`` copy them again into a new buffer."""
+        if self._view is None or self.keys is not self._view[0] or self.values is not self._view[1]:
+            return super().batch_select_indices(indices)
+        length = self.keys.shape[-2]
+        self._buffers = (self._buffers[0][indices], self._buffers[1][indices])
+        self.keys, self.values = self._buffers[0][:, :, :length], self._buffers[1][:, :, :length]
+        self._view = (self.keys, self.values)
 
 
 def _grown(old: torch.Tensor, states: torch.Tensor, length: int, new: int) -> torch.Tensor:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BLOCK", "DrawTokens", "draw", "generate_kwargs"]
+__all__ = ["BLOCK", "DrawTokens", "draw", "generate_kwargs", "warpers"]
 
 BLOCK = 256  # vocabulary entries a block of the two-level CDF
 CPU_SLICE_BYTES = 8 << 20  # a CPU draws in slices of rows whose float32 scores take about this many bytes
@@ -92,12 +92,21 @@ def generate_kwargs(sampling, recorder=None) -> dict:
     greedy = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
     if sampling.temperature == 0:
         return greedy
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+    from transformers import LogitsProcessorList
 
-    processors = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1.0 else []
-    if sampling.top_p < 1.0:
-        processors.append(TopPLogitsWarper(sampling.top_p))
-    if recorder is not None:
-        processors.append(recorder)
-    processors.append(DrawTokens())
+    processors = [*warpers(sampling), *([recorder] if recorder is not None else []), DrawTokens()]
     return dict(greedy, logits_processor=LogitsProcessorList(processors))
+
+
+def warpers(sampling) -> list:
+    """transformers' ``TemperatureLogitsWarper`` and ``TopPLogitsWarper`` for ``sampling`` (in the order
+    ``generate`` adds them under sampling; none at temperature 0 or where they change nothing): what
+    each token is drawn from after them (podsrl/engines/loop.py applies them itself)."""
+    if sampling.temperature == 0:
+        return []
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    out = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1.0 else []
+    if sampling.top_p < 1.0:
+        out.append(TopPLogitsWarper(sampling.top_p))
+    return out

@@ -4,7 +4,9 @@ Prompts are left-padded, each repeated n times, and generated in chunks of ``bat
 sequences. A prompt's n rows share one prefill: its KV cache is computed once and copied to them
 (:meth:`TransformersEngine._shared_prefill`), as vLLM's prefix caching does, instead of each row
 running its prompt through the model again. On a CPU the cache grows in chunks instead of being
-concatenated at every step (:mod:`podsrl.engines.decode`). Tokens are drawn by :class:`podsrl.engines.draw.DrawTokens` (softmax of the scores after
+concatenated at every step (:mod:`podsrl.engines.decode`), and the engine decodes with a loop of
+its own in which rows that have finished leave the batch (:mod:`podsrl.engines.loop`; ``generate``
+keeps every row to the call's last step). Tokens are drawn by :mod:`podsrl.engines.draw` (softmax of the scores after
 temperature and top-p, transformers' own warpers; the law of ``generate``'s ``torch.multinomial`` at
 a fraction of its cost on a CPU). On a CPU its attention reads the KV cache's shared key/value heads
 in place (:func:`podsrl.engines.attention.shared_kv_heads`) where transformers' ``sdpa`` would copy
@@ -20,10 +22,11 @@ import inspect
 
 import torch
 
+from podsrl.engines import loop
 from podsrl.engines.attention import shared_kv_heads
 from podsrl.engines.base import Rollouts, Sampling
 from podsrl.engines.decode import chunked_cache
-from podsrl.engines.draw import generate_kwargs
+from podsrl.engines.draw import generate_kwargs, warpers
 from podsrl.engines.linear import onednn_linears
 
 
@@ -35,6 +38,9 @@ class TransformersEngine:
         # FSDP: every forward is a collective, so all ranks keep stepping until the last one has
         # finished (transformers' ``synced_gpus``); podsrl.train.distributed sets it.
         self.synced_gpus = False
+        # logits processors applied before the sampling ones, every step (the benchmarks hold a completion's
+        # length with one: bench/_fixed_length.py)
+        self.logits_processors: list = []
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling) -> Rollouts:
@@ -57,23 +63,30 @@ class TransformersEngine:
                     width = max(len(ids) for ids in chunk)
                     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=device)
                     attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=device)
-                    out = self.model.generate(
-                        input_ids=input_ids,
-                        attention_mask=attention,
-                        past_key_values=self._cache(chunk, input_ids, attention),
-                        max_new_tokens=sampling.max_new_tokens,
-                        pad_token_id=pad,
-                        eos_token_id=sorted(eos),
-                        synced_gpus=self.synced_gpus,
-                        **generate_kwargs(sampling),
-                    )
-                    for row in out[:, width:].tolist():
+                    new = self._decode(input_ids, attention, self._cache(chunk, input_ids, attention), sampling, eos, pad)
+                    for row in new.tolist():
                         completions.append(cut_at_eos(row, eos))
         finally:
             self.model.train(was_training)
         truncated = [not (ids and ids[-1] in eos) for ids in completions]
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         return Rollouts(prompt_ids=prompt_ids, completion_ids=completions, texts=texts, truncated=truncated)
+
+    def _decode(self, input_ids: torch.Tensor, attention: torch.Tensor, cache, sampling: Sampling, eos: set[int], pad: int) -> torch.Tensor:
+        """[R, T] the new tokens of a call's rows (pad after a row's EOS): the engine's own loop, in which
+        finished rows leave the batch (podsrl/engines/loop.py), where it applies; ``generate`` elsewhere."""
+        if not self.synced_gpus and loop.applies(self.model, cache):
+            processors = [*self.logits_processors, *warpers(sampling)]
+            return loop.sample(self.model, input_ids, attention, cache, max_new_tokens=sampling.max_new_tokens, eos=eos, pad=pad,
+                               processors=processors, greedy=sampling.temperature == 0)  # fmt: skip
+        kwargs = generate_kwargs(sampling)
+        if self.logits_processors:
+            from transformers import LogitsProcessorList
+
+            kwargs["logits_processor"] = LogitsProcessorList([*self.logits_processors, *kwargs.get("logits_processor", [])])
+        out = self.model.generate(input_ids=input_ids, attention_mask=attention, past_key_values=cache, max_new_tokens=sampling.max_new_tokens,
+                                  pad_token_id=pad, eos_token_id=sorted(eos), synced_gpus=self.synced_gpus, **kwargs)  # fmt: skip
+        return out[:, input_ids.shape[1] :]
 
     def _cache(self, chunk: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor):
         """The KV cache ``generate`` starts from: the shared prefill's (or None), its layers made
