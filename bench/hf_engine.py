@@ -6,6 +6,8 @@ row, the engine before them, side by side in one run (issue 66).
     python bench/hf_engine.py --quick           # a tiny random model, seconds: checks the script runs
     python bench/hf_engine.py --threads 2 --rollouts 64 --length 256 --repeats 1 --ways today,copied-heads
                                                 # long completions, two of part 2's ways
+    python bench/hf_engine.py --threads 2 --length 256 --ends --ways today,generate
+                                                # completions of varied lengths: finished rows leaving
 
 1. **The draw alone**: milliseconds to draw one token a row from [R, V] scores (the embedded model's
    vocabulary, V = 49,152) for R = 8, 64, 128, 256 rows: softmax then ``torch.multinomial`` (what
@@ -15,10 +17,14 @@ row, the engine before them, side by side in one run (issue 66).
    sampler without vLLM) on the embedded SmolLM2-135M-Instruct in float32, one call of --rollouts
    rollouts (16 random prompts of 36 to 44 tokens x n, left-padded as a real call's: bench/peak.py's
    ``prompt_lengths``) of exactly --length tokens (EOS suppressed in place: bench/_fixed_length.py),
-   temperature 1, six ways: ``today`` (podsrl's draw, a prompt's rows sharing one prefill, the
+   or with --ends of varied lengths up to --length (bench/_fixed_length.py's ``EndAt``: each row's
+   length set by its first token, so every way makes the same tokens under a round's seed),
+   temperature 1, seven ways: ``today`` (podsrl's draw, a prompt's rows sharing one prefill, the
    KV cache's shared heads read in place: podsrl/engines/attention.py; the cache grown in chunks:
-   podsrl/engines/decode.py; the linear layers on oneDNN: podsrl/engines/linear.py), and today's
-   with one of them undone: ``copied heads`` (transformers' ``sdpa`` as it is, which copies every
+   podsrl/engines/decode.py; the linear layers on oneDNN: podsrl/engines/linear.py; the engine's
+   own decode loop, finished rows leaving the batch: podsrl/engines/loop.py), and today's
+   with one of them undone: ``generate`` (transformers' ``generate``, every row to the call's last
+   step), ``copied heads`` (transformers' ``sdpa`` as it is, which copies every
    key/value head to its query heads when a mask is passed), ``multinomial`` (transformers' own
    sampling, ``do_sample=True``), ``concatenated cache`` (transformers' ``DynamicCache``),
    ``mkl linear`` (the layers' own ``F.linear``); and ``before``, all of them undone and a prefill
@@ -32,8 +38,8 @@ them). Runs before commit 9a86a53 (results/hf-engine/cpu-amd-epyc-2026-11-29.jso
 ``min_new_tokens`` for the fixed length; runs before decode.py (the rest of 2026-11-29's) four;
 the runs of commit 4118664 (2026-11-30) timed a way since dropped, ``mkl output layer``: that commit's
 engine computed the output layer with oneDNN, and ``F.linear`` was as fast in the whole call; runs
-before linear.py five (they record no labels: ``doc_table`` infers them). --out FILE writes the
-figures as JSON.
+before linear.py five (they record no labels: ``doc_table`` infers them); runs before loop.py six
+(no ``generate``; their ``today`` decoded with ``generate``). --out FILE writes the figures as JSON.
 """
 
 from __future__ import annotations
@@ -224,9 +230,10 @@ def doc_table(record: dict) -> str:
     committed one)."""
     call = record["call"]
     lengths = f" of {min(call['prompt_lengths'])}-{max(call['prompt_lengths'])} tokens" if "prompt_lengths" in call else ""
-    size = f"{call['length']}"
+    size, ends = f"{call['length']}", ""
     if call.get("ends") == "varied":  # bench/_fixed_length.py's EndAt: every way the same tokens
-        size = f"up to {call['length']} (on average {call['tokens']['today'][0] / call['rollouts']:.1f})"
+        means = [made / call["rollouts"] for made in call["tokens"]["today"]]  # a round's mean length (each its seed)
+        size, ends = f"up to {call['length']}", f"; a round's mean completion {min(means):.1f}-{max(means):.1f} tokens"
     lines = [
         f"{record['cpu']}, {record['threads']} threads, torch {record['torch']}; {record['date']}; `{record['command']}`",
         "",
@@ -234,7 +241,7 @@ def doc_table(record: dict) -> str:
         "|---|---:|---:|---:|",
         *(f"| {r['rows']} x {r['vocab']} | {r['multinomial_ms']:.1f} | {r['draw_ms']:.1f} | {r['ratio']:.1f}x |" for r in record["draws"]),
         "",
-        f"| transformers engine, one call of {call['rollouts']} x {size} tokens ({call['prompts']} prompts{lengths}) | tokens/s, median of {len(call['rounds']['today'])} | today / it |",
+        f"| transformers engine, one call of {call['rollouts']} x {size} tokens ({call['prompts']} prompts{lengths}{ends}) | tokens/s, median of {len(call['rounds']['today'])} | today / it |",
         "|---|---:|---:|",
     ]
     rates = call["tokens_per_s"]

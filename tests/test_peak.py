@@ -75,7 +75,8 @@ def test_the_counted_products_are_the_ones_a_sampling_call_computes(peak):
 def test_the_samplers_prompts_differ_in_length_and_its_completions_hold_theirs(peak):
     """The sampler's prompts are P - 4 to P + 4 tokens, every offset before any repeats (a call of 2 or
     more is left-padded, as a training step's); bench/_fixed_length.py gives every row its
-    max_new_tokens where the model would stop at an EOS, by that EOS's scores alone."""
+    max_new_tokens where the model would stop at an EOS, by that EOS's scores alone: in generate, and
+    in the transformers engine (whose decode loop on a CPU is its own) through its processors."""
     lengths = peak.prompt_lengths(40, 16)
     assert set(lengths[:9]) == set(range(36, 45)) and lengths[0] != lengths[1]
     from _fixed_length import SuppressEos, hold_length
@@ -92,6 +93,17 @@ def test_the_samplers_prompts_differ_in_length_and_its_completions_hold_theirs(p
     finally:
         model.generate = plain
     assert held.shape == (3, 13) and held[:, 6:].ne(stop).all()
+    # the transformers engine (its own decode loop on a CPU, not generate): held by its processors
+    import types
+
+    from podsrl.engines import Sampling
+    from podsrl.engines.hf import TransformersEngine
+
+    tok = types.SimpleNamespace(pad_token_id=0, eos_token_id=stop, batch_decode=lambda rows, **kw: ["" for _ in rows])
+    engine, greedy = TransformersEngine(model, tok, batch_size=3), Sampling(n=1, temperature=0, top_p=1.0, max_new_tokens=7)
+    assert len(engine.generate(ids.tolist(), greedy).completion_ids[0]) == 1, "without it row 0 ends at once"
+    peak._FixedLength.hold_engine(engine)
+    assert [len(c) for c in engine.generate(ids.tolist(), greedy).completion_ids] == [7, 7, 7]
     scores = torch.zeros(2, 5)
     assert SuppressEos([1, 3])(None, scores) is scores and scores.isinf().sum() == 4
 
