@@ -1,4 +1,5 @@
-"""Rollouts with transformers ``generate`` on the policy model itself (no weight sync needed).
+"""Rollouts with transformers on the policy model itself (no weight sync needed): ``generate``, or
+on a CPU a decode loop of its own.
 
 Prompts are left-padded, each repeated n times, and generated in chunks of ``batch_size``
 sequences. A prompt's n rows share one prefill: its KV cache is computed once and copied to them
@@ -22,7 +23,7 @@ import inspect
 
 import torch
 
-from podsrl.engines import loop
+import podsrl.engines.loop as loop  # the module (tests switch loop.applies), not through the package: no import cycle
 from podsrl.engines.attention import shared_kv_heads
 from podsrl.engines.base import Rollouts, Sampling
 from podsrl.engines.decode import chunked_cache
