@@ -46,7 +46,7 @@ def hold_length(model) -> Callable:
     return plain
 
 
-class EndAt:
+class EndAt(SuppressEos):
     """Logits processor: each row ends (EOS forced) when it reaches ``table[its first token]`` tokens,
     EOS suppressed before. ``width``: the call's prompt width (the processors see prompt and
     completion). The first token is drawn before any row could have ended, so ways of sampling that
@@ -54,11 +54,11 @@ class EndAt:
     the same length under one seed: the same tokens to time."""
 
     def __init__(self, eos_ids, width: int, table: torch.Tensor):
-        self.ids = sorted({eos_ids} if isinstance(eos_ids, int) else set(eos_ids))
+        super().__init__(eos_ids)
         self.width, self.table = width, table
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores[:, self.ids] = float("-inf")
+        scores = super().__call__(input_ids, scores)
         made = input_ids.shape[1] - self.width  # tokens generated before this one
         if made >= 1:
             rows = (self.table[input_ids[:, self.width]] == made + 1).nonzero().squeeze(1)
