@@ -31,7 +31,14 @@ layer (hidden -> vocabulary), at M = the tokens of one micro-batch's completion 
 7, while its samples take under about 2 s in all; on a GPU a sample is enough back-to-back products to
 take some milliseconds); its rate is 2MKN over **the median of its 3 fastest samples** with its
 faster kernel, and the precision's peak is **the best product's rate**, measured before the phases and again after them:
-every fraction is against **the higher of the two** (:func:`settle_peaks`). On a CPU without native
+every fraction is against **the higher of the two** (:func:`settle_peaks`). **The peak beside**
+(runs since 2026-12-01): the machine's rate moves within minutes on this project's CPU (its best
+product measured 120.6 GFLOP/s before a run's calls and 75.0 after them, 2026-12-01), so a phase's rate
+over a peak measured minutes away measures the machine's drift as much as the phase. So the precisions'
+best products are timed again, briefly (:class:`Beside`: about ``BESIDE_SECONDS`` each), just before a
+phase's first timed round and just after each round; each round is set against the higher of the probes
+on either side of it, and **"of the peak beside"** is the median of those fractions over the rounds,
+reported beside the fraction of the run's peak. On a CPU without native
 bfloat16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo: :func:`podsrl.engines.dtype.cpu_bf16`) bfloat16 products are converted
 for float32 arithmetic: the peak is labelled "emulated", and it is what mixed precision gets there.
 On a GPU float32 products run as torch's ``float32_matmul_precision`` says (default "highest": no
@@ -477,6 +484,33 @@ def settle_peaks(entry: dict, after: dict) -> None:
         row["fraction"] = row["gflops"] / peak if peak else None
 
 
+BESIDE_SECONDS = 0.5  # a probe of the peak beside a round: product_gflops's max_seconds (3 samples at least)
+
+
+class Beside:
+    """The peak's best product timed again beside every timed round (module docstring, "the peak
+    beside"). ``probe(precisions)`` times each precision's best product of the run's peak (its shape and
+    kernel) for about ``BESIDE_SECONDS``; :meth:`rounds` turns the probes taken before a run of
+    consecutive rounds and after each of them into each round's peak beside it: the higher of the probe
+    just before and the one just after, per precision."""
+
+    def __init__(self, peaks: dict, device):
+        self.best = {p: v["best"] for p, v in peaks.items()}
+        self.device = device
+
+    def probe(self, precisions) -> dict[str, float]:
+        import torch
+
+        return {p: product_gflops(self.best[p]["M"], self.best[p]["K"], self.best[p]["N"], getattr(torch, p), self.device,
+                                  max_seconds=BESIDE_SECONDS, kernel=self.best[p].get("kernel", "F.linear"))
+                for p in precisions}  # fmt: skip
+
+    @staticmethod
+    def rounds(probes: list[dict[str, float]]) -> list[dict[str, float]]:
+        """[before round 1, after round 1, after round 2, ...] -> each round's peak beside it."""
+        return [{p: max(a[p], b[p]) for p in b} for a, b in zip(probes, probes[1:])]
+
+
 def machine(device, threads: int) -> dict:
     """What the run ran on: the device, the CPU's model and bfloat16 support (podsrl's reading), versions."""
     import torch
@@ -539,9 +573,12 @@ def _optimizer(model):
 # ------------------------------------------------------------------------------------ the update
 
 
-def time_update(model, optimizer, scheduler, batch, settings, *, repeats: int, device, warm_up: bool = True) -> dict:
+def time_update(model, optimizer, scheduler, batch, settings, *, repeats: int, device, warm_up: bool = True, beside: Beside | None = None,
+                precisions=()) -> dict:  # fmt: skip
     """A warm-up update (``warm_up``), then ``repeats`` timed ones: median seconds per phase (forward,
-    backward, optimizer, rest, update) and, on a GPU, the peak memory of the timed ones."""
+    backward, optimizer, rest, update) and, on a GPU, the peak memory of the timed ones. With ``beside``,
+    ``precisions``' best products probed before the first timed update and after each (``beside``: each
+    round's peak beside it, :meth:`Beside.rounds`)."""
     import torch
 
     from podsrl.train.update import run_update
@@ -559,6 +596,7 @@ def time_update(model, optimizer, scheduler, batch, settings, *, repeats: int, d
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
         runs = []
+        probes = [beside.probe(precisions)] if beside else []
         for _ in range(repeats):
             clock.current = {}
             _sync(device)
@@ -571,7 +609,11 @@ def time_update(model, optimizer, scheduler, batch, settings, *, repeats: int, d
             forward = p.get("prompt_fwd", 0.0) + p.get("completion_fwd", 0.0) + p.get("sequence_fwd", 0.0)
             backward, step = p.get("backward", 0.0), p.get("optimizer", 0.0)
             runs.append({"forward": forward, "backward": backward, "optimizer": step, "rest": total - forward - backward - step, "update": total})
+            if beside:
+                probes.append(beside.probe(precisions))
         out = {"seconds": {k: statistics.median(r[k] for r in runs) for k in runs[0]}, "rounds": runs, "peak_mib": None, "peak_above_base_mib": None}
+        if beside:
+            out["beside"] = Beside.rounds(probes)
         if cuda:
             peak = torch.cuda.max_memory_allocated(device)
             out.update(peak_mib=peak / 2**20, peak_above_base_mib=(peak - base) / 2**20)
@@ -596,7 +638,20 @@ def update_figures(measured: dict, flop: Flop, tokens: int, peaks: dict, *, mixe
         "fraction": {"forward": fraction(flop, s["forward"], compute, output), "backward": fraction(backward, s["backward"], compute, output),
                      "update": fraction(flop + backward, s["update"], compute, output)},  # fmt: skip
         "precision": {"compute": "bfloat16" if mixed else "float32", "output": "float32"},
+        **({"fraction_beside": fractions_beside(measured, flop, mixed=mixed)} if measured.get("beside") else {}),
     }
+
+
+def fractions_beside(measured: dict, flop: Flop, *, mixed: bool) -> dict:
+    """Each phase's fraction of the peak beside it (module docstring): per timed round, against that
+    round's peaks beside it (``measured["beside"]``, :meth:`Beside.rounds`); the median over the rounds."""
+    compute = "bfloat16" if mixed else "float32"
+    out = {}
+    for phase, counted in (("forward", flop), ("backward", flop.times(2.0)), ("update", flop + flop.times(2.0))):
+        values = [fraction(counted, r[phase], peaks[compute], peaks["float32"]) for r, peaks in zip(measured["rounds"], measured["beside"])]
+        values = [v for v in values if v is not None]
+        out[phase] = statistics.median(values) if values else None
+    return out
 
 
 def _batch(prompts: list[list[int]], rows_each: int, completion: int, vocab: int, gen):
@@ -700,10 +755,12 @@ WARM_UP_SECONDS = 45.0  # GPU: a sampler's warm-up compiles its shape (about a m
 
 
 def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list[int]], *, sizes, lengths, repeats: int, device, peaks: dict,
-                 fixed: _FixedLength, deadline: float, skipped: list, warm_each_size: bool, out: list) -> None:  # fmt: skip
+                 fixed: _FixedLength, deadline: float, skipped: list, warm_each_size: bool, out: list, beside: Beside | None = None) -> None:  # fmt: skip
     """Rollouts and tokens a second of each engine at each size and length, and its fraction of the
     peak in its precision (module docstring), one size after the other (a budget that runs out leaves
-    whole sizes): each size's rows appended to ``out`` as soon as they are measured."""
+    whole sizes): each size's rows appended to ``out`` as soon as they are measured. With ``beside``,
+    the engines' precisions' best products probed before each size's first timed call and after every
+    timed call: each call's fraction of the peak beside it, their median the row's."""
     from podsrl.engines import Sampling
 
     def call(engine, size: int, length: int, seed: int) -> tuple[float, int, list[int]]:
@@ -730,6 +787,9 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
             warm[(name, size)], _, calls = call(engine, size, min(lengths), seed=100)
             print(f"  sampler warm-up {name:>19} {size:4d} rollouts: {warm[(name, size)]:7.2f} s" + (f" (calls of {calls})" if calls else ""), flush=True)
         times: dict[tuple[str, int], list[tuple[float, int, list[int]]]] = {}
+        precisions = sorted(set(dtypes.values()))
+        last = None  # the probe just before the next timed call (none yet: the warm-ups ran since)
+        around: dict[tuple[str, int], list[dict[str, float]]] = {}  # each timed call's peaks beside it
         for rep in range(repeats):
             for length in lengths:
                 order = list(engines.items()) if rep % 2 == 0 else list(engines.items())[::-1]
@@ -739,8 +799,14 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
                     if time.monotonic() > deadline:
                         skipped.append({"part": f"sampler {name} {size}x{length} round {rep + 1}", "why": "budget"})
                         continue
+                    if beside and last is None:
+                        last = beside.probe(precisions)
                     seconds, tokens, calls = call(engine, size, length, seed=rep)
                     times.setdefault((name, length), []).append((seconds, tokens, calls))
+                    if beside:
+                        after = beside.probe(precisions)
+                        around.setdefault((name, length), []).extend(Beside.rounds([last, after]))
+                        last = after
                     print(f"  sampler round {rep + 1} {name:>19} {size:4d} x {length:3d} tokens: {tokens:6d} tokens in {seconds:7.2f} s", flush=True)
         for (name, length), values in times.items():
             seconds = statistics.median(v[0] for v in values)
@@ -751,11 +817,16 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
             if (size, dtypes[name]) not in rates:
                 rates[(size, dtypes[name])] = decode_rate(shapes, size, dtypes[name], device)
             decode = rates[(size, dtypes[name])]["gflops"]
-            out.append({"engine": name, "dtype": dtypes[name], "rollouts": size, "completion": length, "prompt": statistics.mean(len(p) for p in prompts[:k]), "prompts": k,
-                        "seconds": seconds, "tokens": tokens, "calls": values[-1][2] or None, "warmup_seconds": warm.get((name, size)),
-                        "tokens_per_second": tokens / seconds, "rollouts_per_second": size / seconds, "flop": flop.total,
-                        "gflops": flop.total / seconds / 1e9, "fraction": fraction(flop, seconds, peak, peak),
-                        "decode_gflops": decode, "of_decode_rate": flop.total / seconds / 1e9 / decode})  # fmt: skip
+            row = {"engine": name, "dtype": dtypes[name], "rollouts": size, "completion": length, "prompt": statistics.mean(len(p) for p in prompts[:k]),
+                   "prompts": k, "seconds": seconds, "call_seconds": [v[0] for v in values], "tokens": tokens, "calls": values[-1][2] or None, "warmup_seconds": warm.get((name, size)),
+                   "tokens_per_second": tokens / seconds, "rollouts_per_second": size / seconds, "flop": flop.total,
+                   "gflops": flop.total / seconds / 1e9, "fraction": fraction(flop, seconds, peak, peak),
+                   "decode_gflops": decode, "of_decode_rate": flop.total / seconds / 1e9 / decode}  # fmt: skip
+            if (name, length) in around:  # each timed call against the peak beside it (module docstring)
+                beside_peaks = [peaks_by[dtypes[name]] for peaks_by in around[(name, length)]]
+                row.update(beside_gflops=beside_peaks,
+                           fraction_beside=statistics.median(flop.total / v[0] / 1e9 / b for v, b in zip(values, beside_peaks)))  # fmt: skip
+            out.append(row)
 
 
 PROFILE_OPS = 12  # the operators a profiled call lists, by their own (self) CPU time
@@ -862,6 +933,7 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
         rates = ", ".join(f"{p} {v['gflops']:.1f} GFLOP/s" for p, v in entry["peak"].items())
         print(f"{name}: peak {rates}", flush=True)
         report.write()
+        beside = Beside(entry["peak"], device)
         optimizer, scheduler = _optimizer(model)
         vocab = shapes.vocab
         if gpu:
@@ -883,7 +955,7 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
             warm_up = gpu or mixed not in warmed
             warmed.add(mixed)
             measured = time_update(model, optimizer, scheduler, batch, _settings(completion, pad_id, micro, mixed), repeats=sizes.repeats,
-                                   device=device, warm_up=warm_up)  # fmt: skip
+                                   device=device, warm_up=warm_up, beside=beside, precisions=("bfloat16", "float32") if mixed else ("float32",))  # fmt: skip
             flop = Flop()
             for prompts_in, rows_in in micro_batches(batch.prompt_ids, batch.completion_ids, micro):
                 flop = flop + forward_flop(shapes, prompt=sizes.prompt, completion=completion, rows=rows_in, prompts=prompts_in)
@@ -924,7 +996,7 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
             entry["sampler"] = rows = _Rows(report)  # a list to JSON; the report rewritten at each row
             time_sampler(engines, dtypes, shapes, sample_prompts, sizes=list(sizes.sampler_rollouts), lengths=list(sizes.sampler_lengths),
                          repeats=sizes.sampler_repeats, device=device, peaks=entry["peak"], fixed=fixed, deadline=deadline, skipped=skipped,
-                         warm_each_size=gpu, out=rows)  # fmt: skip
+                         warm_each_size=gpu, out=rows, beside=beside)  # fmt: skip
             if args.profile:
                 rollouts, length = args.profile
                 entry["profile"] = [profile_call(engine, name, sample_prompts, rollouts=rollouts, length=length, fixed=fixed)
@@ -945,31 +1017,31 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
 
 def table(data: dict) -> str:
     """The run's one table (README layout)."""
-    lines = ["| model | part | precision | completion | rows | tokens | seconds | tokens / s | GFLOP/s | of peak |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| model | part | precision | completion | rows | tokens | seconds | tokens / s | GFLOP/s | of peak | of the peak beside |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for name, entry in data["models"].items():
         for precision, peak in entry.get("peak", {}).items():
             label = precision + (" (emulated)" if peak["emulated"] else "")
             b = peak["best"]
             lines.append(f"| {name} | peak: [{b['M']} x {b['K']}] x [{b['K']} x {b['N']}] ({b['product']}) | {label} | - | - | - | - | - | "
-                         f"{peak['gflops']:.1f} | 1.00 |")  # fmt: skip
+                         f"{peak['gflops']:.1f} | 1.00 | - |")  # fmt: skip
         for r in entry["update"]:
             precision = "bfloat16 + float32 output" if r["mixed_precision"] else "float32"
             for phase in ("forward", "backward", "optimizer", "update"):
                 gflops = r["gflops"].get(phase)
                 lines.append(f"| {name} | {r['label']}: {phase}{'' if phase != 'update' else ' (all)'} | {precision} | {r['completion']} | {r['rows']} | "
                              f"{r['tokens']} | {r['seconds'][phase]:.3f} | {num(r['tokens_per_second'][phase], '.0f')} | {num(gflops, '.1f')} | "
-                             f"{num(r['fraction'].get(phase), '.2f')} |")  # fmt: skip
+                             f"{num(r['fraction'].get(phase), '.2f')} | {num(r.get('fraction_beside', {}).get(phase), '.2f')} |")  # fmt: skip
             if r.get("peak_mib") is not None:
                 lines.append(f"| {name} | {r['label']}: peak memory | - | {r['completion']} | {r['rows']} | - | - | - | - | "
-                             f"{r['peak_mib']:.0f} MiB ({r['peak_above_base_mib']:.0f} above the weights and state) |")  # fmt: skip
+                             f"{r['peak_mib']:.0f} MiB ({r['peak_above_base_mib']:.0f} above the weights and state) | |")  # fmt: skip
         for r in entry["sampler"]:
             lines.append(f"| {name} | sampler: {r['engine']} ({r['rollouts']} rollouts, {r['rollouts_per_second']:.1f} / s) | {r['dtype']} | "
                          f"{r['completion']} | {r['rollouts']} | {r['tokens']:.0f} | {r['seconds']:.3f} | {r['tokens_per_second']:.0f} | "
-                         f"{r['gflops']:.1f} | {num(r['fraction'], '.2f')} |")  # fmt: skip
+                         f"{r['gflops']:.1f} | {num(r['fraction'], '.2f')} | {num(r.get('fraction_beside'), '.2f')} |")  # fmt: skip
         for s in entry["skipped"]:
-            lines.append(f"| {name} | skipped: {s['part']} | {s['why']} | | | | | | | |")
+            lines.append(f"| {name} | skipped: {s['part']} | {s['why']} | | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -1004,29 +1076,45 @@ def results_tables(data: dict) -> str:
         if by_kernel:  # runs since the peak is timed with each kernel (kernels_for)
             out[-1:] = ["", "The best product with each kernel: " + "; ".join(
                 f"{p} " + ", ".join(f"{kernel} {rate:.1f}" for kernel, rate in rates.items()) + " GFLOP/s" for p, rates in by_kernel.items()) + ".", ""]  # fmt: skip
+        beside = any("fraction_beside" in r for r in [*entry["update"], *entry["sampler"]])  # runs since 2026-12-01 (Beside)
+        if beside:
+            probed = [b for r in entry["update"] for rnd in r.get("beside", []) for b in rnd.items()]
+            probed += [(r["dtype"], b) for r in entry["sampler"] for b in r.get("beside_gflops", [])]
+            spans = {p: [b for q, b in probed if q == p] for p in dict.fromkeys(q for q, _ in probed)}
+            out[-1:] = ["", "The peak beside each timed round (the best product timed just before and just after it, the higher of the two): "
+                        + "; ".join(f"{p} {min(v):.1f}-{max(v):.1f} GFLOP/s over {len(v)} rounds" for p, v in spans.items())
+                        + "; \"of the peak beside\" is the median over the rounds of each round against it.", ""]  # fmt: skip
+        extra = " | of the peak beside" if beside else ""
         columns = list(dict.fromkeys((r["label"], r["prompt"], r["completion"]) for r in entry["update"]))
         if columns:
-            out.append("| update phase | precision | " + " | ".join(f"{label}, {p}+{c}: tokens/s | of peak" for label, p, c in columns) + " |")
-            out.append("|---|---|" + "---:|---:|" * len(columns))
+            out.append("| update phase | precision | " + " | ".join(f"{label}, {p}+{c}: tokens/s | of peak{extra}" for label, p, c in columns) + " |")
+            out.append("|---|---|" + ("---:|---:|" + "---:|" * bool(beside)) * len(columns))
             for mixed in dict.fromkeys(r["mixed_precision"] for r in entry["update"]):
                 for phase in ("forward", "backward", "optimizer", "update"):
                     cells = []
                     for key in columns:
                         row = next((r for r in entry["update"] if (r["label"], r["prompt"], r["completion"]) == key and r["mixed_precision"] == mixed), None)
                         cells += ["-", "-"] if row is None else [num(row["tokens_per_second"][phase], ".0f"), num(row["fraction"].get(phase), ".2f")]
+                        if beside:
+                            cells.append("-" if row is None else num(row.get("fraction_beside", {}).get(phase), ".2f"))
                     label = "whole update" if phase == "update" else phase
                     out.append(f"| {label} | {'bfloat16 autocast' if mixed else 'float32'} | " + " | ".join(cells) + " |")
             memory = [next((r["peak_mib"] for r in entry["update"] if (r["label"], r["prompt"], r["completion"]) == key), None) for key in columns]
             if any(v is not None for v in memory):
-                out.append("| peak memory (MiB) | | " + " | ".join(f"{num(v, '.0f')} | " for v in memory).rstrip(" |") + " |")
+                out.append("| peak memory (MiB) | | " + " | ".join(f"{num(v, '.0f')} | " + " | " * bool(beside) for v in memory).rstrip(" |") + " |")
         calls = list(dict.fromkeys((r["rollouts"], r["completion"]) for r in entry["sampler"]))
         if calls:
-            out += [""] * (out[-1] != "") + ["| sampler | precision | " + " | ".join(f"{k} x {c}: tokens/s | of peak" for k, c in calls) + " |",
-                                              "|---|---|" + "---:|---:|" * len(calls)]  # fmt: skip
+            out += [""] * (out[-1] != "") + ["| sampler | precision | " + " | ".join(f"{k} x {c}: tokens/s | of peak{extra}" for k, c in calls) + " |",
+                                              "|---|---|" + ("---:|---:|" + "---:|" * bool(beside)) * len(calls)]  # fmt: skip
             for engine in dict.fromkeys(r["engine"] for r in entry["sampler"]):
                 rows = {(r["rollouts"], r["completion"]): r for r in entry["sampler"] if r["engine"] == engine}
                 dtype = next(iter(rows.values()))["dtype"]
-                cells = [c for key in calls for c in ((num(rows[key]["tokens_per_second"], ".0f"), num(rows[key]["fraction"], ".2f")) if key in rows else ("-", "-"))]
+                cells = []
+                for key in calls:
+                    row = rows.get(key)
+                    cells += ["-", "-"] if row is None else [num(row["tokens_per_second"], ".0f"), num(row["fraction"], ".2f")]
+                    if beside:
+                        cells.append("-" if row is None else num(row.get("fraction_beside"), ".2f"))
                 out.append(f"| {engine} | {dtype} | " + " | ".join(cells) + " |")
             decode = [r for r in entry["sampler"] if r.get("decode_gflops")]
             if decode:  # runs since 2026-11-29 (bench/peak.py's decode_rate)
@@ -1056,13 +1144,16 @@ def headline(data: dict) -> str:
         for r in entry["update"]:
             f = r["fraction"]["update"]
             if f is not None:
-                parts.append(f"{name} update {r['label']} {r['prompt']}+{r['completion']} {'mixed' if r['mixed_precision'] else 'float32'} {f:.2f}")
+                near = r.get("fraction_beside", {}).get("update")
+                parts.append(f"{name} update {r['label']} {r['prompt']}+{r['completion']} {'mixed' if r['mixed_precision'] else 'float32'} {f:.2f}"
+                             + (f" (beside {near:.2f})" if near is not None else ""))  # fmt: skip
         by = {}
         for r in entry["sampler"]:
             key = (r["rollouts"], r["completion"])
             if r["fraction"] is not None and (key not in by or r["fraction"] > by[key]["fraction"]):
                 by[key] = r
-        parts += [f"{name} sampler {r['engine']} {r['rollouts']}x{r['completion']} {r['fraction']:.2f}" for r in by.values()]
+        parts += [f"{name} sampler {r['engine']} {r['rollouts']}x{r['completion']} {r['fraction']:.2f}"
+                  + (f" (beside {r['fraction_beside']:.2f})" if r.get("fraction_beside") is not None else "") for r in by.values()]  # fmt: skip
     return f"fraction of peak ({where}): " + ("; ".join(parts) or "nothing measured")
 
 

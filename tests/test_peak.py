@@ -8,6 +8,7 @@ carry every committed run's tables (this bench's and bench/samplers.py's)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,9 @@ def _check_report(data: dict, *, mode: str, models: set[str], updates: int, engi
             assert row["flop"]["backward"] == 2 * row["flop"]["forward"]
             for phase, value in row["fraction"].items():
                 assert 0 < value <= 1.5, (name, row["label"], phase, value)
+            # the peak beside: a probe before the first timed update and after each, each round against the higher of its two
+            assert len(row["beside"]) == len(row["rounds"]) and set(row["fraction_beside"]) == {"forward", "backward", "update"}
+            assert all(0 < value <= 1.5 for value in row["fraction_beside"].values()), row["fraction_beside"]
         assert not entry["skipped"] or entry["skipped"] == [{"part": "sampler vllm", "why": "vLLM is not installed here, or the model is not on disk"}]
     sampled = [entry for entry in data["models"].values() if entry["sampler"]]
     assert len(sampled) == 1
@@ -169,6 +173,7 @@ def _check_report(data: dict, *, mode: str, models: set[str], updates: int, engi
         assert r["tokens"] == r["rollouts"] * r["completion"]  # every completion its full length
         assert 0 < r["fraction"] <= 1.5
         assert r["decode_gflops"] > 0 and r["of_decode_rate"] == pytest.approx(r["gflops"] / r["decode_gflops"])
+        assert len(r["beside_gflops"]) == data["sizes"]["sampler_repeats"] and 0 < r["fraction_beside"] <= 1.5
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -186,8 +191,10 @@ def test_the_gpu_modes_code_runs_on_the_cpu_at_a_tiny_size(peak, tmp_path):
         assert all(r["peak_mib"] is None for r in entry["update"])
     assert {r["rollouts"] for r in data["models"]["tiny-qwen2-a"]["sampler"]} == {4, 8}
     tables = peak.results_tables(json.loads(out.read_text()))  # --table FILE: docs/results.md's tables of a saved run
-    assert "| update phase | precision | GRPO(16), 8+16: tokens/s | of peak | PODS(16, 4), 8+16: tokens/s | of peak |" in tables
-    assert tables.count("| whole update | bfloat16 autocast |") == 2 and "| sampler | precision | 4 x 8: tokens/s | of peak |" in tables
+    assert ("| update phase | precision | GRPO(16), 8+16: tokens/s | of peak | of the peak beside | PODS(16, 4), 8+16: tokens/s | of peak "
+            "| of the peak beside |") in tables  # fmt: skip
+    assert tables.count("| whole update | bfloat16 autocast |") == 2 and "| sampler | precision | 4 x 8: tokens/s | of peak | of the peak beside |" in tables
+    assert "The peak beside each timed round" in tables and "| peak memory (MiB) |" not in tables
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -275,6 +282,45 @@ def test_the_fractions_are_against_the_higher_of_two_peak_measurements(peak):
     data = {"machine": {"cpu": "cpu", "threads": 1, "torch": "t", "native_bf16": False}, "date": "2026-11-29", "command": "c",
             "models": {"m": entry}}  # fmt: skip
     assert "float32 50.0 and 100.0; bfloat16 40.0 and 30.0" in peak.results_tables(data)
+
+
+def test_each_round_is_against_the_peak_beside_it(peak):
+    """Beside.rounds: a round's peak beside it is the higher of the probes on either side, per precision.
+    fractions_beside: each round against its own peaks, the median over the rounds: a round as slow as
+    the machine was (the same fraction at half the peak) counts as the others do, where the run's peak
+    would halve it."""
+    probes = [{"float32": 100.0}, {"float32": 50.0}, {"float32": 40.0}, {"float32": 100.0}]
+    assert peak.Beside.rounds(probes) == [{"float32": 100.0}, {"float32": 50.0}, {"float32": 100.0}]
+    f = peak.Flop(layers=1e9, attention=0.0, output=1e9)  # 0.02 s at 100 GFLOP/s; its backward 0.04
+    rounds = [{"forward": 0.04, "backward": 0.08, "update": 0.12}, {"forward": 0.08, "backward": 0.16, "update": 0.24},
+              {"forward": 0.04, "backward": 0.08, "update": 0.15}]  # fmt: skip
+    beside = peak.fractions_beside({"rounds": rounds, "beside": peak.Beside.rounds(probes)}, f, mixed=False)
+    assert beside["forward"] == pytest.approx(0.5) and beside["backward"] == pytest.approx(0.5)
+    assert beside["update"] == pytest.approx(0.5)  # rounds 0.5, 0.5 and 0.4
+    mixed = peak.fractions_beside({"rounds": rounds[:1], "beside": [{"bfloat16": 200.0, "float32": 100.0}]}, f, mixed=True)
+    assert mixed["forward"] == pytest.approx((0.005 + 0.01) / 0.04)  # the layers at bfloat16's peak, the output layer at float32's
+    measured = {"seconds": {"forward": 0.04, "backward": 0.08, "optimizer": 0.0, "rest": 0.0, "update": 0.12}, "rounds": rounds[:1],
+                "beside": [{"float32": 100.0}]}  # fmt: skip
+    figures = peak.update_figures(measured, f, 10, {"float32": {"gflops": 200.0}}, mixed=False)
+    assert figures["fraction"]["forward"] == pytest.approx(0.25) and figures["fraction_beside"]["forward"] == pytest.approx(0.5)
+    assert "fraction_beside" not in peak.update_figures({"seconds": measured["seconds"]}, f, 10, {"float32": {"gflops": 200.0}}, mixed=False)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_rounds_are_probed_before_and_after_each(peak, tmp_path, monkeypatch):
+    """One probe before a phase's first timed round and one after each (none around a warm-up): with
+    probes that read 50, 10, 40, 20, 30, 60, then 50, 10, 40, 20, 30, each update of two rounds is
+    against [50, 40] and [30, 60]; the sampler's two rounds of two lengths (alternating within a round)
+    against [50, 40] (8 tokens) and [40, 30] (16)."""
+    readings = iter([50, 10, 40, 20, 30, 60, 50, 10, 40, 20, 30])
+    monkeypatch.setattr(peak.Beside, "probe", lambda self, precisions: dict.fromkeys(precisions, float(next(readings))))
+    data = peak.main(["--quick", "--update-precision", "float32", "--engines", "transformers", "--sampler-rollouts", "2", "--repeats", "2",
+                      "--out", str(tmp_path / "p.json")])  # fmt: skip
+    entry = data["models"]["tiny-llama"]
+    assert [[b["float32"] for b in r["beside"]] for r in entry["update"]] == [[50.0, 40.0], [30.0, 60.0]]
+    rows = {r["completion"]: r for r in entry["sampler"]}
+    assert rows[8]["beside_gflops"] == [50.0, 40.0] and rows[16]["beside_gflops"] == [40.0, 30.0]
+    assert rows[8]["fraction_beside"] == pytest.approx(statistics.median(rows[8]["flop"] / s / 1e9 / b for s, b in zip(rows[8]["call_seconds"], [50.0, 40.0])))
 
 
 def test_the_decode_rate_weighs_each_product_by_its_flop(peak, monkeypatch):
