@@ -969,7 +969,8 @@ def run(args: argparse.Namespace, sizes: Sizes, report: Report, deadline: float)
             f = row["fraction"]
             print(f"{name}: update {label}, {sizes.prompt} + {completion} tokens, mixed precision {'on' if mixed else 'off'}: "
                   f"{measured['seconds']['update']:.3f} s, fraction of peak forward {f['forward']:.2f} backward {f['backward']:.2f} "
-                  f"update {f['update']:.2f}" + (f", peak {row['peak_mib']:.0f} MiB" if row["peak_mib"] else ""), flush=True)  # fmt: skip
+                  f"update {f['update']:.2f}" + (f" (beside {row['fraction_beside']['update']:.2f})" if row.get("fraction_beside") else "")
+                  + (f", peak {row['peak_mib']:.0f} MiB" if row["peak_mib"] else ""), flush=True)  # fmt: skip
             report.write()
         optimizer.zero_grad(set_to_none=True)
         del optimizer, scheduler
