@@ -99,7 +99,12 @@ def test_auto_keeps_weights_that_are_not_float32_and_the_others_are_as_set():
     bf16_base = resolve_mixed_precision("auto", CPU, torch.bfloat16, cpuinfo=X86_BF16, machine="x86_64")
     assert not bf16_base.enabled and bf16_base.reason == "the weights are bfloat16 (model.dtype)"
     assert bf16_base.describe().startswith("update in bfloat16 (model.mixed_precision = 'auto'")
-    assert resolve_mixed_precision("bf16", CPU, cpuinfo=X86_NO_BF16, machine="x86_64") == MixedPrecision("bf16", True, "as set")
+    assert resolve_mixed_precision("bf16", CPU, cpuinfo=X86_BF16, machine="x86_64") == MixedPrecision("bf16", True, "as set")
+    # forced on where it is emulated: on, and the start-up line says what it costs there
+    forced = resolve_mixed_precision("bf16", CPU, cpuinfo=X86_NO_BF16, machine="x86_64")
+    assert forced.enabled and forced.reason.startswith("as set, though the CPU has no native bfloat16 arithmetic")
+    assert "several times slower than float32" in forced.describe()
+    assert resolve_mixed_precision("bf16", CPU, torch.bfloat16, cpuinfo=X86_NO_BF16, machine="x86_64").reason == "as set"  # computes in its own dtype
     assert resolve_mixed_precision("none", CPU, cpuinfo=X86_BF16, machine="x86_64") == MixedPrecision("none", False, "as set")
     assert not resolve_mixed_precision("auto", torch.device("meta")).enabled  # a device podsrl does not read
 
@@ -358,7 +363,9 @@ def test_a_mixed_precision_run_checkpoints_resumes_and_exports_float32_files(mak
     lines: list[str] = []
     common = {"train.max_steps": 2, "eval.at_start": False, "train.export_model": True}
     mixed = trainer.train(make_config(**common, **{"model.mixed_precision": "bf16"}), run_dir=tmp_path / "bf16", log=lines.append)
-    assert any("update in bfloat16 (autocast over float32 weights; model.mixed_precision = 'bf16': as set)" in line for line in lines), lines
+    said = resolve_mixed_precision("bf16", CPU).describe()  # "as set", and on a CPU without native bfloat16 what it costs there
+    assert said.startswith("update in bfloat16 (autocast over float32 weights; model.mixed_precision = 'bf16': as set")
+    assert any(said in line for line in lines), lines
     assert 'mixed_precision = "bf16"\n' in (mixed / "config.toml").read_text()
     auto = trainer.train(make_config(**common), run_dir=tmp_path / "auto", log=lines.append)
     resolved = resolve_mixed_precision("auto", CPU)

@@ -42,8 +42,9 @@ with native bfloat16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinf
 on aarch64), float32 elsewhere: without native support bfloat16 is converted for float32 arithmetic,
 several times slower than float32 itself (bench/mixed_precision.py; docs/results.md). Weights that are
 not float32 (``model.dtype = "bfloat16"``: a LoRA adapter over a bfloat16 base) compute in their own
-dtype already, and "auto" leaves them so. ``"bf16"`` forces it on, ``"none"`` off. The start-up line
-says which and why, and config.toml records what "auto" resolved to.
+dtype already, and "auto" leaves them so. ``"bf16"`` forces it on (where bfloat16 is emulated the
+start-up line says so and what it costs), ``"none"`` off. The start-up line says which and why, and
+config.toml records what "auto" resolved to.
 """
 
 from __future__ import annotations
@@ -88,18 +89,31 @@ def resolve_mixed_precision(setting: str, device: torch.device, weights: torch.d
     if setting not in SETTINGS:
         raise ValueError(f"model.mixed_precision: unknown value {setting!r}; valid values: {', '.join(SETTINGS)}")
     name = str(weights).removeprefix("torch.")
-    if setting != "auto":
-        return MixedPrecision(setting, setting == "bf16", "as set", name)
+    if setting == "none":
+        return MixedPrecision(setting, False, "as set", name)
+    if setting == "bf16":
+        if weights != torch.float32 or device.type not in ("cuda", "cpu"):
+            return MixedPrecision(setting, True, "as set", name)
+        native, why = native_bf16(device, cpuinfo=cpuinfo, machine=machine)
+        # forced on where bfloat16 is emulated: said at start-up, since it is then several times slower than float32
+        return MixedPrecision(setting, True, "as set" if native else f"as set, though {why}: bfloat16 is converted for float32 arithmetic there, "
+                              f"several times slower than float32 (docs/results.md, \"Mixed precision: what it costs and changes\")", name)  # fmt: skip
     if weights != torch.float32:
         return MixedPrecision(setting, False, f"the weights are {name} (model.dtype)", name)
+    if device.type in ("cuda", "cpu"):
+        native, why = native_bf16(device, cpuinfo=cpuinfo, machine=machine)
+        return MixedPrecision(setting, native, why, name)
+    return MixedPrecision(setting, False, f"podsrl reads native bfloat16 support on CUDA GPUs and CPUs only, and the model is on {device.type}", name)
+
+
+def native_bf16(device: torch.device, *, cpuinfo: str | None = None, machine: str | None = None) -> tuple[bool, str]:
+    """Whether ``device`` (a CUDA GPU or a CPU) computes bfloat16 natively, and the evidence in words."""
     if device.type == "cuda":
         if gpu_bf16():
-            return MixedPrecision(setting, True, "the GPU has native bfloat16 (torch.cuda.is_bf16_supported())", name)
-        return MixedPrecision(setting, False, "the GPU has no native bfloat16 (torch.cuda.is_bf16_supported() is false)", name)
-    if device.type == "cpu":
-        native, why = cpu_bf16(cpuinfo, machine)
-        return MixedPrecision(setting, native, f"the CPU has native bfloat16 arithmetic, {why}" if native else why, name)
-    return MixedPrecision(setting, False, f"podsrl reads native bfloat16 support on CUDA GPUs and CPUs only, and the model is on {device.type}", name)
+            return True, "the GPU has native bfloat16 (torch.cuda.is_bf16_supported())"
+        return False, "the GPU has no native bfloat16 (torch.cuda.is_bf16_supported() is false)"
+    native, why = cpu_bf16(cpuinfo, machine)
+    return native, f"the CPU has native bfloat16 arithmetic, {why}" if native else why
 
 
 @contextlib.contextmanager
