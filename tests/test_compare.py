@@ -542,6 +542,24 @@ def test_every_shipped_comparison_loads(name, monkeypatch):
     assert plan.methods and all(plan.config(m.name, 0) for m in plan.methods)
 
 
+def test_the_mixed_precision_comparison_changes_the_arithmetic_alone(monkeypatch):
+    """configs/compare-mixed.toml (issue 66, item 5): each bf16 arm is its float32 arm with
+    model.mixed_precision = "bf16" and nothing else, and the float32 arms are compare-vs-trl.toml's
+    GRPO(8) and PODS(16, 4) but for the budget and the evaluation's schedule (equal steps: 60, every 15)."""
+    monkeypatch.chdir(ROOT)
+    plan = compare.load_plan(ROOT / "configs" / "compare-mixed.toml")
+    vs_trl = compare.load_plan(ROOT / "configs" / "compare-vs-trl.toml")
+    assert (plan.baseline, plan.seeds) == ("grpo_n8", 3) and list(plan.all_methods) == ["grpo_n8", "grpo_n8_bf16", "pods_n16_m4", "pods_n16_m4_bf16"]
+    for name in ("grpo_n8", "pods_n16_m4"):
+        for seed in range(plan.seeds):
+            plain, mixed, theirs = plan.config(name, seed), plan.config(f"{name}_bf16", seed), vs_trl.config(name, seed)
+            assert (plain.model.mixed_precision, mixed.model.mixed_precision) == ("none", "bf16")
+            assert dataclasses.replace(mixed, model=plain.model) == plain
+            assert dataclasses.replace(plain, train=theirs.train, eval=theirs.eval) == theirs
+            assert (plain.train.max_steps, plain.train.max_seconds, plain.eval.every_steps, plain.eval.every_seconds) == (60, None, 15, 0.0)
+            assert plain.eval.max_problems == theirs.eval.max_problems and plain.train.seed == theirs.train.seed
+
+
 def test_default_comparison_matches_configs_compare_toml():
     from_file = compare.load_plan(ROOT / "configs" / "compare.toml")
     default = compare.load_plan()
