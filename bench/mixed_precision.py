@@ -3,6 +3,7 @@
     python bench/mixed_precision.py                       # the embedded SmolLM2-135M, 40 + 64 and 40 + 256 tokens
     python bench/mixed_precision.py --quick               # a tiny random Llama: checks the machinery
     python bench/mixed_precision.py --logprob-error       # also the log-probs' error against a float64 forward
+    python bench/mixed_precision.py --gap-after-updates 4 # the samplers' gap against the update's forward as training moves the weights
     python bench/mixed_precision.py --model smollm2-135m-arch --device cuda --rows 16 --repeats 5   # a GPU, random weights
 
 **Time.** podsrl's own ``run_update`` (forward, loss, backward, clip, AdamW step) on ``--rows`` kept
@@ -23,6 +24,19 @@ of sampled completions (8 arithmetic prompts x 2 completions of up to 32 tokens,
 0) computed in float32, under bfloat16 autocast with the output layer in bfloat16, and with it in
 float32 (podsrl's choice), each against the same forward in float64: mean and largest |difference|
 per token, the mean k3 estimate of the KL between them, and the mean signed difference.
+
+**The sampler's gap after updates** (``--gap-after-updates N``, the embedded model or a path; no
+timing then): what a sampler sees against the update's forward once training has moved the weights.
+16 completions to update on and 16 others to score (the prompts of ``--logprob-error``, temperature
+1, seed 0); N of podsrl's updates (``run_update`` under mixed precision, podsrl's AdamW at its
+default learning rate, advantages +1 / -1) on the first set; before the first and after each, the
+scored set's log-probs three ways: the float32 forward (a float32 sampler's: vLLM or the transformers
+engine in float32), the update's bfloat16 autocast forward, and a bfloat16 copy of the weights
+computing in bfloat16 (a bfloat16 sampler's: ``rollout.sampler_dtype = "bfloat16"``, or ``"fast"``
+where bfloat16 is native; its log-softmax in float32). Per pair, per update count: mean |d| a token and the mean k3 estimate of the KL
+(podsrl's ``sampler_kl``). Autocast computes with the weights rounded to bfloat16: an update smaller
+than half a bfloat16 step of a weight leaves its rounded value where it was, so the update's forward
+and a bfloat16 sampler agree on it, and a float32 sampler does not.
 
 The last line: ``update time mixed precision / float32: R64 at 40+64 tokens, R256 at 40+256 (DEVICE; native bfloat16: yes|no)``.
 
@@ -46,6 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PROMPT_LEN = 40
 SIZES = (64, 256)
+QUESTIONS = [f"What is {a} {op} {b}?" for a, op, b in ((7, "*", 8), (12, "+", 35), (9, "-", 4), (64, "-", 27), (3, "*", 9), (45, "+", 17), (81, "-", 19),
+                                                      (6, "*", 7))]  # fmt: skip  (--logprob-error's and --gap-after-updates' prompts)
 
 
 def _model(name: str, device: str, seed: int):
@@ -124,10 +140,8 @@ def logprob_error(model, tokenizer) -> None:
 
     torch.manual_seed(0)
     model = model.float().eval()
-    questions = [f"What is {a} {op} {b}?" for a, op, b in ((7, "*", 8), (12, "+", 35), (9, "-", 4), (64, "-", 27), (3, "*", 9), (45, "+", 17),
-                                                          (81, "-", 19), (6, "*", 7))]  # fmt: skip
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": q + "\nGive only the final number."}], tokenize=False,
-                                                       add_generation_prompt=True), add_special_tokens=False)["input_ids"] for q in questions]  # fmt: skip
+                                                       add_generation_prompt=True), add_special_tokens=False)["input_ids"] for q in QUESTIONS]  # fmt: skip
     completions, owners = [], []
     with torch.no_grad():
         for p in prompts:
@@ -162,6 +176,73 @@ def logprob_error(model, tokenizer) -> None:
               f"mean d {float(d.mean()):+.2e}", flush=True)  # fmt: skip
 
 
+def _sampled(model, tokenizer, prompts: list[list[int]], samples: int, *, max_new_tokens: int = 32) -> tuple[list[list[int]], list[list[int]]]:
+    """``samples`` completions of each prompt at temperature 1: (prompts, completions), one row each."""
+    import torch
+
+    owners, completions = [], []
+    with torch.no_grad():
+        for p in prompts:
+            for _ in range(samples):
+                out = model.generate(torch.tensor([p]), do_sample=True, max_new_tokens=max_new_tokens, temperature=1.0, top_k=0,
+                                     pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+                completions.append(out[0, len(p) :].tolist())
+                owners.append(p)
+    return owners, completions
+
+
+GAP_PAIRS = (("update bf16 - sampler float32", "bf16", "float32"), ("update bf16 - sampler bfloat16", "bf16", "bfloat16"),
+             ("update float32 - sampler bfloat16", "float32", "bfloat16"))  # fmt: skip
+
+
+def gap_after_updates(model, tokenizer, updates: int, *, questions: int = len(QUESTIONS), samples: int = 2, max_new_tokens: int = 32) -> list[dict]:
+    """The module docstring's "sampler's gap after updates": per update count, per pair of forwards, the
+    scored set's mean |d| a token and mean k3 (d = the first's log-prob less the second's)."""
+    import copy
+
+    import torch
+
+    from podsrl.config import Config
+    from podsrl.core.loss import LossSettings
+    from podsrl.train.loop import make_optimizer
+    from podsrl.train.sequences import forward_logprobs, pack
+    from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
+
+    torch.manual_seed(0)
+    model = model.float().eval()
+    prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": q + "\nGive only the final number."}], tokenize=False,
+                                                       add_generation_prompt=True), add_special_tokens=False)["input_ids"] for q in QUESTIONS[:questions]]  # fmt: skip
+    train_prompts, train_completions = _sampled(model, tokenizer, prompts, samples, max_new_tokens=max_new_tokens)
+    score_prompts, score_completions = _sampled(model, tokenizer, prompts, samples, max_new_tokens=max_new_tokens)
+    pad = tokenizer.pad_token_id or 0
+    scored = pack(score_prompts, score_completions, pad)
+    mask = scored.completion_mask
+    batch = UpdateBatch(prompt_ids=train_prompts, completion_ids=train_completions,
+                        advantages=torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(train_prompts))]))  # fmt: skip
+    settings = UpdateSettings(loss=LossSettings(eps_low=0.2, aggregation="sequence", max_completion_len=max_new_tokens), pad_id=pad,
+                              micro_batch_size=len(train_prompts), grad_clip=1.0, mixed_precision=True)  # fmt: skip
+    optimizer, scheduler = make_optimizer(Config(), model)
+    out = []
+    for done in range(updates + 1):
+        model.eval()
+        with torch.no_grad():
+            lp = {"float32": forward_logprobs(model, scored)[0], "bf16": forward_logprobs(model, scored, mixed_precision=True)[0]}
+            sampler = copy.deepcopy(model).to(torch.bfloat16)  # a bfloat16 sampler's copy, computing in bfloat16
+            lp["bfloat16"] = forward_logprobs(sampler, scored)[0]
+            del sampler
+        row = {"updates": done, "tokens": int(mask.sum())}
+        for label, a, b in GAP_PAIRS:
+            d = (lp[a] - lp[b])[mask].double()
+            row[label] = {"mean_abs": float(d.abs().mean()), "k3": float((d.exp() - 1 - d).mean())}
+        out.append(row)
+        print(f"after {done} update(s): " + "; ".join(f"{label} |d| {row[label]['mean_abs']:.4f} k3 {row[label]['k3']:.1e}" for label, _, _ in GAP_PAIRS),
+              flush=True)  # fmt: skip
+        if done < updates:
+            model.train()
+            run_update(model, optimizer, scheduler, batch, settings)
+    return out
+
+
 def cpu_line() -> tuple[str, bool]:
     """The CPU's model name and flags that matter, and whether it has native bfloat16 (podsrl's reading)."""
     from podsrl.engines.dtype import cpu_bf16, cpu_model
@@ -180,7 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="the tiny random model: the machinery only")
     parser.add_argument("--logprob-error", action="store_true", help="also the log-probs' error against float64 (a real model)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the update's figures as JSON here (after each length)")
+    parser.add_argument("--gap-after-updates", type=int, default=0, metavar="N",
+                        help="instead of timing: the sampler's gap against the update's forward before and after each of N updates (a real model)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here (the update's: after each length)")
     args = parser.parse_args(argv)
     import torch
 
@@ -203,6 +286,17 @@ def main(argv: list[str] | None = None) -> None:
         native = gpu_bf16()
     machine = {"device": device.type, "name": where, "native_bf16": native, "threads": torch.get_num_threads(), "torch": torch.__version__}
     command = "python bench/mixed_precision.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.gap_after_updates:
+        if tokenizer is None:
+            sys.exit("mixed_precision: --gap-after-updates needs a real model (the embedded one, or a path)")
+        rows = gap_after_updates(model, tokenizer, args.gap_after_updates)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"benchmark": "mixed_precision --gap-after-updates", "command": command, "machine": machine, "model": args.model,
+                                            "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "gap": rows}, indent=1) + "\n")  # fmt: skip
+        last = rows[-1]
+        print(f"sampler gap (mean |d| a token) after {last['updates']} update(s): " + ", ".join(f"{label} {last[label]['mean_abs']:.4f}" for label, _, _ in GAP_PAIRS))
+        return
 
     def write(rows_so_far: list[dict]) -> None:
         if args.out:

@@ -472,3 +472,23 @@ def test_the_mixed_precision_bench_writes_its_json_after_each_length(tmp_path, m
         bench.main(["--quick", "--out", str(tmp_path / "mp.json")])
     assert [[r["completion"] for r in w["sizes"]] for w in written] == [[64], [64, 256]]
     assert all(r["ratio"] == r["bf16_s"] / r["float32_s"] for r in written[-1]["sizes"]) and written[-1]["machine"]["device"] == "cpu"
+
+
+def test_the_mixed_precision_bench_measures_the_samplers_gap_as_the_weights_move(small_vocab_model_dir):
+    """bench/mixed_precision.py --gap-after-updates at a tiny size (the tiny test model, 2 prompts, one
+    completion each to update on and one to score, 6 tokens, one update): a row before the update and
+    one after, each with the three pairs of forwards' mean |d| and k3 over the scored tokens; the
+    forwards differ (every figure above 0) and the update moved the weights (the float32 forward's
+    log-probs changed)."""
+    import math
+
+    from conftest import script_module
+
+    with script_module(ROOT / "bench" / "mixed_precision.py") as bench:
+        model, _, _, tokenizer = bench._model(str(small_vocab_model_dir), "cpu", 0)
+        rows = bench.gap_after_updates(model, tokenizer, 1, questions=2, samples=1, max_new_tokens=6)
+    assert [r["updates"] for r in rows] == [0, 1] and all(r["tokens"] > 0 for r in rows)
+    for row in rows:
+        for label, _, _ in bench.GAP_PAIRS:
+            assert 0 < row[label]["mean_abs"] < 1 and 0 <= row[label]["k3"] and math.isfinite(row[label]["k3"]), (row["updates"], label)
+    assert rows[0]["update bf16 - sampler float32"] != rows[1]["update bf16 - sampler float32"]
