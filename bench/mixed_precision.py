@@ -243,6 +243,15 @@ def gap_after_updates(model, tokenizer, updates: int, *, questions: int = len(QU
     return out
 
 
+def gap_table(data: dict) -> str:
+    """docs/results.md's table of a ``--gap-after-updates`` JSON: per update count, each pair's mean
+    |d| a token and k3."""
+    rows = data["gap"]
+    lines = ["| updates | " + " | ".join(f"{label}: mean \\|d\\| | k3" for label, _, _ in GAP_PAIRS) + " |", "|---:|" + "---:|---:|" * len(GAP_PAIRS)]
+    lines += [f"| {r['updates']} | " + " | ".join(f"{r[label]['mean_abs']:.4f} | {r[label]['k3']:.1e}" for label, _, _ in GAP_PAIRS) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def cpu_line() -> tuple[str, bool]:
     """The CPU's model name and flags that matter, and whether it has native bfloat16 (podsrl's reading)."""
     from podsrl.engines.dtype import cpu_bf16, cpu_model
@@ -264,7 +273,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gap-after-updates", type=int, default=0, metavar="N",
                         help="instead of timing: the sampler's gap against the update's forward before and after each of N updates (a real model)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here (the update's: after each length)")
+    parser.add_argument("--gap-table", type=Path, default=None, metavar="FILE", help="measure nothing: print a --gap-after-updates JSON's table")
     args = parser.parse_args(argv)
+    if args.gap_table:
+        print(gap_table(json.loads(args.gap_table.read_text())))
+        return
     import torch
 
     if args.quick:

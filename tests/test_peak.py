@@ -492,3 +492,15 @@ def test_the_mixed_precision_bench_measures_the_samplers_gap_as_the_weights_move
         for label, _, _ in bench.GAP_PAIRS:
             assert 0 < row[label]["mean_abs"] < 1 and 0 <= row[label]["k3"] and math.isfinite(row[label]["k3"]), (row["updates"], label)
     assert rows[0]["update bf16 - sampler float32"] != rows[1]["update bf16 - sampler float32"]
+
+
+def test_the_committed_gap_run_is_in_the_results_page_as_its_table():
+    """results/mixed-precision/gap-*.json appears in docs/results.md as ``--gap-table`` prints it."""
+    from conftest import script_module
+
+    page = (ROOT / "docs" / "results.md").read_text()
+    paths = sorted((ROOT / "results" / "mixed-precision").glob("gap-*.json"))
+    assert paths
+    with script_module(ROOT / "bench" / "mixed_precision.py") as bench:
+        for path in paths:
+            assert bench.gap_table(json.loads(path.read_text())) in page, f"paste `python bench/mixed_precision.py --gap-table {path.relative_to(ROOT)}`"
