@@ -33,10 +33,11 @@ default learning rate, advantages +1 / -1) on the first set; before the first an
 scored set's log-probs three ways: the float32 forward (a float32 sampler's: vLLM or the transformers
 engine in float32), the update's bfloat16 autocast forward, and a bfloat16 copy of the weights
 computing in bfloat16 (a bfloat16 sampler's: ``rollout.sampler_dtype = "bfloat16"``, or ``"fast"``
-where bfloat16 is native; its log-softmax in float32). Per pair, per update count: mean |d| a token and the mean k3 estimate of the KL
-(podsrl's ``sampler_kl``). Autocast computes with the weights rounded to bfloat16: an update smaller
-than half a bfloat16 step of a weight leaves its rounded value where it was, so the update's forward
-and a bfloat16 sampler agree on it, and a float32 sampler does not.
+where bfloat16 is native; its log-softmax in float32). Per pair, per update count: mean |d| a token
+and the mean k3 estimate of the KL (podsrl's ``sampler_kl``). Autocast computes with the weights
+rounded to bfloat16: a weight's rounded value moves only when an update carries it across a rounding
+boundary, so the update's forward misses most of an update that a float32 sampler's weights carry (a
+bfloat16 sampler rounds the weights alike, and its activations besides).
 
 The last line: ``update time mixed precision / float32: R64 at 40+64 tokens, R256 at 40+256 (DEVICE; native bfloat16: yes|no)``.
 
@@ -140,15 +141,8 @@ def logprob_error(model, tokenizer) -> None:
 
     torch.manual_seed(0)
     model = model.float().eval()
-    prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": q + "\nGive only the final number."}], tokenize=False,
-                                                       add_generation_prompt=True), add_special_tokens=False)["input_ids"] for q in QUESTIONS]  # fmt: skip
-    completions, owners = [], []
-    with torch.no_grad():
-        for p in prompts:
-            for _ in range(2):
-                out = model.generate(torch.tensor([p]), do_sample=True, max_new_tokens=32, temperature=1.0, top_k=0, pad_token_id=tokenizer.eos_token_id)
-                completions.append(out[0, len(p):].tolist())
-                owners.append(p)
+    prompts = _prompts(tokenizer, QUESTIONS)
+    owners, completions = _sampled(model, tokenizer, prompts, 2)
     packed = pack(owners, completions, tokenizer.pad_token_id or 0)
     P, T = packed.prompt_width, packed.completion_ids.shape[1]
     mask = packed.completion_mask
@@ -174,6 +168,12 @@ def logprob_error(model, tokenizer) -> None:
         d = (logprobs(model, mode=mode) - reference)[mask]
         print(f"  {label:<38} mean |d| {float(d.abs().mean()):.2e}  max |d| {float(d.abs().max()):.2e}  mean k3 {float((d.exp() - 1 - d).mean()):.2e}  "
               f"mean d {float(d.mean()):+.2e}", flush=True)  # fmt: skip
+
+
+def _prompts(tokenizer, questions: list[str]) -> list[list[int]]:
+    """Each question as the chat template's user turn asking for the final number alone, token ids."""
+    return [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": q + "\nGive only the final number."}], tokenize=False,
+                                                    add_generation_prompt=True), add_special_tokens=False)["input_ids"] for q in questions]  # fmt: skip
 
 
 def _sampled(model, tokenizer, prompts: list[list[int]], samples: int, *, max_new_tokens: int = 32) -> tuple[list[list[int]], list[list[int]]]:
@@ -210,8 +210,7 @@ def gap_after_updates(model, tokenizer, updates: int, *, questions: int = len(QU
 
     torch.manual_seed(0)
     model = model.float().eval()
-    prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": q + "\nGive only the final number."}], tokenize=False,
-                                                       add_generation_prompt=True), add_special_tokens=False)["input_ids"] for q in QUESTIONS[:questions]]  # fmt: skip
+    prompts = _prompts(tokenizer, QUESTIONS[:questions])
     train_prompts, train_completions = _sampled(model, tokenizer, prompts, samples, max_new_tokens=max_new_tokens)
     score_prompts, score_completions = _sampled(model, tokenizer, prompts, samples, max_new_tokens=max_new_tokens)
     pad = tokenizer.pad_token_id or 0

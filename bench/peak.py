@@ -824,8 +824,7 @@ def time_sampler(engines: dict, dtypes: dict, shapes: Shapes, prompts: list[list
                    "decode_gflops": decode, "of_decode_rate": flop.total / seconds / 1e9 / decode}  # fmt: skip
             if (name, length) in around:  # each timed call against the peak beside it (module docstring)
                 beside_peaks = [peaks_by[dtypes[name]] for peaks_by in around[(name, length)]]
-                row.update(beside_gflops=beside_peaks,
-                           fraction_beside=statistics.median(flop.total / v[0] / 1e9 / b for v, b in zip(values, beside_peaks)))  # fmt: skip
+                row.update(beside_gflops=beside_peaks, fraction_beside=statistics.median(fraction(flop, v[0], b, b) for v, b in zip(values, beside_peaks)))
             out.append(row)
 
 
