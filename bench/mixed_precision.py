@@ -5,6 +5,7 @@
     python bench/mixed_precision.py --logprob-error       # also the log-probs' error against a float64 forward
     python bench/mixed_precision.py --gap-after-updates 4 # the samplers' gap against the update's forward as training moves the weights
     python bench/mixed_precision.py --model smollm2-135m-arch --device cuda --rows 16 --repeats 5   # a GPU, random weights
+    python bench/mixed_precision.py --time-table results/mixed-precision/update-*.json        # docs/results.md's table of timing runs
 
 **Time.** podsrl's own ``run_update`` (forward, loss, backward, clip, AdamW step) on ``--rows`` kept
 rollouts of one prompt (40 random tokens, shared by the rows as a group's are), each completion
@@ -251,6 +252,23 @@ def gap_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def time_table(runs: list[dict]) -> str:
+    """docs/results.md's table of timing JSONs (``--out`` without ``--gap-after-updates``), one row per
+    run and completion length: rows, tokens, each side's median seconds (its rounds beside it), the
+    ratio of the medians and the speed-up it means."""
+
+    def rounds(values: list[float]) -> str:
+        return ", ".join(f"{v:.2f}" for v in values)
+
+    lines = ["| rows x (prompt + completion) | float32, median (rounds) | bfloat16 autocast, median (rounds) | ratio | speed-up |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for run in runs:
+        for r in run["sizes"]:
+            lines.append(f"| {run['rows']} x ({run['prompt']} + {r['completion']}) | {r['float32_s']:.2f} s ({rounds(r['float32_all'])}) "
+                         f"| {r['bf16_s']:.2f} s ({rounds(r['bf16_all'])}) | {r['ratio']:.2f} | {1 / r['ratio']:.2f}x |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def cpu_line() -> tuple[str, bool]:
     """The CPU's model name and flags that matter, and whether it has native bfloat16 (podsrl's reading)."""
     from podsrl.engines.dtype import cpu_bf16, cpu_model
@@ -273,7 +291,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="instead of timing: the sampler's gap against the update's forward before and after each of N updates (a real model)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here (the update's: after each length)")
     parser.add_argument("--gap-table", type=Path, default=None, metavar="FILE", help="measure nothing: print a --gap-after-updates JSON's table")
+    parser.add_argument("--time-table", type=Path, nargs="+", default=None, metavar="FILE", help="measure nothing: print timing JSONs' table (one row a run and length)")
     args = parser.parse_args(argv)
+    if args.time_table:
+        print(time_table([json.loads(path.read_text()) for path in args.time_table]))
+        return
     if args.gap_table:
         print(gap_table(json.loads(args.gap_table.read_text())))
         return

@@ -227,3 +227,27 @@ def test_the_uncut_mean_is_what_the_cut_completions_leave():
     assert tables.per_seed(c, "grpo_seq", "accuracy", 600.0)[0] == last["accuracy"]
     assert tables.per_seed(c, "grpo_seq", "mean_length", 60.0)[0] == pytest.approx(value_at(
         [r["train_seconds"] for r in c.evals("grpo_seq", 0)], [r["mean_length"] for r in c.evals("grpo_seq", 0)], 60.0))
+
+
+def test_the_mixed_precision_comparison_is_read_at_its_steps():
+    """results/compare-mixed (issue 66, item 5): every run trained its 60 steps and was evaluated at
+    steps 0, 15, 30, 45 and 60; the table's accuracy at a step is the seed mean of those evaluations,
+    the report's final accuracy is each run's step-60 evaluation (so "accuracy at step 60" pairs the
+    same numbers), and the update ratio is of the two arms' median update seconds."""
+    import statistics
+
+    tables = _tables("compare-mixed")
+    c = Comparison(REPO / "results" / "compare-mixed")
+    for method in tables.NAMES:
+        assert c.seeds(method) == [0, 1, 2], method
+        for seed in c.seeds(method):
+            assert [row["step"] for row in c.evals(method, seed)] == list(tables.STEPS) and c.metrics(method, seed)[-1]["step"] == 60
+        assert c.per_seed(method, "final_accuracy") == {s: c.evals(method, s)[-1]["accuracy"] for s in c.seeds(method)}
+        for step in tables.STEPS:
+            at = [next(r["accuracy"] for r in c.evals(method, s) if r["step"] == step) for s in c.seeds(method)]
+            assert tables.accuracy_at_step(c, method, step) == pytest.approx(statistics.fmean(at))
+    assert tables.accuracy_at_step(c, "grpo_n8", 7) is None  # no evaluation there
+    table = tables.arms(c)
+    for bf16, f32 in tables.TWINS.items():
+        ratio = c.entry(bf16)["median_seconds"]["update"] / c.entry(f32)["median_seconds"]["update"]
+        assert f"| {ratio:.2f} |" in next(line for line in table.splitlines() if line.startswith(f"| {tables.NAMES[bf16]}"))

@@ -504,3 +504,22 @@ def test_the_committed_gap_run_is_in_the_results_page_as_its_table():
     with script_module(ROOT / "bench" / "mixed_precision.py") as bench:
         for path in paths:
             assert bench.gap_table(json.loads(path.read_text())) in page, f"paste `python bench/mixed_precision.py --gap-table {path.relative_to(ROOT)}`"
+
+
+def test_the_committed_update_timings_are_in_the_results_page_as_their_table():
+    """results/mixed-precision/update-*.json (bench/mixed_precision.py's timing runs) appear in
+    docs/results.md row for row as ``--time-table`` prints them, and each row's ratio and speed-up
+    follow from its medians."""
+    from conftest import script_module
+
+    page = (ROOT / "docs" / "results.md").read_text()
+    paths = sorted((ROOT / "results" / "mixed-precision").glob("update-*.json"))
+    assert paths
+    with script_module(ROOT / "bench" / "mixed_precision.py") as bench:
+        for path in paths:
+            data = json.loads(path.read_text())
+            for size in data["sizes"]:
+                assert (size["float32_s"], size["bf16_s"]) == (statistics.median(size["float32_all"]), statistics.median(size["bf16_all"]))
+                assert size["ratio"] == size["bf16_s"] / size["float32_s"]
+            for line in bench.time_table([data]).splitlines()[2:]:
+                assert line in page, f"paste `python bench/mixed_precision.py --time-table {path.relative_to(ROOT)}`: {line}"
