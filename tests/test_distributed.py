@@ -42,6 +42,7 @@ BASE = {
     "select.m": 2,
     "optim.micro_batch_size": 2,
     "eval.max_problems": 3,
+    "model.mixed_precision": "none",  # float32 whatever the CPU ("auto" is bf16 where bfloat16 is native); the mp cases set bf16
 }
 CASES = {
     "max_variance": {},

@@ -49,6 +49,22 @@ def test_a_layer_on_onednn_is_within_its_products_rounding(rows):
     assert ((plain.double() - exact).abs() <= bound).all()
 
 
+def test_under_autocast_a_switched_layer_computes_as_its_own_forward():
+    """Under bfloat16 autocast (TRL's bf16 wraps the model's forward in it, and podsrl's evaluation
+    samples through it) a switched layer computes exactly as its own forward does there, bfloat16
+    products: oneDNN's reordered float32 weight refused the bfloat16 input on a CPU with native
+    bfloat16 ("could not create a primitive descriptor"), and computing in float32 instead would not
+    be the layer's arithmetic under autocast."""
+    layer = torch.nn.Linear(96, 200)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            own = layer(x)
+            with onednn_linears(layer, 3):
+                switched = layer(x)
+        assert switched.dtype == torch.bfloat16 and torch.equal(switched, own)
+
+
 def test_only_plain_float32_cpu_layers_switch_and_all_come_back_after_an_error():
     class Quantized(torch.nn.Linear):  # a subclass: its own forward, left alone
         pass

@@ -143,8 +143,8 @@ def test_the_setting_is_checked_and_the_old_fsdp_setting_loads_as_it_meant(make_
 def test_every_committed_run_config_loads_as_the_update_it_trained():
     """Each results/*/runs/**/config.toml of the CPU's comparisons (written with
     distributed.mixed_precision = "auto", none under FSDP) reads as model.mixed_precision = "none";
-    the GPU's comparison (results/compare-gpu) trained with "auto" (bfloat16 autocast on the H200).
-    Each shipped comparison that has committed runs pins its runs' setting, so that its report still
+    the GPU's comparison (results/compare-gpu) trained with "auto" (bfloat16 autocast on the H200), and
+    results/compare-mixed (issue 66, item 5) with "none" and "bf16", its arms' one difference. Each shipped comparison that has committed runs pins its runs' setting, so that its report still
     checks its runs against it."""
     paths = sorted(ROOT.glob("results/*/runs/**/config.toml"))
     assert paths
@@ -154,6 +154,7 @@ def test_every_committed_run_config_loads_as_the_update_it_trained():
         for p in paths:
             settings.setdefault(p.relative_to(ROOT / "results").parts[0], set()).add(load(p).model.mixed_precision)
     assert settings.pop("compare-gpu") == {"auto"}
+    assert settings.pop("compare-mixed") == {"none", "bf16"}
     assert set().union(*settings.values()) == {"none"}
     for name in settings:
         assert 'mixed_precision = "none"' in (ROOT / "configs" / f"{name}.toml").read_text(), name

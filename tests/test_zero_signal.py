@@ -230,7 +230,7 @@ def test_training_steps_give_the_same_weights_with_and_without_skipping(make_con
 
     weights, rows = [], []
     for skip in (False, True):
-        cfg = make_config(**{"optim.skip_zero_advantage": skip, "select.rule": "all", "select.m": None, "train.prompts_per_step": 4,
+        cfg = make_config(**{"optim.skip_zero_advantage": skip, "select.rule": "all", "select.m": None, "train.prompts_per_step": 4, "model.mixed_precision": "none",
                              "reward.names": [reward_spec("half_silent_reward")]})  # fmt: skip
         run = trainer.setup(cfg)
         model = run.policy.model

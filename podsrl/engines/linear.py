@@ -79,6 +79,10 @@ def _onednn_forward(layer: torch.nn.Linear, rows: int):
     bias = None if layer.bias is None else layer.bias.detach()
 
     def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != weight.dtype or torch.is_autocast_enabled(x.device.type):
+            # Autocast (TRL's bf16 wraps the model's forward in it) or an input of another dtype: the
+            # layer's own arithmetic. oneDNN refuses a bfloat16 input over a float32 reordered weight.
+            return torch.nn.functional.linear(x, layer.weight, layer.bias)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
     return forward

@@ -100,11 +100,10 @@ def pairs(c: Comparison) -> str:
 def verdicts(c: Comparison) -> str:
     """The pairs' verdicts in words, for the prose: "resolved" only where an interval excludes 0."""
     horizon = c.report.get("time_auc_horizon_seconds")
-    out = []
-    for name, twin in TWINS.items():
-        words = [f"{key}: {verdict(c.paired(name, twin, key))}" for key in ("final_accuracy", "auc", "time_auc", f"accuracy_at:{horizon}")]
-        out.append(f"{METHOD[twin]}: " + ", ".join(words))
-    return "; ".join(out)
+    keys = {"final_accuracy": "at step 60", "auc": "AUC over steps", "time_auc": "AUC per training min",
+            f"accuracy_at:{horizon}": f"at {horizon / 60:.1f} training min"}  # fmt: skip
+    return "; ".join(f"{METHOD[twin]}: " + ", ".join(f"{words} {verdict(c.paired(name, twin, key))}" for key, words in keys.items())
+                     for name, twin in TWINS.items())  # fmt: skip
 
 
 FIGURES = {"arms": arms, "pairs": pairs}
