@@ -29,7 +29,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from podsrl.figures import Comparison, mean, paired_text, percent, verdict
+from podsrl.figures import Comparison, paired_text, percent, verdict
 
 HERE = Path(__file__).resolve().parent
 NAMES = {"grpo_n8": "GRPO(8), float32", "grpo_n8_bf16": "GRPO(8), bf16 autocast",
