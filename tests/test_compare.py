@@ -560,6 +560,30 @@ def test_the_mixed_precision_comparison_changes_the_arithmetic_alone(monkeypatch
             assert plain.eval.max_problems == theirs.eval.max_problems and plain.train.seed == theirs.train.seed
 
 
+def test_the_default_jobs_mixed_precision_comparison_changes_the_arithmetic_alone(monkeypatch):
+    """configs/compare-demo-mixed.toml (issue 66: what "auto" should choose on a CPU with native
+    bfloat16): each arm is the default job (`podsrl train` with no arguments) but for the update's
+    arithmetic, the evaluation's schedule and the export, 3 seeds at the default's 4 training minutes."""
+    from podsrl.config import Config
+
+    monkeypatch.chdir(ROOT)
+    plan = compare.load_plan(ROOT / "configs" / "compare-demo-mixed.toml")
+    assert (plan.baseline, plan.seeds) == ("demo_f32", 3) and list(plan.all_methods) == ["demo_f32", "demo_bf16"]
+    default = Config()
+    for seed in range(plan.seeds):
+        plain, mixed = plan.config("demo_f32", seed), plan.config("demo_bf16", seed)
+        assert (plain.model.mixed_precision, mixed.model.mixed_precision) == ("none", "bf16")
+        assert dataclasses.replace(mixed, model=plain.model) == plain
+        assert dataclasses.replace(plain.model, mixed_precision=default.model.mixed_precision) == default.model
+        assert (plain.train.max_seconds, plain.train.max_steps, plain.eval.every_seconds) == (default.train.max_seconds, None, 60.0)
+        assert plain.train.seed == seed
+        for section in ("reward", "rollout", "prompts", "select", "loss", "optim", "distributed"):
+            assert getattr(plain, section) == getattr(default, section), section
+        assert {k: v for k, v in plain.task.options.items() if k != "seed"} == default.task.options
+        assert (plain.task.name, plain.task.system_prompt, plain.task.instruction) == (default.task.name, default.task.system_prompt, default.task.instruction)
+        assert dataclasses.replace(plain.eval, every_seconds=0.0) == default.eval
+
+
 def test_default_comparison_matches_configs_compare_toml():
     from_file = compare.load_plan(ROOT / "configs" / "compare.toml")
     default = compare.load_plan()
