@@ -90,13 +90,17 @@ def _model(name: str, device: str, seed: int):
     return policy.model, policy.tokenizer.pad_token_id, len(policy.tokenizer), policy.tokenizer
 
 
-def time_updates(model, pad_id: int, vocab: int, *, rows: int, repeats: int, seed: int, measured=lambda rows: None) -> list[dict]:
+def time_updates(model, pad_id: int, vocab: int, *, rows: int, repeats: int, seed: int, measured=lambda rows: None,
+                 attention_bf16: bool = False) -> list[dict]:  # fmt: skip
     """Per completion length: the median seconds of the update with mixed precision off and on,
-    alternating within each round; ``measured`` is called with the rows so far after each length (the
-    JSON is written as it goes: a run stopped at its limit keeps what it measured)."""
+    alternating within each round; with ``attention_bf16`` also on with the attention in bfloat16 (as
+    before podsrl computed it in float32 under autocast on a CPU: podsrl.engines.attention), a third
+    side in the same rounds. ``measured`` is called with the rows so far after each length (the JSON is
+    written as it goes: a run stopped at its limit keeps what it measured)."""
     import torch
 
     from podsrl.core.loss import LossSettings
+    from podsrl.engines import attention
     from podsrl.train.update import UpdateBatch, UpdateSettings, run_update
 
     device = next(model.parameters()).device
@@ -106,27 +110,41 @@ def time_updates(model, pad_id: int, vocab: int, *, rows: int, repeats: int, see
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, vocab, (PROMPT_LEN,), generator=gen).tolist()
+    sides = {"float32": (False, True), "bf16": (True, True)} | ({"bf16_attn_bf16": (True, False)} if attention_bf16 else {})  # (autocast, float32 attention)
     out = []
-    for length in SIZES:
-        batch = UpdateBatch(prompt_ids=[prompt] * rows, completion_ids=[torch.randint(3, vocab, (length,), generator=gen).tolist() for _ in range(rows)],
-                            advantages=torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(rows)]))  # fmt: skip
-        loss = LossSettings(eps_low=0.2, aggregation="sequence", max_completion_len=length)
-        settings = {mp: UpdateSettings(loss=loss, pad_id=pad_id, micro_batch_size=rows, grad_clip=1.0, mixed_precision=mp) for mp in (False, True)}
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for mp in (False, True):  # warm-up: gradients, AdamW state, kernels
-            run_update(model, optimizer, scheduler, batch, settings[mp])
-        for _ in range(repeats):
-            for mp in (False, True):
-                sync()
-                start = time.perf_counter()
-                run_update(model, optimizer, scheduler, batch, settings[mp])
-                sync()
-                times[mp].append(time.perf_counter() - start)
-        f32, bf16 = statistics.median(times[False]), statistics.median(times[True])
-        out.append({"completion": length, "float32_s": f32, "bf16_s": bf16, "ratio": bf16 / f32, "float32_all": times[False], "bf16_all": times[True]})
-        print(f"40 + {length:>3} tokens x {rows} rows: float32 {f32:7.3f} s, mixed precision {bf16:7.3f} s, ratio {bf16 / f32:.2f} "
-              f"(rounds: float32 {', '.join(f'{t:.2f}' for t in times[False])}; bf16 {', '.join(f'{t:.2f}' for t in times[True])})", flush=True)  # fmt: skip
-        measured(out)
+    try:
+        for length in SIZES:
+            batch = UpdateBatch(prompt_ids=[prompt] * rows, completion_ids=[torch.randint(3, vocab, (length,), generator=gen).tolist() for _ in range(rows)],
+                                advantages=torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(rows)]))  # fmt: skip
+            loss = LossSettings(eps_low=0.2, aggregation="sequence", max_completion_len=length)
+            times: dict[str, list[float]] = {side: [] for side in sides}
+
+            def update(side: str) -> None:
+                mp, attention.FLOAT32_UNDER_CPU_AUTOCAST = sides[side]
+                run_update(model, optimizer, scheduler, batch, UpdateSettings(loss=loss, pad_id=pad_id, micro_batch_size=rows, grad_clip=1.0, mixed_precision=mp))
+
+            for side in sides:  # warm-up: gradients, AdamW state, kernels
+                update(side)
+            for _ in range(repeats):
+                for side in sides:
+                    sync()
+                    start = time.perf_counter()
+                    update(side)
+                    sync()
+                    times[side].append(time.perf_counter() - start)
+            med = {side: statistics.median(t) for side, t in times.items()}
+            row = {"completion": length, "float32_s": med["float32"], "bf16_s": med["bf16"], "ratio": med["bf16"] / med["float32"],
+                   "float32_all": times["float32"], "bf16_all": times["bf16"]}  # fmt: skip
+            if attention_bf16:
+                row |= {"bf16_attn_bf16_s": med["bf16_attn_bf16"], "bf16_attn_bf16_all": times["bf16_attn_bf16"],
+                        "ratio_attn_bf16": med["bf16_attn_bf16"] / med["float32"]}  # fmt: skip
+            out.append(row)
+            also = (f"; with the attention in bfloat16 {med['bf16_attn_bf16']:7.3f} s, ratio {row['ratio_attn_bf16']:.2f}" if attention_bf16 else "")
+            print(f"40 + {length:>3} tokens x {rows} rows: float32 {med['float32']:7.3f} s, mixed precision {med['bf16']:7.3f} s, ratio {row['ratio']:.2f}{also} "
+                  f"(rounds: " + "; ".join(f"{side} {', '.join(f'{t:.2f}' for t in times[side])}" for side in sides) + ")", flush=True)  # fmt: skip
+            measured(out)
+    finally:
+        attention.FLOAT32_UNDER_CPU_AUTOCAST = True
     return out
 
 
@@ -255,17 +273,24 @@ def gap_table(data: dict) -> str:
 def time_table(runs: list[dict]) -> str:
     """docs/results.md's table of timing JSONs (``--out`` without ``--gap-after-updates``), one row per
     run and completion length: rows, tokens, each side's median seconds (its rounds beside it), the
-    ratio of the medians and the speed-up it means."""
+    ratio of the medians and the speed-up it means; where any run timed ``--attention-bf16``, that side
+    and its ratio too ("-" in a run without it)."""
 
     def rounds(values: list[float]) -> str:
         return ", ".join(f"{v:.2f}" for v in values)
 
-    lines = ["| rows x (prompt + completion) | float32, median (rounds) | bfloat16 autocast, median (rounds) | ratio | speed-up |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    third = any("bf16_attn_bf16_s" in r for run in runs for r in run["sizes"])
+    head = ["rows x (prompt + completion)", "float32, median (rounds)", "bfloat16 autocast, median (rounds)", "ratio", "speed-up"]
+    if third:
+        head += ["bfloat16 autocast, attention in bfloat16, median (rounds)", "its ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for run in runs:
         for r in run["sizes"]:
-            lines.append(f"| {run['rows']} x ({run['prompt']} + {r['completion']}) | {r['float32_s']:.2f} s ({rounds(r['float32_all'])}) "
-                         f"| {r['bf16_s']:.2f} s ({rounds(r['bf16_all'])}) | {r['ratio']:.2f} | {1 / r['ratio']:.2f}x |")  # fmt: skip
+            cells = [f"{run['rows']} x ({run['prompt']} + {r['completion']})", f"{r['float32_s']:.2f} s ({rounds(r['float32_all'])})",
+                     f"{r['bf16_s']:.2f} s ({rounds(r['bf16_all'])})", f"{r['ratio']:.2f}", f"{1 / r['ratio']:.2f}x"]  # fmt: skip
+            if third:
+                cells += [f"{r['bf16_attn_bf16_s']:.2f} s ({rounds(r['bf16_attn_bf16_all'])})", f"{r['ratio_attn_bf16']:.2f}"] if "bf16_attn_bf16_s" in r else ["-", "-"]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -289,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--logprob-error", action="store_true", help="also the log-probs' error against float64 (a real model)")
     parser.add_argument("--gap-after-updates", type=int, default=0, metavar="N",
                         help="instead of timing: the sampler's gap against the update's forward before and after each of N updates (a real model)")
+    parser.add_argument("--attention-bf16", action="store_true",
+                        help="also time mixed precision with the attention in bfloat16 (before podsrl computed it in float32 on a CPU), in the same rounds")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here (the update's: after each length)")
     parser.add_argument("--gap-table", type=Path, default=None, metavar="FILE", help="measure nothing: print a --gap-after-updates JSON's table")
     parser.add_argument("--time-table", type=Path, nargs="+", default=None, metavar="FILE", help="measure nothing: print timing JSONs' table (one row a run and length)")
@@ -339,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
                       "machine": machine, "model": args.model, "rows": args.rows, "prompt": PROMPT_LEN, "sizes": rows_so_far}  # fmt: skip
             args.out.write_text(json.dumps(report, indent=1) + "\n")
 
-    rows = time_updates(model, pad_id, vocab, rows=args.rows, repeats=args.repeats, seed=args.seed, measured=write)
+    rows = time_updates(model, pad_id, vocab, rows=args.rows, repeats=args.repeats, seed=args.seed, measured=write, attention_bf16=args.attention_bf16)
     by = {r["completion"]: r["ratio"] for r in rows}
     print(f"update time mixed precision / float32: {by[64]:.2f} at 40+64 tokens, {by[256]:.2f} at 40+256 "
           f"({device.type}; native bfloat16: {'yes' if native else 'no'})")  # fmt: skip

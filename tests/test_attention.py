@@ -164,6 +164,77 @@ def test_applies_only_where_it_helps(tokenizer):
             assert model.config._attn_implementation == before
 
 
+def test_the_update_switches_a_model_with_a_head_per_query_head_under_autocast_alone(tokenizer):
+    """``autocast`` (the update's forward under mixed precision) also switches a model with as many
+    key/value heads as query heads, for the float32 attention; the default does not."""
+    model = gqa_model(tokenizer, kv_heads=4)
+    assert not applies(model) and applies(model, autocast=True)
+    with shared_kv_heads(model, autocast=True):
+        assert model.config._attn_implementation == NAME
+    assert model.config._attn_implementation == "sdpa"
+    assert not applies(gqa_model(tokenizer, attn="eager"), autocast=True) and not applies(gqa_model(tokenizer).to("meta"), autocast=True)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+@pytest.mark.parametrize("masked", [True, False])
+def test_under_cpu_autocast_the_attention_computes_in_float32(kv_heads, masked, one_thread, monkeypatch):
+    """podsrl's attention under bfloat16 autocast on a CPU: the float32 kernel on the inputs in float32
+    (a float32 output, the same bits as that call outside autocast), its gradients too; outside
+    autocast, or with the switch off (FLOAT32_UNDER_CPU_AUTOCAST, the benchmark's), the call as it was:
+    under autocast the kernel then computes in bfloat16."""
+    from podsrl.engines import attention
+
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 4, 7, 8, generator=g, requires_grad=True)
+    key, value = (torch.randn(2, kv_heads, 7, 8, generator=g).bfloat16().requires_grad_() for _ in range(2))
+    mask = torch.ones(7, 7, dtype=torch.bool).tril()[None, None].expand(2, 1, 7, 7).clone() if masked else None
+    if masked:
+        mask[0, :, :, :2] = False  # a left-padded row
+        mask[0, :, :2, 0] = True  # its padding positions attend to something
+    module = torch.nn.Module()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attention.sdpa_gqa_forward(module, query, key, value, mask)
+    assert out.dtype == torch.float32
+    want = torch.nn.functional.scaled_dot_product_attention(query, key.float(), value.float(), attn_mask=mask, is_causal=not masked,
+                                                            enable_gqa=kv_heads != 4).transpose(1, 2)  # fmt: skip
+    assert torch.equal(out, want)
+    grads = torch.autograd.grad(out.sum(), (query, key, value))
+    assert [t.dtype for t in grads] == [torch.float32, torch.bfloat16, torch.bfloat16]
+    torch.testing.assert_close(grads[0], torch.autograd.grad(want.sum(), query)[0], rtol=0, atol=0)
+    plain, _ = attention.sdpa_gqa_forward(module, query.bfloat16(), key, value, mask)  # no autocast: bfloat16 in, bfloat16 out
+    assert plain.dtype == torch.bfloat16
+    monkeypatch.setattr(attention, "FLOAT32_UNDER_CPU_AUTOCAST", False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before, _ = attention.sdpa_gqa_forward(module, query, key, value, mask)
+    assert before.dtype == torch.bfloat16 and not torch.equal(before.float(), out)
+
+
+def test_the_update_forward_attends_in_float32_under_mixed_precision(tokenizer, one_thread, monkeypatch):
+    """forward_logprobs with mixed_precision on a CPU: every layer's attention goes through podsrl's
+    function under autocast (so in float32), for a model with shared heads and one with a head per
+    query head; in float32 arithmetic the shared-heads model alone is switched, as before."""
+    from podsrl.engines import attention
+    from podsrl.train.sequences import forward_logprobs, pack
+
+    seen: list[tuple[bool, bool]] = []
+    real = attention.sdpa_gqa_forward
+
+    def spy(module, query, *args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), attention.float32_under_autocast(query)))
+        return real(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_gqa_forward", spy)
+    packed = pack([[5, 6, 7], [5, 6, 7, 8, 9]], [[10, 11, 12], [13, 14]], tokenizer.pad_token_id)
+    for kv_heads in (2, 4):
+        model = gqa_model(tokenizer, kv_heads=kv_heads)
+        layers = model.config.num_hidden_layers
+        for mixed in (True, False):
+            seen.clear()
+            forward_logprobs(model, packed, mixed_precision=mixed, share_prompts=False)
+            switched = mixed or kv_heads < 4
+            assert seen == ([(mixed, mixed)] * layers if switched else []), (kv_heads, mixed)
+
+
 def test_the_benchs_gqa_variant_switches_the_heads_for_its_own_calls_alone(tokenizer, one_thread, monkeypatch):
     """bench/samplers.py's ``transformers-static-gqa`` on a device where the engines copy the heads (a
     CPU taken out of ``DEVICES`` stands in for CUDA): its calls read them in place and sample the

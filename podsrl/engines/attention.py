@@ -23,6 +23,22 @@ switches a model to it for the length of a ``with`` block and back, where it app
 nothing. The arithmetic is the same kernel's on the same numbers; tests/test_attention.py checks
 logits and sampled tokens against ``sdpa``.
 
+**Float32 attention under the update's mixed precision on a CPU.** Under bfloat16 autocast
+(``model.mixed_precision``, podsrl.train.precision) PyTorch runs ``scaled_dot_product_attention``
+in bfloat16, and on a CPU the flash kernel's backward in bfloat16 is several times slower than in
+float32 at the update's lengths (with or without ``enable_gqa`` and a mask; its forward is faster):
+in a profile of one mixed-precision update of the embedded model (24 rows of 14-token completions
+behind 40-token prompts), the bfloat16 attention backward alone took about a fifth of the update.
+So :func:`sdpa_gqa_forward` computes the attention in float32 there (:func:`float32_under_autocast`:
+autocast off around the call, the inputs cast up, a float32 output for the next product to cast down),
+in every pass of the update alike (scoring, measuring and gradient forwards read the same numbers);
+the update's forward switches to it on a CPU also for models with as many key/value heads as query
+heads (:func:`applies` ``autocast``). The update with and without it, side by side:
+``python bench/mixed_precision.py --attention-bf16`` (docs/results.md, "Mixed precision: what it costs
+and changes"). Not covered: gradient checkpointing (not switched, below) and a bfloat16 base model
+trained without autocast (LoRA over ``model.dtype = "bfloat16"``), whose attention stays in bfloat16.
+On a GPU nothing changes (bfloat16 flash attention is the fast path there).
+
 On CUDA the engines still copy the heads wherever a mask is passed (the static engine's calls always
 pass one). Timed alone on a lent H200 (torch 2.11, bfloat16, Qwen2.5-0.5B's heads, a decode step at 128
 and 512 rollouts over 552 positions; bench/peak.py's GPU mode, results/peak/nvidia-h200-2026-11-30.json),
@@ -37,14 +53,17 @@ latter with CUDA added here: compiled decoding with CUDA graphs is another path 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
-__all__ = ["DEVICES", "GROUPED", "NAME", "applies", "grouped_queries_forward", "register", "sdpa_gqa_forward", "shared_kv_heads"]
+__all__ = ["DEVICES", "FLOAT32_UNDER_CPU_AUTOCAST", "GROUPED", "NAME", "applies", "float32_under_autocast", "grouped_queries_forward", "register",
+           "sdpa_gqa_forward", "shared_kv_heads"]  # fmt: skip
 
 NAME = "podsrl_sdpa_gqa"
 GROUPED = "podsrl_sdpa_grouped_queries"  # grouped_queries_forward, registered beside NAME (not switched on by the engines)
 DEVICES = frozenset({"cpu"})  # device types where shared_kv_heads switches a model (CUDA: measured, not yet switched; the module docstring)
+FLOAT32_UNDER_CPU_AUTOCAST = True  # the attention in float32 under bfloat16 autocast on a CPU (float32_under_autocast); a benchmark's switch
 
 
 def sdpa_gqa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -56,11 +75,24 @@ def sdpa_gqa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     rule this follows (causal only for more than one query and no mask)."""
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = query.shape[2] > 1 and attention_mask is None and is_causal
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )  # fmt: skip
+    attend = functools.partial(torch.nn.functional.scaled_dot_product_attention, dropout_p=dropout, scale=scaling, is_causal=is_causal,
+                               enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip
+    if float32_under_autocast(query):
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()
+        with torch.autocast("cpu", enabled=False):
+            out = attend(query.float(), key.float(), value.float(), attn_mask=attention_mask)
+    else:
+        out = attend(query, key, value, attn_mask=attention_mask)
     return out.transpose(1, 2).contiguous(), None
+
+
+def float32_under_autocast(query: torch.Tensor) -> bool:
+    """Whether :func:`sdpa_gqa_forward` computes the attention in float32: on a CPU under bfloat16
+    autocast (the update's mixed precision, podsrl.train.precision), where PyTorch's flash attention
+    kernel is slower in bfloat16 than in float32 once its backward counts (the module docstring);
+    :data:`FLOAT32_UNDER_CPU_AUTOCAST` off: never (bench/mixed_precision.py times both)."""
+    return FLOAT32_UNDER_CPU_AUTOCAST and query.device.type == "cpu" and torch.is_autocast_enabled("cpu")
 
 
 def grouped_queries_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -109,16 +141,17 @@ def register() -> bool:
     return True
 
 
-def applies(model: torch.nn.Module) -> bool:
+def applies(model: torch.nn.Module, *, autocast: bool = False) -> bool:
     """Whether :func:`shared_kv_heads` switches ``model``: on a device type in :data:`DEVICES` (a CPU),
     ``sdpa`` attention, no sub-configs, and fewer key/value heads than query heads (with as many,
-    ``sdpa`` copies nothing)."""
+    ``sdpa`` copies nothing), or, with ``autocast`` (a forward under the update's bfloat16 autocast),
+    as many: the switch then buys the attention in float32 (:func:`float32_under_autocast`)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or getattr(config, "sub_configs", None):
         return False
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if not heads or kv_heads >= heads:
+    if not heads or (kv_heads >= heads and not autocast):
         return False
     try:
         device = next(model.parameters()).device
@@ -128,12 +161,12 @@ def applies(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def shared_kv_heads(model: torch.nn.Module):
+def shared_kv_heads(model: torch.nn.Module, *, autocast: bool = False):
     """Within the block, ``model`` (a transformers model, or a peft model around one) attends with
-    :func:`sdpa_gqa_forward` where :func:`applies`; its configured attention is restored on leaving,
-    also on an error."""
+    :func:`sdpa_gqa_forward` where :func:`applies` (``autocast``: its argument); its configured
+    attention is restored on leaving, also on an error."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not applies(base):
+    if not applies(base, autocast=autocast):
         yield
         return
     base.config._attn_implementation = NAME

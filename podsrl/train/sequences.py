@@ -114,7 +114,7 @@ def forward_logprobs(
     targets = packed.completion_ids
     fused = dict(temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size, overwrite_logits=overwrite_logits)
     if share_prompts and len(packed.prompt_rows) < N and can_share_prompts(model):
-        with autocast(model, mixed_precision), _attention(model):
+        with autocast(model, mixed_precision), _attention(model, mixed_precision):
             first, rest = _shared_prompt_logits(model, packed, position_ids)  # [U, V], [N, T-1, V]
         lp0, ent0 = token_logprobs(first, targets[:, 0], rows=packed.prompt_index, **fused)  # [N]
         pieces = [(lp0[:, None], None if ent0 is None else ent0[:, None])]
@@ -126,7 +126,7 @@ def forward_logprobs(
     else:
         P = packed.prompt_width
         # The logits that predict completion token t sit at position P + t - 1.
-        with autocast(model, mixed_precision), _attention(model):
+        with autocast(model, mixed_precision), _attention(model, mixed_precision):
             logits = model(
                 input_ids=packed.input_ids,
                 attention_mask=packed.attention_mask,
@@ -141,13 +141,14 @@ def forward_logprobs(
     return logprobs, entropy
 
 
-def _attention(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+def _attention(model: torch.nn.Module, mixed_precision: bool = False) -> contextlib.AbstractContextManager:
     """The model's attention for one forward: shared key/value heads read in place where
-    :func:`podsrl.engines.attention.shared_kv_heads` applies (a CPU, ``sdpa``), except under gradient
-    checkpointing (the module docstring)."""
+    :func:`podsrl.engines.attention.shared_kv_heads` applies (a CPU, ``sdpa``), and under
+    ``mixed_precision`` the attention in float32 (:func:`podsrl.engines.attention.float32_under_autocast`),
+    except under gradient checkpointing (the module docstring)."""
     if getattr(model, "is_gradient_checkpointing", False):
         return contextlib.nullcontext()
-    return shared_kv_heads(model)
+    return shared_kv_heads(model, autocast=mixed_precision)
 
 
 def can_share_prompts(model: torch.nn.Module) -> bool:
