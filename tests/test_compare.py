@@ -1533,7 +1533,8 @@ def test_difference_labels_stay_inside_their_panel(tmp_path, drawn_figures):
             assert box.x0 <= extent.x0 and extent.x1 <= box.x1, (text.get_text(), extent, box)
 
 
-@pytest.mark.parametrize("name", ["compare-long", "compare-vs-trl", "compare-rollouts", "compare-prompts", "compare-loss", "compare-mixed"])
+@pytest.mark.parametrize("name", ["compare-long", "compare-vs-trl", "compare-rollouts", "compare-prompts", "compare-loss", "compare-mixed",
+                                  "compare-demo-mixed"])  # fmt: skip
 def test_the_results_tables_scripts_print_their_tables_from_the_committed_runs(name, capsys, monkeypatch):
     """results/<name>/tables.py (the tables README.md and docs/results.md render from them) still runs
     as a script against podsrl's code and the comparison's committed report and runs: a change to what

@@ -229,6 +229,35 @@ def test_the_uncut_mean_is_what_the_cut_completions_leave():
         [r["train_seconds"] for r in c.evals("grpo_seq", 0)], [r["mean_length"] for r in c.evals("grpo_seq", 0)], 60.0))
 
 
+@pytest.mark.parametrize(("sub", "commit", "attention32"), [("", "38625e8", True), ("before-float32-attention", "d42f60c", False)])
+def test_the_default_jobs_mixed_precision_runs_are_what_the_page_says(sub, commit, attention32):
+    """results/compare-demo-mixed (what model.mixed_precision = "auto" chooses on a CPU with native
+    bfloat16): each set's six runs trained at the commit the page names (the one with the attention in
+    float32 under autocast, podsrl/engines/attention.py, or the one before it), on a CPU with native
+    bfloat16, within the 4 training minutes, evaluated at the start and about every minute; the
+    update ratio and the steps are compare.json's."""
+    import subprocess
+
+    tables = _tables("compare-demo-mixed")
+    c = Comparison(REPO / "results" / "compare-demo-mixed" / sub)
+    for method in tables.NAMES:
+        assert c.seeds(method) == [0, 1, 2], method
+        for seed in c.seeds(method):
+            launch = json.loads((c.run_dir(method, seed) / "launch.jsonl").read_text().splitlines()[-1])
+            assert launch["commit"].startswith(commit) and launch["exit_code"] == 0
+            assert {"avx512_bf16", "amx_bf16"} & set(launch["machine"]["flags"])
+            evals = c.evals(method, seed)
+            assert evals[0]["step"] == 0 and len(evals) >= 5 and evals[-1]["train_seconds"] <= 240.0
+            assert c.metrics(method, seed)[-1]["train_seconds"] <= 240.0
+    ratio = c.entry("demo_bf16")["median_seconds"]["update"] / c.entry("demo_f32")["median_seconds"]["update"]
+    assert tables.update_ratio(c) == f"{ratio:.2f}"
+    listed = tables.steps_by_seed(c)
+    assert all(str(n) in listed for n in c.entry("demo_bf16")["steps"] + c.entry("demo_f32")["steps"])
+    shown = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:podsrl/engines/attention.py"], capture_output=True, text=True)
+    if shown.returncode == 0:  # a shallow clone may lack the commit
+        assert ("FLOAT32_UNDER_CPU_AUTOCAST" in shown.stdout) is attention32
+
+
 def test_the_mixed_precision_comparison_is_read_at_its_steps():
     """results/compare-mixed (issue 66, item 5): every run trained its 60 steps and was evaluated at
     steps 0, 15, 30, 45 and 60; the table's accuracy at a step is the seed mean of those evaluations,

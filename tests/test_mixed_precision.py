@@ -144,7 +144,7 @@ def test_every_committed_run_config_loads_as_the_update_it_trained():
     """Each results/*/runs/**/config.toml of the CPU's comparisons (written with
     distributed.mixed_precision = "auto", none under FSDP) reads as model.mixed_precision = "none";
     the GPU's comparison (results/compare-gpu) trained with "auto" (bfloat16 autocast on the H200), and
-    results/compare-mixed (issue 66, item 5) with "none" and "bf16", its arms' one difference. Each shipped comparison that has committed runs pins its runs' setting, so that its report still
+    results/compare-mixed (issue 66, item 5) and results/compare-demo-mixed with "none" and "bf16", their arms' one difference. Each shipped comparison that has committed runs pins its runs' setting, so that its report still
     checks its runs against it."""
     paths = sorted(ROOT.glob("results/*/runs/**/config.toml"))
     assert paths
@@ -155,6 +155,7 @@ def test_every_committed_run_config_loads_as_the_update_it_trained():
             settings.setdefault(p.relative_to(ROOT / "results").parts[0], set()).add(load(p).model.mixed_precision)
     assert settings.pop("compare-gpu") == {"auto"}
     assert settings.pop("compare-mixed") == {"none", "bf16"}
+    assert settings.pop("compare-demo-mixed") == {"none", "bf16"}  # its float32 and bf16 arms (before-float32-attention/ is not globbed)
     assert set().union(*settings.values()) == {"none"}
     for name in settings:
         assert 'mixed_precision = "none"' in (ROOT / "configs" / f"{name}.toml").read_text(), name

@@ -509,7 +509,7 @@ def test_the_committed_gap_run_is_in_the_results_page_as_its_table():
 def test_the_committed_update_timings_are_in_the_results_page_as_their_table():
     """results/mixed-precision/update-*.json (bench/mixed_precision.py's timing runs) appear in
     docs/results.md row for row as ``--time-table`` prints them, and each row's ratio and speed-up
-    follow from its medians."""
+    follow from its medians (those of ``--attention-bf16``'s third side too)."""
     from conftest import script_module
 
     page = (ROOT / "docs" / "results.md").read_text()
@@ -521,5 +521,9 @@ def test_the_committed_update_timings_are_in_the_results_page_as_their_table():
             for size in data["sizes"]:
                 assert (size["float32_s"], size["bf16_s"]) == (statistics.median(size["float32_all"]), statistics.median(size["bf16_all"]))
                 assert size["ratio"] == size["bf16_s"] / size["float32_s"]
+                if "bf16_attn_bf16_s" in size:  # --attention-bf16: the third side, in the same rounds
+                    assert len(size["bf16_attn_bf16_all"]) == len(size["bf16_all"]) == len(size["float32_all"])
+                    assert size["bf16_attn_bf16_s"] == statistics.median(size["bf16_attn_bf16_all"])
+                    assert size["ratio_attn_bf16"] == size["bf16_attn_bf16_s"] / size["float32_s"]
             for line in bench.time_table([data]).splitlines()[2:]:
                 assert line in page, f"paste `python bench/mixed_precision.py --time-table {path.relative_to(ROOT)}`: {line}"

@@ -7,6 +7,9 @@ One setting for every training path (one process, DDP, FSDP). With mixed precisi
   empty padding forwards too) runs under ``torch.autocast(device_type, dtype=torch.bfloat16)``
   (:func:`autocast`): matrix products take bfloat16 inputs and accumulate in float32 (the kernels'
   own choice), the residual stream stays float32 (a float32 embedding plus bfloat16 block outputs).
+  On a CPU the attention itself computes in float32 where podsrl's attention function runs (every
+  pass of the update over rows, not under gradient checkpointing): PyTorch's bfloat16 flash attention backward
+  is the slower one there (:mod:`podsrl.engines.attention`).
   Under ``distributed.parallel = "fsdp"`` FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16,
   reduce_dtype=float32)`` casts the gathered parameters to bfloat16 as well
   (:func:`podsrl.train.distributed.fsdp_wrap`) and reduce-scatters the gradients in float32.
@@ -40,7 +43,11 @@ One setting for every training path (one process, DDP, FSDP). With mixed precisi
 bfloat16 (``torch.cuda.is_bf16_supported(including_emulation=False)``: Ampere and later) and on a CPU
 with native bfloat16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo on x86-64, ``bf16``
 on aarch64), float32 elsewhere: without native support bfloat16 is converted for float32 arithmetic,
-several times slower than float32 itself (bench/mixed_precision.py; docs/results.md). Weights that are
+several times slower than float32 itself (bench/mixed_precision.py; docs/results.md). On a CPU with
+native bfloat16 the choice was checked on the default job at equal training time (configs/compare-demo-mixed.toml,
+docs/results.md "What should "auto" choose on such a CPU?"): with the attention in float32 under
+autocast (podsrl.engines.attention) the bfloat16 update bought more steps in its minutes and no
+accuracy change was resolved. Weights that are
 not float32 (``model.dtype = "bfloat16"``: a LoRA adapter over a bfloat16 base) compute in their own
 dtype already, and "auto" leaves them so. ``"bf16"`` forces it on (where bfloat16 is emulated the
 start-up line says so and what it costs), ``"none"`` off. The start-up line says which and why, and
