@@ -28,7 +28,8 @@ logits and sampled tokens against ``sdpa``.
 in bfloat16, and on a CPU the flash kernel's backward in bfloat16 is several times slower than in
 float32 at the update's lengths (with or without ``enable_gqa`` and a mask; its forward is faster):
 in a profile of one mixed-precision update of the embedded model (24 rows of 14-token completions
-behind 40-token prompts), the bfloat16 attention backward alone took about a fifth of the update.
+behind 40-token prompts: results/mixed-precision/profile-update-cpu-intel-xeon-2026-12-01.txt), the
+bfloat16 attention backward alone took about a fifth of the update.
 So :func:`sdpa_gqa_forward` computes the attention in float32 there (:func:`float32_under_autocast`:
 autocast off around the call, the inputs cast up, a float32 output for the next product to cast down),
 in every pass of the update alike (scoring, measuring and gradient forwards read the same numbers);
