@@ -170,7 +170,7 @@ def worker(spec: dict) -> dict:
             return repeat_kv(hidden, n_rep)
 
         sequences._gradient_in_place = answer
-        sequences._attention = lambda model: contextlib.nullcontext() if state["way"] == "copied" else attention(model)
+        sequences._attention = lambda model, *args: contextlib.nullcontext() if state["way"] == "copied" else attention(model, *args)
         sdpa.repeat_kv = counted
         optimizer, scheduler = peak._optimizer(model)
         prompt = torch.randint(3, shapes.vocab - 1, (args.prompt,), generator=gen).tolist()
