@@ -6,6 +6,7 @@
     python bench/mixed_precision.py --gap-after-updates 4 # the samplers' gap against the update's forward as training moves the weights
     python bench/mixed_precision.py --model smollm2-135m-arch --device cuda --rows 16 --repeats 5   # a GPU, random weights
     python bench/mixed_precision.py --time-table results/mixed-precision/update-*.json        # docs/results.md's table of timing runs
+    python bench/mixed_precision.py --threads 2 --rows 16 --attention-bf16   # also the attention in bfloat16 under autocast, as before (a third side)
 
 **Time.** podsrl's own ``run_update`` (forward, loss, backward, clip, AdamW step) on ``--rows`` kept
 rollouts of one prompt (40 random tokens, shared by the rows as a group's are), each completion
